@@ -1,0 +1,1 @@
+"""Command-line interface: thin wrappers over library functions (one module per command group)."""

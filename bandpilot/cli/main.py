@@ -1,0 +1,61 @@
+"""``bandpilot`` entry point. Command modules in this package register themselves on :data:`app`.
+
+Every command is a thin wrapper over a library function; expected failures
+(:class:`~bandpilot.errors.BandPilotError`) print one ``error:`` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import typer
+
+from bandpilot.config import setup_env
+from bandpilot.errors import BandPilotError
+
+app = typer.Typer(
+    name="bandpilot",
+    help="BandPilot: learn a GPU bandwidth model from nccl-tests data and dispatch GPU requests with it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_SKIP = {"main", "__init__", "common"}
+
+
+def _load_commands() -> None:
+    import bandpilot.cli as pkg
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
+        if mod not in _SKIP:
+            importlib.import_module(f"bandpilot.cli.{mod}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_env()
+    _load_commands()
+    try:
+        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False)
+    except BandPilotError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""Cluster spec: hosts, GPUs, intra-host topology, NIC rails, domains and the bandwidth source.
+
+One picture of a cluster shared by every stage. GPU ids are ``"<host>:<local index>"`` strings at
+every API boundary; internally an allocation is a vector of per-host bitmasks (``int64`` per host),
+because the hierarchy (stage-1 lookup per host, counts per host for the network) makes every hot
+path a table lookup on those masks.
+
+The YAML shape is the one used by the measurement directories in ``shared/data/measurements``::
+
+    name: h100-16m
+    collective: all_reduce_perf
+    message_bytes: 16777216
+    gpus_per_host: 8
+    hosts:
+      - {name: h100-26, gpu: H100, topology: ../../topology/h100.txt, intra: intra/h100-26.csv}
+    network: {nic_gbps: 400, rails_per_host: 8}
+    inter: {table: inter.csv, scale: 1.0, combine: min_intra}
+
+Emulated clusters add ``emulator:`` parameters and may declare hosts in bulk with ``host_groups``
+(``{prefix, count, gpu, topology, domain_size}``) so a 128-host spec stays a few lines long.
+Paths are relative to the spec file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import yaml
+
+from bandpilot.errors import SpecError
+
+#: Link classes of ``nvidia-smi topo -m``, best first. NV# carries its link count separately.
+LINK_CLASSES = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
+MAX_GPUS_PER_HOST = 16  # stage-1 tables have 2**n entries per host
+COMBINE_RULES = ("min_intra", "none")
+
+_TOPO_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Intra-host link matrix: ``links[i][j]`` is a class from :data:`LINK_CLASSES`, ``nvlinks`` the NV count."""
+
+    links: tuple[tuple[str, ...], ...]
+    nvlinks: tuple[tuple[int, ...], ...]
+    numa: tuple[int, ...] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.links)
+
+    def as_rows(self) -> list[str]:
+        """Compact text form (one row per GPU) used when a spec is embedded in a model artifact."""
+        out = []
+        for i in range(self.n):
+            cells = [
+                f"NV{self.nvlinks[i][j]}" if self.links[i][j] == "NV" else self.links[i][j]
+                for j in range(self.n)
+            ]
+            out.append(" ".join(cells))
+        return out
+
+
+def parse_topology(text: str, source: str = "<topology>") -> Topology:
+    """Parse an ``nvidia-smi topo -m`` matrix (tab/space separated or a Markdown table).
+
+    NIC rows/columns and the affinity columns are ignored, except NUMA affinity which the
+    Default (proximity) baseline uses for its fill order.
+    """
+    header: list[str] | None = None
+    rows: dict[int, list[str]] = {}
+    numa: dict[int, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or set(line) <= set("|-: "):
+            continue
+        cells = [c for c in re.split(r"[|\s]+", line) if c]
+        if not cells:
+            continue
+        if header is None:
+            if any(re.fullmatch(r"GPU\d+", c) for c in cells):
+                header = cells
+            continue
+        label = cells[0]
+        m = re.fullmatch(r"GPU(\d+)", label)
+        if not m:
+            continue
+        idx = int(m.group(1))
+        gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
+        # Markdown tables repeat the corner label "GPU0" as the first header cell.
+        if len(gpu_cols) > 1 and gpu_cols[0] == gpu_cols[1]:
+            gpu_cols = gpu_cols[1:]
+        n = len(gpu_cols)
+        vals = cells[1 : 1 + n]
+        if len(vals) < n:
+            raise SpecError(f"{source}:{lineno}: topology row {label} has {len(vals)} cells, expected {n}")
+        for v in vals:
+            if not _TOPO_CELL.match(v):
+                raise SpecError(f"{source}:{lineno}: unknown link class {v!r} in row {label}")
+        rows[idx] = vals
+        rest = cells[1 + n :]
+        # NUMA affinity is the last small integer column when present.
+        ints = [c for c in rest if re.fullmatch(r"\d+", c)]
+        if ints:
+            numa[idx] = int(ints[-1])
+    if not rows:
+        raise SpecError(f"{source}: no GPU rows found in topology matrix")
+    n = len(rows)
+    if sorted(rows) != list(range(n)):
+        raise SpecError(f"{source}: topology GPU rows are not GPU0..GPU{n - 1}")
+    if n > MAX_GPUS_PER_HOST:
+        raise SpecError(f"{source}: {n} GPUs per host exceeds the supported {MAX_GPUS_PER_HOST}")
+    links: list[tuple[str, ...]] = []
+    nv: list[tuple[int, ...]] = []
+    for i in range(n):
+        lrow, nrow = [], []
+        for j, v in enumerate(rows[i][:n]):
+            if i == j:
+                lrow.append("X")
+                nrow.append(0)
+            elif v.startswith("NV"):
+                lrow.append("NV")
+                nrow.append(int(v[2:]))
+            else:
+                lrow.append("SYS" if v == "SOC" else v)
+                nrow.append(0)
+        links.append(tuple(lrow))
+        nv.append(tuple(nrow))
+    for i in range(n):
+        for j in range(n):
+            if links[i][j] != links[j][i]:
+                raise SpecError(f"{source}: topology is not symmetric at GPU{i}/GPU{j}")
+    numa_t = tuple(numa.get(i, 0) for i in range(n)) if numa else None
+    return Topology(tuple(links), tuple(nv), numa_t)
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    gpu: str
+    topology: Topology
+    domain: str | None = None
+    intra: Path | None = None  # measured intra-host table (BandPilot CSV), trace clusters only
+
+    @property
+    def n_gpus(self) -> int:
+        return self.topology.n
+
+
+@dataclass(frozen=True)
+class InterSpec:
+    table: Path
+    scale: float = 1.0
+    combine: str = "min_intra"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A cluster: hosts in a fixed order, the network, and where bandwidth comes from."""
+
+    name: str
+    hosts: tuple[Host, ...]
+    collective: str = "all_gather_perf"
+    message_bytes: int = 16 * 1024 * 1024
+    nic_gbps: float = 400.0
+    rails_per_host: int = 8
+    network: dict[str, Any] = field(default_factory=dict)
+    inter: InterSpec | None = None
+    emulator: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def n_hosts(self) -> int:
+        return len(self.hosts)
+
+    @cached_property
+    def host_names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    @cached_property
+    def host_index(self) -> dict[str, int]:
+        return {h.name: i for i, h in enumerate(self.hosts)}
+
+    @cached_property
+    def gpus_per_host(self) -> np.ndarray:
+        return np.array([h.n_gpus for h in self.hosts], dtype=np.int64)
+
+    @property
+    def n_gpus(self) -> int:
+        return int(self.gpus_per_host.sum())
+
+    @cached_property
+    def gpu_ids(self) -> tuple[str, ...]:
+        return tuple(f"{h.name}:{i}" for h in self.hosts for i in range(h.n_gpus))
+
+    @cached_property
+    def full_masks(self) -> np.ndarray:
+        """Per-host mask with every GPU set."""
+        return (np.int64(1) << self.gpus_per_host) - 1
+
+    @cached_property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({h.gpu for h in self.hosts}))
+
+    @property
+    def source(self) -> str:
+        """``trace`` when every host has a measured table and an inter table exists, else ``emulator``."""
+        if self.inter is not None and all(h.intra is not None for h in self.hosts):
+            return "trace"
+        return "emulator"
+
+    def fingerprint(self) -> str:
+        """Stable hash of what a model depends on: hosts, GPU types and topologies (not paths)."""
+        doc = {
+            "name": self.name,
+            "hosts": [[h.name, h.gpu, h.topology.as_rows(), h.domain] for h in self.hosts],
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---- GPU ids <-> masks ---------------------------------------------------------------
+    def parse_gpu(self, gpu_id: str, where: str = "") -> tuple[int, int]:
+        """``"host:3"`` -> (host index, local index); unknown ids raise :class:`SpecError`."""
+        loc = f" in {where}" if where else ""
+        if not isinstance(gpu_id, str) or ":" not in gpu_id:
+            raise SpecError(f"malformed GPU id {gpu_id!r}{loc}: expected '<host>:<index>'")
+        host, _, idx = gpu_id.rpartition(":")
+        h = self.host_index.get(host)
+        if h is None:
+            raise SpecError(f"unknown host {host!r} (GPU id {gpu_id!r}){loc} in cluster {self.name!r}")
+        if not idx.isdigit() or int(idx) >= self.hosts[h].n_gpus:
+            raise SpecError(
+                f"unknown GPU index {idx!r} on host {host!r}{loc}: it has {self.hosts[h].n_gpus} GPUs"
+            )
+        return h, int(idx)
+
+    def to_mask(self, gpus: Iterable[str], where: str = "") -> np.ndarray:
+        """One allocation (GPU ids) -> per-host mask vector; duplicates are an error."""
+        mask = np.zeros(self.n_hosts, dtype=np.int64)
+        for g in gpus:
+            h, i = self.parse_gpu(g, where)
+            bit = np.int64(1) << i
+            if mask[h] & bit:
+                raise SpecError(f"GPU {g!r} listed twice{(' in ' + where) if where else ''}")
+            mask[h] |= bit
+        return mask
+
+    def to_masks(self, allocations: Sequence[Iterable[str]], where: str = "") -> np.ndarray:
+        out = np.zeros((len(allocations), self.n_hosts), dtype=np.int64)
+        for r, alloc in enumerate(allocations):
+            out[r] = self.to_mask(alloc, f"{where} allocation {r}" if where else f"allocation {r}")
+        return out
+
+    def from_mask(self, mask: np.ndarray) -> list[str]:
+        out = []
+        for h, m in enumerate(np.asarray(mask).tolist()):
+            if m:
+                name = self.hosts[h].name
+                out.extend(f"{name}:{i}" for i in range(self.hosts[h].n_gpus) if (m >> i) & 1)
+        return out
+
+    def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Lowest-index subsets with the given per-host counts (for count-only inter patterns)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        return (np.int64(1) << counts) - 1
+
+    # ---- serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Self-contained dict (topologies inline, no paths) for embedding in model artifacts."""
+        return {
+            "name": self.name,
+            "collective": self.collective,
+            "message_bytes": self.message_bytes,
+            "network": {"nic_gbps": self.nic_gbps, "rails_per_host": self.rails_per_host, **self.network},
+            "hosts": [
+                {
+                    "name": h.name,
+                    "gpu": h.gpu,
+                    "topology": h.topology.as_rows(),
+                    **({"numa": list(h.topology.numa)} if h.topology.numa else {}),
+                    **({"domain": h.domain} if h.domain else {}),
+                }
+                for h in self.hosts
+            ],
+            **({"emulator": self.emulator} if self.emulator else {}),
+        }
+
+
+def popcount(masks: np.ndarray) -> np.ndarray:
+    """Per-element number of set bits (GPU counts per host)."""
+    return np.bitwise_count(np.asarray(masks, dtype=np.int64)).astype(np.int64)
+
+
+def _req(doc: dict, key: str, source: str, kind: type | tuple = object) -> Any:
+    if not isinstance(doc, dict) or key not in doc:
+        raise SpecError(f"{source}: missing required key {key!r}")
+    val = doc[key]
+    if kind is not object and not isinstance(val, kind):
+        raise SpecError(f"{source}: key {key!r} has the wrong type ({type(val).__name__})")
+    return val
+
+
+def _topology_from(value: Any, base: Path, source: str) -> Topology:
+    if isinstance(value, list):
+        text = "\t".join(f"GPU{i}" for i in range(len(value))) + "\n"
+        text += "\n".join(f"GPU{i}\t" + "\t".join(str(r).split()) for i, r in enumerate(value))
+        return parse_topology(text, source)
+    if isinstance(value, str):
+        p = (base / value).resolve()
+        if not p.is_file():
+            raise SpecError(f"{source}: topology file not found: {value}")
+        return parse_topology(p.read_text(), str(p))
+    raise SpecError(f"{source}: topology must be a file path or a list of matrix rows")
+
+
+def _with_numa(topo: Topology, numa: Any, source: str) -> Topology:
+    if numa is None:
+        return topo
+    if not isinstance(numa, list) or len(numa) != topo.n or not all(isinstance(x, int) for x in numa):
+        raise SpecError(f"{source}: numa must be a list of {topo.n} integers")
+    return Topology(topo.links, topo.nvlinks, tuple(numa))
+
+
+def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = "<spec>") -> ClusterSpec:
+    """Build a :class:`ClusterSpec` from a parsed YAML/JSON document."""
+    base = base or Path.cwd()
+    if not isinstance(doc, dict):
+        raise SpecError(f"{source}: a cluster spec must be a mapping")
+    name = _req(doc, "name", source, str)
+    hosts: list[Host] = []
+    topo_cache: dict[str, Topology] = {}
+
+    def topo_for(value: Any, where: str) -> Topology:
+        key = json.dumps(value, sort_keys=True)
+        if key not in topo_cache:
+            topo_cache[key] = _topology_from(value, base, where)
+        return topo_cache[key]
+
+    for i, h in enumerate(doc.get("hosts") or []):
+        where = f"{source}: hosts[{i}]"
+        hname = _req(h, "name", where, str)
+        if ":" in hname or not hname:
+            raise SpecError(f"{where}: host name {hname!r} must be non-empty and contain no ':'")
+        topo = _with_numa(topo_for(_req(h, "topology", where), where), h.get("numa"), where)
+        intra = h.get("intra")
+        intra_p = (base / intra).resolve() if intra else None
+        hosts.append(Host(hname, str(_req(h, "gpu", where)), topo, h.get("domain"), intra_p))
+    for i, g in enumerate(doc.get("host_groups") or []):
+        where = f"{source}: host_groups[{i}]"
+        count = _req(g, "count", where, int)
+        if count <= 0:
+            raise SpecError(f"{where}: count must be positive")
+        prefix = str(_req(g, "prefix", where))
+        topo = _with_numa(topo_for(_req(g, "topology", where), where), g.get("numa"), where)
+        dsize = g.get("domain_size")
+        for j in range(count):
+            dom = f"{prefix}d{j // dsize}" if dsize else g.get("domain")
+            hosts.append(Host(f"{prefix}{j}", str(_req(g, "gpu", where)), topo, dom))
+    if not hosts:
+        raise SpecError(f"{source}: the spec declares no hosts")
+    names = [h.name for h in hosts]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecError(f"{source}: duplicate host names {dupes}")
+    gph = doc.get("gpus_per_host")
+    if gph is not None:
+        bad = [h.name for h in hosts if h.n_gpus != gph]
+        if bad:
+            raise SpecError(f"{source}: hosts {bad[:3]} do not have gpus_per_host={gph} GPUs in their topology")
+    net = dict(doc.get("network") or {})
+    nic = float(net.pop("nic_gbps", 400.0))
+    rails = int(net.pop("rails_per_host", 8))
+    if nic <= 0 or rails <= 0:
+        raise SpecError(f"{source}: network.nic_gbps and rails_per_host must be positive")
+    inter = None
+    if doc.get("inter"):
+        it = doc["inter"]
+        table = _req(it, "table", f"{source}: inter", str)
+        combine = it.get("combine", "min_intra")
+        if combine not in COMBINE_RULES:
+            raise SpecError(f"{source}: inter.combine must be one of {COMBINE_RULES}, got {combine!r}")
+        scale = float(it.get("scale", 1.0))
+        if scale <= 0:
+            raise SpecError(f"{source}: inter.scale must be positive")
+        inter = InterSpec((base / table).resolve(), scale, combine)
+    emulator = doc.get("emulator") or {}
+    if not isinstance(emulator, dict):
+        raise SpecError(f"{source}: emulator must be a mapping")
+    mb = doc.get("message_bytes", 16 * 1024 * 1024)
+    if not isinstance(mb, int) or mb <= 0:
+        raise SpecError(f"{source}: message_bytes must be a positive integer")
+    return ClusterSpec(
+        name=name,
+        hosts=tuple(hosts),
+        collective=str(doc.get("collective", "all_gather_perf")),
+        message_bytes=mb,
+        nic_gbps=nic,
+        rails_per_host=rails,
+        network=net,
+        inter=inter,
+        emulator=emulator,
+        path=None,
+    )
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Load a spec file, or a measurement directory containing ``cluster.yaml``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "cluster.yaml"
+    if not p.is_file():
+        raise SpecError(f"cluster spec not found: {path}")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"{p}{line}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    spec = spec_from_dict(doc, p.parent.resolve(), str(p))
+    object.__setattr__(spec, "path", p.resolve())
+    return spec

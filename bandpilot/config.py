@@ -1,0 +1,60 @@
+"""Local, offline, quiet defaults for every tool BandPilot drives.
+
+Why here: Prefect, MLflow and DVC all phone home or pick surprising stores unless told
+otherwise. :func:`setup_env` is called by the CLI, the flows and the tests before any of
+them is imported, and only fills variables the operator has not set (config over code).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+QUIET_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "GIT_PYTHON_REFRESH": "quiet",
+    "TQDM_MININTERVAL": "1",
+}
+
+
+def project_root() -> Path:
+    """The project directory: ``$BANDPILOT_HOME`` or the current directory."""
+    return Path(os.environ.get("BANDPILOT_HOME", os.getcwd())).resolve()
+
+
+def default_tracking_uri(root: Path | None = None) -> str:
+    """MLflow on SQLite under ``mlruns/`` (the plain folder store is deprecated in MLflow 3)."""
+    root = root or project_root()
+    return f"sqlite:///{root / 'mlruns' / 'mlflow.db'}"
+
+
+def default_artifact_root(root: Path | None = None) -> str:
+    root = root or project_root()
+    return (root / "mlruns" / "artifacts").as_uri()
+
+
+def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str, str]:
+    """Fill in quiet/offline defaults; returns what was set. Idempotent."""
+    root = root or project_root()
+    state = root / ".bandpilot"
+    defaults = dict(QUIET_ENV)
+    defaults.update(
+        {
+            "PREFECT_HOME": str(state / "prefect"),
+            "DVC_SITE_CACHE_DIR": str(state / "dvc-site-cache"),
+            "MLFLOW_TRACKING_URI": default_tracking_uri(root),
+            "MLFLOW_REGISTRY_URI": default_tracking_uri(root),
+            "OMP_NUM_THREADS": str(threads or min(2, os.cpu_count() or 1)),
+        }
+    )
+    setby: dict[str, str] = {}
+    for k, v in defaults.items():
+        if not os.environ.get(k):
+            os.environ[k] = v
+            setby[k] = v
+    (root / "mlruns").mkdir(parents=True, exist_ok=True)
+    return setby

@@ -1,0 +1,40 @@
+"""Error types. Every user-facing failure is one line naming what and where.
+
+Why a hierarchy: the CLI catches :class:`BandPilotError` and prints ``error: <msg>``
+with a non-zero exit, while genuine bugs still surface as tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class BandPilotError(Exception):
+    """Base class for expected, user-facing errors (bad input, bad config)."""
+
+    def __init__(self, message: str) -> None:
+        # One line only: multi-line messages break log scraping and the CLI contract.
+        super().__init__(" ".join(str(message).split()))
+
+
+class SpecError(BandPilotError):
+    """A cluster spec or params file is malformed or inconsistent."""
+
+
+class DataError(BandPilotError):
+    """A measurement table, log or dataset is malformed."""
+
+
+class StateError(BandPilotError):
+    """A cluster state (free GPUs, active jobs) is invalid."""
+
+
+class RequestError(BandPilotError):
+    """A GPU request cannot be served as asked (k out of range, constraint unknown)."""
+
+
+class ModelError(BandPilotError):
+    """A model URI cannot be resolved or does not fit the cluster."""
+
+
+def where(path: object, line: int | None = None) -> str:
+    """Format a ``file:line`` location for error messages."""
+    return f"{path}:{line}" if line is not None else str(path)
