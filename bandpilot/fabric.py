@@ -104,6 +104,10 @@ class Fabric:
             out[cross] = net
         return out
 
+    def predict_masks(self, masks: np.ndarray) -> np.ndarray:
+        """Same as :meth:`bandwidth_masks`: a fabric is a perfect predictor (Ideal-BP, Exact)."""
+        return self.bandwidth_masks(masks)
+
     def bandwidth(self, allocations: Sequence[Iterable[str]]) -> np.ndarray:
         """``B(S)`` for allocations given as GPU-id lists."""
         return self.bandwidth_masks(self.spec.to_masks([list(a) for a in allocations]))

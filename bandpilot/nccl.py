@@ -1,0 +1,597 @@
+"""Parse and write nccl-tests stdout logs (``all_reduce_perf``, ``all_gather_perf_mpi``, ...).
+
+Why one module for both directions: the emulator writes logs with :func:`format_log` and real
+runs are captured from stdout, and both go through :func:`parse`, so the emulated and the real
+measurement paths cannot drift apart.
+
+The parser is driven by the column header that nccl-tests prints (``#  size  count  type  redop
+root  time  algbw  busbw  #wrong ...``), so it copes with the layouts of the last years of
+nccl-tests/rccl-tests: two column groups (out-of-place + in-place) or one, with or without the
+``redop``/``root`` columns, the legacy ``error`` column, ``#bitdiff``/per-iteration/timestamp
+extras, ``N/A`` in ``#wrong`` (``-c 0``), ``mpirun --tag-output`` / ``srun --label`` prefixes and
+interleaved NCCL INFO/WARN and stderr noise (even when it splits a data row in two).
+
+One text is one run. Verdict failures (``#wrong`` > 0, ``FAILED``, ``Test failure``, malformed
+or truncated rows) raise :class:`NcclParseError` in strict mode and give ``ok=False`` otherwise;
+a log without any data row always raises.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from bandpilot.errors import BandPilotError
+
+__all__ = [
+    "NcclParseError",
+    "NcclMeasure",
+    "NcclRow",
+    "NcclDevice",
+    "NcclResult",
+    "parse",
+    "format_log",
+    "make_row",
+    "busbw_factor",
+    "time_for",
+]
+
+
+class NcclParseError(BandPilotError, ValueError):
+    """An nccl-tests log is unusable or reports a failure: ``<source>:<line>: <what is wrong>``."""
+
+
+@dataclass(frozen=True)
+class NcclMeasure:
+    """One column group of a data row; ``wrong`` is None when validation was off (``N/A``)."""
+
+    time_us: float
+    algbw: float
+    busbw: float
+    wrong: int | None = 0
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    """One message size; ``groups`` is out-of-place first, then in-place when the log has it."""
+
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    groups: tuple[NcclMeasure, ...]
+
+    @property
+    def out_of_place(self) -> NcclMeasure:
+        return self.groups[0]
+
+    @property
+    def in_place(self) -> NcclMeasure | None:
+        return self.groups[1] if len(self.groups) > 1 else None
+
+
+@dataclass(frozen=True)
+class NcclDevice:
+    """One line of the ``# Using devices`` table (``pid`` is None in logs that omit it)."""
+
+    rank: int
+    host: str
+    pid: int | None
+    device: int
+    bus_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class NcclResult:
+    """A parsed log. ``problems`` lists every verdict failure (empty exactly when ``ok``)."""
+
+    rows: tuple[NcclRow, ...]
+    devices: tuple[NcclDevice, ...]
+    collective: str | None
+    avg_busbw: float | None
+    out_of_bounds: int | None
+    ok: bool
+    source: str
+    problems: tuple[str, ...] = ()
+
+    @property
+    def nranks(self) -> int | None:
+        """Number of ranks from the device table (None when the log has no table)."""
+        return len(self.devices) if self.devices else None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(r.size for r in self.rows)
+
+    def busbw_at(self, size_bytes: int) -> float:
+        """Out-of-place busbw (GB/s) at exactly ``size_bytes`` (first row of that size)."""
+        for row in self.rows:
+            if row.size == size_bytes:
+                return row.out_of_place.busbw
+        have = f"{self.rows[0].size}..{self.rows[-1].size} ({len(self.rows)} rows)" if self.rows else "none"
+        raise NcclParseError(f"{_clean(self.source)}: no data row with size {size_bytes} bytes (have {have})")
+
+
+# ----------------------------------------------------------------------------------------------
+# parsing
+
+_A = re.ASCII
+_TAG_RE = re.compile(r"\[\d+,\d+\]<(stdout|stderr)>:", _A)  # mpirun --tag-output
+_LABEL_RE = re.compile(r"\s*\d+:\s", _A)  # srun --label
+_NCCL_LINE_RE = re.compile(r"\S+:\d+:\d+ \[\d+\] NCCL ", _A)
+# An NCCL log line that cut into a data row: hostnames start with a letter, the row ends in digits.
+_NCCL_MID_RE = re.compile(r"[A-Za-z][\w.\-]*:\d+:\d+ \[\d+\] NCCL ", _A)
+# A data row starts with two integers (size, count); a lone integer is a row cut after its size.
+_ROW_START_RE = re.compile(r"[0-9]+(?:\s+[0-9]+(?:\s|$)|\s*$)", _A)
+_INT_RE = re.compile(r"[+-]?[0-9]+", _A)
+_FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", _A)
+_NONFINITE_RE = re.compile(r"[+-]?(?:nan|inf|infinity)(?:\(\w*\))?", re.ASCII | re.IGNORECASE)
+_DEVICE_RE = re.compile(
+    r"#\s*Rank\s+(\d+)(?:\s+Group\s+\d+)?(?:\s+Pid\s+(\d+))?\s+on\s+(\S+)\s+device\s+(\d+)"
+    r"\s+\[([^\]]*)\]\s*(.*?)\s*$",
+    _A,
+)
+_OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)", _A)
+_AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(\S*)", _A)
+_STARTING_RE = re.compile(r"#\s*Collective test (?:starting|concluded)\s*:\s*(\S+)", _A)
+_BINARY_RE = re.compile(r"(?:^|[\s/])([a-z][a-z0-9_]*_perf(?:_mpi)?)(?=\s|$)", _A)
+_FAIL_RE = re.compile(r"\bFAILED\b|\bTest (?:NCCL |CUDA |HIP )?failure\b|\bCuda failure\b", _A)
+
+_TIME_COLS = frozenset({"time", "cputime"})
+_WRONG_COLS = frozenset({"#wrong", "wrong", "#errors"})
+_GROUP_LABELS = ("out-of-place", "in-place")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Columns announced by the header: leading fields, then one tuple of names per group."""
+
+    prefix: tuple[str, ...]
+    groups: tuple[tuple[str, ...], ...]
+    tail: int  # trailing tokens (the two-token timestamp of -T/report_timestamps)
+    line: int | None  # header line, None when inferred
+
+    @property
+    def nfields(self) -> int:
+        return len(self.prefix) + sum(len(g) for g in self.groups) + self.tail
+
+
+_PREFIX5 = ("size", "count", "type", "redop", "root")
+_GROUP4 = ("time", "algbw", "busbw", "#wrong")
+_INFERRED = {
+    13: _Layout(_PREFIX5, (_GROUP4, _GROUP4), 0, None),
+    9: _Layout(_PREFIX5, (_GROUP4,), 0, None),
+}
+
+
+def _layout_from_header(tokens: list[str], line: int) -> _Layout | None:
+    """Build a layout from ``# size count ... busbw #wrong ...`` or None if it is not one."""
+    prefix: list[str] = []
+    groups: list[list[str]] = []
+    tail = 0
+    for tok in tokens:
+        if tok == "timestamp":
+            tail += 2  # printed as "%Y-%m-%d %H:%M:%S"
+        elif tok in _TIME_COLS:
+            groups.append([tok])
+        elif groups:
+            groups[-1].append(tok)
+        else:
+            prefix.append(tok)
+    if not prefix or prefix[0] != "size" or not groups:
+        return None
+    if any("algbw" not in g or "busbw" not in g for g in groups):
+        return None
+    return _Layout(tuple(prefix), tuple(tuple(g) for g in groups), tail, line)
+
+
+class _RowError(Exception):
+    """Internal: a data row is malformed; the message has no location yet."""
+
+
+def _num(tok: str, col: str, *, allow_neg: bool = False) -> float:
+    if _FLOAT_RE.fullmatch(tok) is None:
+        if _NONFINITE_RE.fullmatch(tok):
+            raise _RowError(f"{col} is {tok} (NaN/inf) in data row")
+        raise _RowError(f"non-numeric {col} value {_snip(tok, 20)!r} in data row")
+    val = float(tok)
+    if not math.isfinite(val):
+        raise _RowError(f"{col} value {_snip(tok, 20)} overflows in data row")
+    if val < 0 and not allow_neg:
+        raise _RowError(f"negative {col} value {tok} in data row")
+    return val
+
+
+def _int(tok: str, col: str, *, minimum: int = 0) -> int:
+    if _INT_RE.fullmatch(tok) is None:
+        raise _RowError(f"non-integer {col} value {_snip(tok, 20)!r} in data row")
+    val = int(tok)
+    if val < minimum:
+        raise _RowError(f"negative {col} value {tok} in data row")
+    return val
+
+
+def _wrong(tok: str, col: str) -> int | None:
+    if tok == "N/A":
+        return None
+    val = _num(tok, col)  # "%6g" may print 1e+06
+    if val != int(val):
+        raise _RowError(f"non-integer {col} value {tok} in data row")
+    return int(val)
+
+
+def _parse_row(tokens: list[str], layout: _Layout) -> NcclRow:
+    need = layout.nfields
+    if len(tokens) < need:
+        raise _RowError(f"truncated data row: {len(tokens)} of {need} fields")
+    if len(tokens) > need:
+        raise _RowError(f"data row has {len(tokens)} fields, column header expects {need}")
+    size, count, type_, redop, root = 0, 0, "", "none", -1
+    i = 0
+    for col in layout.prefix:
+        tok = tokens[i]
+        i += 1
+        if col == "size":
+            size = _int(tok, col)
+        elif col == "count":
+            count = _int(tok, col)
+        elif col == "type":
+            type_ = tok
+        elif col in ("redop", "op"):
+            redop = tok
+        elif col == "root":
+            root = _int(tok, col, minimum=-1)
+    groups: list[NcclMeasure] = []
+    for cols in layout.groups:
+        t = alg = bus = 0.0
+        wrong: int | None = None
+        for col in cols:
+            tok = tokens[i]
+            i += 1
+            if col in _TIME_COLS:
+                t = _num(tok, col)
+            elif col == "algbw":
+                alg = _num(tok, col)
+            elif col == "busbw":
+                bus = _num(tok, col)
+            elif col in _WRONG_COLS:
+                wrong = _wrong(tok, col)
+            elif tok != "N/A":  # legacy "error" (max delta), #bitdiff, i_min..., : numbers only
+                _num(tok, col)
+        groups.append(NcclMeasure(t, alg, bus, wrong))
+    return NcclRow(size, count, type_, redop, root, tuple(groups))
+
+
+def _snip(s: str, n: int = 80) -> str:
+    """One printable line of at most ``n`` characters, for quoting log text in messages."""
+    s = " ".join("".join(c if c.isprintable() else " " for c in s).split())
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _clean(source: str) -> str:
+    return _snip(str(source), 200) or "<string>"
+
+
+def _norm_collective(name: str) -> str:
+    """``/opt/build/all_gather_perf_mpi`` -> ``all_gather_perf`` (MPI and plain builds compare equal)."""
+    name = name.rsplit("/", 1)[-1]
+    return name[:-4] if name.endswith("_mpi") else name
+
+
+def parse(text: str, source: str = "<string>", *, strict: bool = True) -> NcclResult:
+    """Parse one nccl-tests run from its stdout (noise tolerated); see the module docstring."""
+    src = _clean(source)
+    lines = text.split("\n")
+    if not text.strip():
+        raise NcclParseError(f"{src}:1: empty log (no nccl-tests output)")
+
+    rows: list[NcclRow] = []
+    devices: list[NcclDevice] = []
+    problems: list[tuple[int, str]] = []
+    layout: _Layout | None = None
+    header_line: int | None = None
+    collective: str | None = None
+    collective_explicit = False
+    avg: float | None = None
+    avg_seen = False
+    oob: int | None = None
+    pending: tuple[str, int] | None = None  # data row cut by an NCCL log line
+    last_row: tuple[int, int, int, int] | None = None  # (line, nfields, need, problem index or -1)
+
+    def handle_row(body: str, ln: int) -> None:
+        nonlocal pending, layout, last_row
+        m = _NCCL_MID_RE.search(body)
+        if m is not None and m.start() > 0:
+            pending = (body[: m.start()], ln)
+            return
+        tokens = body.split()
+        lay = layout
+        if lay is None:
+            lay = _INFERRED.get(len(tokens))
+            if lay is None:
+                return  # digits without any column header: not nccl-tests output
+        try:
+            row = _parse_row(tokens, lay)
+        except _RowError as exc:
+            problems.append((ln, f"{src}:{ln}: {exc}: {_snip(body)}"))
+            last_row = (ln, len(tokens), lay.nfields, len(problems) - 1)
+            return
+        rows.append(row)
+        last_row = (ln, len(tokens), lay.nfields, -1)
+        for gi, meas in enumerate(row.groups):
+            if meas.wrong:
+                label = _GROUP_LABELS[gi] if gi < len(_GROUP_LABELS) else f"group {gi + 1}"
+                problems.append(
+                    (ln, f"{src}:{ln}: {meas.wrong} wrong elements ({label}) at size {row.size}: data validation failed")
+                )
+
+    def flush_pending() -> None:
+        nonlocal pending
+        if pending is not None:
+            body, pln = pending
+            pending = None
+            handle_row(body + " ", pln)
+
+    for ln, raw in enumerate(lines, 1):
+        line = raw
+        if line[:1] == "[":
+            m = _TAG_RE.match(line)
+            if m is not None:
+                if m.group(1) == "stderr":
+                    continue
+                line = line[m.end() :]
+        m = _LABEL_RE.match(line)
+        if m is not None:
+            line = line[m.end() :]
+        s = line.strip()
+        if not s:
+            continue
+        if s[0] == "#":
+            flush_pending()
+            flagged = False
+            if "Rank" in s[:16]:
+                dm = _DEVICE_RE.match(s)
+                if dm is not None:
+                    pid = dm.group(2)
+                    devices.append(
+                        NcclDevice(
+                            int(dm.group(1)), dm.group(3), int(pid) if pid is not None else None,
+                            int(dm.group(4)), dm.group(5), dm.group(6),
+                        )
+                    )
+                    continue
+            tokens = s[1:].split()
+            if tokens and tokens[0] == "size" and "busbw" in tokens:
+                new = _layout_from_header(tokens, ln)
+                if new is not None:
+                    layout, header_line = new, ln
+                continue
+            m = _OOB_RE.match(s)
+            if m is not None:
+                oob = int(m.group(1))
+                if oob > 0:
+                    problems.append((ln, f"{src}:{ln}: {oob} out-of-bounds values: {_snip(s)}"))
+                    flagged = True
+            else:
+                m = _AVG_RE.match(s)
+                if m is not None:
+                    avg_seen = True
+                    tok = m.group(1)
+                    if _FLOAT_RE.fullmatch(tok) and math.isfinite(float(tok)):
+                        avg = float(tok)
+                else:
+                    m = _STARTING_RE.match(s)
+                    if m is not None and not collective_explicit:
+                        collective, collective_explicit = _norm_collective(m.group(1)), True
+            if not flagged and _FAIL_RE.search(s):
+                problems.append((ln, f"{src}:{ln}: failure reported: {_snip(s)}"))
+            continue
+        if _NCCL_LINE_RE.match(s):
+            continue  # NCCL INFO/WARN/TRACE noise; may arrive between the halves of a cut row
+        if _ROW_START_RE.match(s):
+            flush_pending()
+            handle_row(s, ln)
+            continue
+        if pending is not None:
+            body, pln = pending
+            pending = None
+            handle_row(body + " " + s, pln)
+            continue
+        if _FAIL_RE.search(s):
+            problems.append((ln, f"{src}:{ln}: failure reported: {_snip(s)}"))
+        elif not collective_explicit and collective is None:
+            bm = _BINARY_RE.search(s)
+            if bm is not None:
+                collective = _norm_collective(bm.group(1))
+    flush_pending()
+
+    if last_row is not None and not avg_seen:
+        lln, nf, need, pi = last_row
+        if pi >= 0 and nf < need:
+            problems[pi] = (
+                lln,
+                f"{src}:{lln}: truncated log: last data row has {nf} of {need} fields "
+                "and there is no '# Avg bus bandwidth' line",
+            )
+
+    if not rows:
+        if problems:
+            raise NcclParseError(min(problems)[1])
+        if header_line is not None:
+            raise NcclParseError(f"{src}:{header_line}: column header but no data rows follow")
+        raise NcclParseError(f"{src}:{len(lines)}: no nccl-tests data rows found in {len(lines)} lines")
+    problems.sort(key=lambda p: p[0])
+    if strict and problems:
+        more = f" (+{len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise NcclParseError(problems[0][1] + more)
+    return NcclResult(
+        rows=tuple(rows),
+        devices=tuple(devices),
+        collective=collective,
+        avg_busbw=avg,
+        out_of_bounds=oob,
+        ok=not problems,
+        source=src,
+        problems=tuple(p[1] for p in problems),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# writing
+
+
+def _canon(collective: str) -> str:
+    name = _norm_collective(collective.strip().lower())
+    if name.endswith("_perf"):
+        name = name[:-5]
+    return name.replace("_", "").replace("-", "")
+
+
+_SAME = {"broadcast", "reduce", "sendrecv"}
+_N1_N = {"allgather", "reducescatter", "alltoall", "gather", "scatter", "hypercube"}
+
+
+def busbw_factor(collective: str, nranks: int) -> float:
+    """busbw/algbw as nccl-tests computes it (see its PERFORMANCE.md), e.g. 2(n-1)/n for all_reduce."""
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    name = _canon(collective)
+    if name == "allreduce":
+        return 2.0 * (nranks - 1) / nranks
+    if name in _N1_N:
+        return (nranks - 1) / nranks
+    if name in _SAME:
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def time_for(size: int, busbw: float, collective: str, nranks: int) -> float:
+    """Time (us) at which ``size`` bytes reach ``busbw`` GB/s, so time/algbw/busbw stay consistent."""
+    factor = busbw_factor(collective, nranks)
+    if busbw <= 0 or factor <= 0:
+        raise ValueError(f"cannot derive a time from busbw={busbw} with bus factor {factor}")
+    algbw = busbw / factor
+    return size / (algbw * 1e3)  # algbw[GB/s] = size / 1e9 / t[s]
+
+
+def make_row(
+    size: int,
+    count: int,
+    type_: str,
+    redop: str,
+    root: int,
+    time_us: float,
+    algbw: float,
+    busbw: float,
+    *,
+    wrong: int | None = 0,
+    in_place: NcclMeasure | None = None,
+) -> NcclRow:
+    """Convenience constructor: one out-of-place measure, optionally an in-place one."""
+    out = NcclMeasure(float(time_us), float(algbw), float(busbw), wrong)
+    groups = (out,) if in_place is None else (out, in_place)
+    return NcclRow(int(size), int(count), type_, redop or "none", int(root), groups)
+
+
+def _fmt_time(t: float) -> str:
+    """Like nccl-tests' getFloatStr: as many decimals as fit in 7 characters."""
+    for fmt in ("%7.2f", "%7.1f", "%7.0f"):
+        s = fmt % t
+        if len(s) <= 7:
+            return s
+    return "%7.1e" % t
+
+
+def _fmt_measure(m: NcclMeasure) -> str:
+    wrong = "N/A" if m.wrong is None else str(m.wrong)
+    return "  %7s  %6.2f  %6.2f  %6s" % (_fmt_time(m.time_us), m.algbw, m.busbw, wrong)
+
+
+def _version_code(version: str) -> int:
+    try:
+        major, minor, patch = (int(p) for p in version.split(".")[:3])
+    except ValueError:
+        return 0
+    return major * 10000 + minor * 100 + patch
+
+
+def _check_token(value: str, what: str) -> None:
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{what} must be a non-empty token without whitespace, got {value!r}")
+
+
+def format_log(
+    rows: Iterable[NcclRow],
+    devices: Iterable[NcclDevice],
+    collective: str = "all_gather_perf",
+    *,
+    in_place: bool = True,
+    nccl_version: str = "2.21.5",
+    tag_output: bool = False,
+) -> str:
+    """Write the stdout of an nccl-tests run (layout of nccl-tests 2.14+) that :func:`parse` reads back."""
+    rows = list(rows)
+    devices = list(devices)
+    if not rows:
+        raise ValueError("format_log needs at least one row")
+    binary = collective.rsplit("/", 1)[-1]
+    if not (binary.endswith("_perf") or binary.endswith("_perf_mpi")):
+        binary += "_perf"
+    code = _version_code(nccl_version)
+    sizes = [r.size for r in rows]
+    out = [
+        f"# nccl-tests version 2.14.1 nccl-headers={code} nccl-library={code}",
+        f"# Collective test starting: {binary}",
+        f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} step: 2(factor) "
+        "warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0",
+        "#",
+        "# Using devices",
+    ]
+    for d in devices:
+        _check_token(d.host, "host")
+        if "]" in d.bus_id or "\n" in d.bus_id or "\n" in d.name:
+            raise ValueError(f"bus_id/name not printable in a device line: {d.bus_id!r} {d.name!r}")
+        pid = "" if d.pid is None else " Pid %6d" % d.pid
+        out.append(("#  Rank %2d Group %2d%s on %10s device %2d [%s] %s" % (
+            d.rank, 0, pid, d.host, d.device, d.bus_id, d.name)).rstrip())
+    out.append(f"NCCL version {nccl_version}+cuda12.4")
+    out.append("#")
+    head = "# %10s  %12s  %8s  %6s  %6s" % ("", "", "", "", "")
+    names = "# %10s  %12s  %8s  %6s  %6s" % ("size", "count", "type", "redop", "root")
+    units = "# %10s  %12s  %8s  %6s  %6s" % ("(B)", "(elements)", "", "", "")
+    labels = ["out-of-place", "in-place"] if in_place else ["out-of-place"]
+    head += "           " + "                       ".join(labels)
+    for _ in labels:
+        names += "  %7s  %6s  %6s  %6s" % ("time", "algbw", "busbw", "#wrong")
+        units += "  %7s  %6s  %6s  %6s" % ("(us)", "(GB/s)", "(GB/s)", "")
+    out += [head, names, units.rstrip()]
+    bws: list[float] = []
+    errors = 0
+    for r in rows:
+        _check_token(r.type, "type")
+        _check_token(r.redop, "redop")
+        groups = [r.groups[0]]
+        if in_place:
+            groups.append(r.groups[1] if len(r.groups) > 1 else r.groups[0])
+        line = "%12li  %12li  %8s  %6s  %6i" % (r.size, r.count, r.type, r.redop, r.root)
+        for m in groups:
+            line += _fmt_measure(m)
+            bws.append(m.busbw)
+            errors += 1 if m.wrong else 0
+        out.append(line)
+    avg = sum(bws) / len(bws)
+    out += [
+        "# Out of bounds values : %d %s" % (errors, "FAILED" if errors else "OK"),
+        "# Avg bus bandwidth    : %g " % avg,
+        "#",
+        f"# Collective test concluded: {binary}",
+        "#",
+        "",
+    ]
+    if tag_output:
+        out = ["[1,0]<stdout>:" + line for line in out]
+    return "\n".join(out) + "\n"
