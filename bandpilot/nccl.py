@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
 from bandpilot.errors import BandPilotError
 
@@ -139,8 +139,64 @@ _OOB_RE = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)", _A)
 _AVG_RE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(\S*)", _A)
 _STARTING_RE = re.compile(r"#\s*Collective test (?:starting|concluded)\s*:\s*(\S+)", _A)
 _BINARY_RE = re.compile(r"(?:^|[\s/])([a-z][a-z0-9_]*_perf(?:_mpi)?)(?=\s|$)", _A)
-_FAIL_RE = re.compile(r"\bFAILED\b|\bTest (?:NCCL |CUDA |HIP )?failure\b|\bCuda failure\b", _A)
+_FAIL_RE = re.compile(r"\bFAILED\b|\bTest (?:NCCL |CUDA |HIP )?failure\b|\bCuda failure\b|\bTest timeout\b", _A)
 
+class _RowError(Exception):
+    """Internal: a data row is malformed; the message has no location yet."""
+
+
+def _num(tok: str, col: str) -> float:
+    """A finite, non-negative decimal number; the fast path is plain ``float`` (hot loop)."""
+    try:
+        val = float(tok)
+        if val >= 0 and math.isfinite(val) and tok.isascii() and "_" not in tok:
+            return val
+    except ValueError:
+        pass
+    if _FLOAT_RE.fullmatch(tok) is None:
+        if _NONFINITE_RE.fullmatch(tok):
+            raise _RowError(f"{col} is {tok} (NaN/inf) in data row")
+        raise _RowError(f"non-numeric {col} value {_snip(tok, 20)!r} in data row")
+    if not math.isfinite(float(tok)):
+        raise _RowError(f"{col} value {_snip(tok, 20)} overflows in data row")
+    raise _RowError(f"negative {col} value {tok} in data row")
+
+
+def _int(tok: str, col: str) -> int:
+    if tok.isdigit() and tok.isascii():
+        return int(tok)
+    if _INT_RE.fullmatch(tok) is None:
+        raise _RowError(f"non-integer {col} value {_snip(tok, 20)!r} in data row")
+    raise _RowError(f"negative {col} value {tok} in data row")
+
+
+def _root(tok: str, col: str) -> int:
+    return -1 if tok == "-1" else _int(tok, col)
+
+
+def _wrong(tok: str, col: str) -> int | None:
+    if tok == "N/A":
+        return None
+    if tok.isdigit() and tok.isascii():
+        return int(tok)
+    val = _num(tok, col)  # "%6g" prints 1e+06
+    if val != int(val):
+        raise _RowError(f"non-integer {col} value {tok} in data row")
+    return int(val)
+
+
+def _other(tok: str, col: str) -> float | None:
+    """Columns we do not keep (legacy ``error``, ``#bitdiff``, ``i_min`` ...): numbers or N/A."""
+    return None if tok == "N/A" else _num(tok, col)
+
+
+def _text(tok: str, col: str) -> str:
+    return tok
+
+
+_Conv = Callable[[str, str], Any]
+_PREFIX_CONV: dict[str, _Conv] = {"size": _int, "count": _int, "root": _root}
+_GROUP_CONV: dict[str, _Conv] = {"time": _num, "cputime": _num, "algbw": _num, "busbw": _num}
 _TIME_COLS = frozenset({"time", "cputime"})
 _WRONG_COLS = frozenset({"#wrong", "wrong", "#errors"})
 _GROUP_LABELS = ("out-of-place", "in-place")
@@ -148,16 +204,41 @@ _GROUP_LABELS = ("out-of-place", "in-place")
 
 @dataclass(frozen=True)
 class _Layout:
-    """Columns announced by the header: leading fields, then one tuple of names per group."""
+    """Columns announced by the header: leading fields, then one tuple of names per group.
+
+    ``__post_init__`` precomputes a converter per token and the token index of every kept field,
+    because this runs once per header while :func:`_parse_row` runs once per data row.
+    """
 
     prefix: tuple[str, ...]
     groups: tuple[tuple[str, ...], ...]
-    tail: int  # trailing tokens (the two-token timestamp of -T/report_timestamps)
+    tail: int  # trailing tokens (the two-token timestamp of report_timestamps)
     line: int | None  # header line, None when inferred
+    plan: tuple[tuple[_Conv, str], ...] = field(init=False, repr=False, compare=False)
+    where: dict[str, int] = field(init=False, repr=False, compare=False)
+    slots: tuple[tuple[int, int, int, int | None], ...] = field(init=False, repr=False, compare=False)
+    nfields: int = field(init=False, compare=False)
 
-    @property
-    def nfields(self) -> int:
-        return len(self.prefix) + sum(len(g) for g in self.groups) + self.tail
+    def __post_init__(self) -> None:
+        plan: list[tuple[_Conv, str]] = []
+        where: dict[str, int] = {}
+        for col in self.prefix:
+            where.setdefault(col if col != "op" else "redop", len(plan))
+            plan.append((_PREFIX_CONV.get(col, _text), col))
+        slots: list[tuple[int, int, int, int | None]] = []
+        for cols in self.groups:
+            idx: dict[str, int] = {}
+            for col in cols:
+                kind = "time" if col in _TIME_COLS else "wrong" if col in _WRONG_COLS else col
+                idx.setdefault(kind, len(plan))
+                conv: _Conv = _GROUP_CONV.get(col) or (_wrong if kind == "wrong" else _other)
+                plan.append((conv, col))
+            slots.append((idx["time"], idx["algbw"], idx["busbw"], idx.get("wrong")))
+        plan += [(_text, "timestamp")] * self.tail
+        object.__setattr__(self, "plan", tuple(plan))
+        object.__setattr__(self, "where", where)
+        object.__setattr__(self, "slots", tuple(slots))
+        object.__setattr__(self, "nfields", len(plan))
 
 
 _PREFIX5 = ("size", "count", "type", "redop", "root")
@@ -189,81 +270,27 @@ def _layout_from_header(tokens: list[str], line: int) -> _Layout | None:
     return _Layout(tuple(prefix), tuple(tuple(g) for g in groups), tail, line)
 
 
-class _RowError(Exception):
-    """Internal: a data row is malformed; the message has no location yet."""
-
-
-def _num(tok: str, col: str, *, allow_neg: bool = False) -> float:
-    if _FLOAT_RE.fullmatch(tok) is None:
-        if _NONFINITE_RE.fullmatch(tok):
-            raise _RowError(f"{col} is {tok} (NaN/inf) in data row")
-        raise _RowError(f"non-numeric {col} value {_snip(tok, 20)!r} in data row")
-    val = float(tok)
-    if not math.isfinite(val):
-        raise _RowError(f"{col} value {_snip(tok, 20)} overflows in data row")
-    if val < 0 and not allow_neg:
-        raise _RowError(f"negative {col} value {tok} in data row")
-    return val
-
-
-def _int(tok: str, col: str, *, minimum: int = 0) -> int:
-    if _INT_RE.fullmatch(tok) is None:
-        raise _RowError(f"non-integer {col} value {_snip(tok, 20)!r} in data row")
-    val = int(tok)
-    if val < minimum:
-        raise _RowError(f"negative {col} value {tok} in data row")
-    return val
-
-
-def _wrong(tok: str, col: str) -> int | None:
-    if tok == "N/A":
-        return None
-    val = _num(tok, col)  # "%6g" may print 1e+06
-    if val != int(val):
-        raise _RowError(f"non-integer {col} value {tok} in data row")
-    return int(val)
-
-
 def _parse_row(tokens: list[str], layout: _Layout) -> NcclRow:
     need = layout.nfields
-    if len(tokens) < need:
-        raise _RowError(f"truncated data row: {len(tokens)} of {need} fields")
-    if len(tokens) > need:
+    if len(tokens) != need:
+        if len(tokens) < need:
+            raise _RowError(f"truncated data row: {len(tokens)} of {need} fields")
         raise _RowError(f"data row has {len(tokens)} fields, column header expects {need}")
-    size, count, type_, redop, root = 0, 0, "", "none", -1
-    i = 0
-    for col in layout.prefix:
-        tok = tokens[i]
-        i += 1
-        if col == "size":
-            size = _int(tok, col)
-        elif col == "count":
-            count = _int(tok, col)
-        elif col == "type":
-            type_ = tok
-        elif col in ("redop", "op"):
-            redop = tok
-        elif col == "root":
-            root = _int(tok, col, minimum=-1)
-    groups: list[NcclMeasure] = []
-    for cols in layout.groups:
-        t = alg = bus = 0.0
-        wrong: int | None = None
-        for col in cols:
-            tok = tokens[i]
-            i += 1
-            if col in _TIME_COLS:
-                t = _num(tok, col)
-            elif col == "algbw":
-                alg = _num(tok, col)
-            elif col == "busbw":
-                bus = _num(tok, col)
-            elif col in _WRONG_COLS:
-                wrong = _wrong(tok, col)
-            elif tok != "N/A":  # legacy "error" (max delta), #bitdiff, i_min..., : numbers only
-                _num(tok, col)
-        groups.append(NcclMeasure(t, alg, bus, wrong))
-    return NcclRow(size, count, type_, redop, root, tuple(groups))
+    vals = [conv(tok, col) for (conv, col), tok in zip(layout.plan, tokens)]
+    where = layout.where
+    i = where.get("count")
+    count = vals[i] if i is not None else 0
+    i = where.get("type")
+    type_ = vals[i] if i is not None else ""
+    i = where.get("redop")
+    redop = vals[i] if i is not None else "none"
+    i = where.get("root")
+    root = vals[i] if i is not None else -1
+    groups = tuple(
+        NcclMeasure(vals[t], vals[a], vals[b], vals[w] if w is not None else None)
+        for t, a, b, w in layout.slots
+    )
+    return NcclRow(vals[0], count, type_, redop, root, groups)
 
 
 def _snip(s: str, n: int = 80) -> str:
@@ -303,11 +330,13 @@ def parse(text: str, source: str = "<string>", *, strict: bool = True) -> NcclRe
     last_row: tuple[int, int, int, int] | None = None  # (line, nfields, need, problem index or -1)
 
     def handle_row(body: str, ln: int) -> None:
-        nonlocal pending, layout, last_row
-        m = _NCCL_MID_RE.search(body)
+        nonlocal pending, last_row
+        m = _NCCL_MID_RE.search(body) if "NCCL" in body else None
         if m is not None and m.start() > 0:
-            pending = (body[: m.start()], ln)
-            return
+            body = body[: m.start()]
+            if layout is None or len(body.split()) < layout.nfields:
+                pending = (body, ln)  # the rest of the row follows the NCCL line
+                return
         tokens = body.split()
         lay = layout
         if lay is None:
@@ -507,8 +536,9 @@ def _fmt_time(t: float) -> str:
 
 
 def _fmt_measure(m: NcclMeasure) -> str:
-    wrong = "N/A" if m.wrong is None else str(m.wrong)
-    return "  %7s  %6.2f  %6.2f  %6s" % (_fmt_time(m.time_us), m.algbw, m.busbw, wrong)
+    """``  %7s  %6.2f  %6.2f  %6g`` as in nccl-tests, ``    N/A`` when validation is off."""
+    wrong = "    N/A" if m.wrong is None else "  %6d" % m.wrong
+    return "  %7s  %6.2f  %6.2f" % (_fmt_time(m.time_us), m.algbw, m.busbw) + wrong
 
 
 def _version_code(version: str) -> int:

@@ -1,0 +1,34 @@
+# BandPilot: the two set-up commands are `make run` (main job) and `make test` (test suite).
+# Both create/reuse a virtualenv in .venv with pinned dependencies; nothing needs a network
+# beyond the package index, no server and no GPU.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test test-fast bench install clean-state help
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install pinned dependencies
+
+run: $(STAMP)  ## main job: emulated H100 + Het-4Mix -> profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch
+	$(BIN)/bandpilot pipeline
+
+test: $(STAMP)  ## full test suite (includes the slow end-to-end tests)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+
+test-fast: $(STAMP)  ## test suite without the slow end-to-end tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
+
+bench: $(STAMP)  ## speed and accuracy benchmarks (figures quoted in the README)
+	$(BIN)/python -m benchmarks
+
+clean-state:  ## remove local stores (mlruns, data, queue, prefect home); keeps .venv
+	rm -rf mlruns/mlflow.db mlruns/artifacts data .bandpilot .dvc-remote reports
