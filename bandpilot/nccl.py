@@ -125,8 +125,11 @@ _LABEL_RE = re.compile(r"\s*\d+:\s", _A)  # srun --label
 _NCCL_LINE_RE = re.compile(r"\S+:\d+:\d+ \[\d+\] NCCL ", _A)
 # An NCCL log line that cut into a data row: hostnames start with a letter, the row ends in digits.
 _NCCL_MID_RE = re.compile(r"[A-Za-z][\w.\-]*:\d+:\d+ \[\d+\] NCCL ", _A)
-# A data row starts with two integers (size, count); a lone integer is a row cut after its size.
-_ROW_START_RE = re.compile(r"[0-9]+(?:\s+[0-9]+(?:\s|$)|\s*$)", _A)
+# A data row starts with its integer size, then a number (the count; a malformed one is reported,
+# "2 more processes ..." is noise); a lone integer is a row cut after its size. The strict form
+# (two integers) tells a new row from the second half of a row cut by an NCCL line.
+_ROW_START_RE = re.compile(r"[0-9]+(?:\s+[-+.0-9]|\s*$)", _A)
+_ROW_START_STRICT_RE = re.compile(r"[0-9]+\s+[0-9]+(?:\s|$)", _A)
 _INT_RE = re.compile(r"[+-]?[0-9]+", _A)
 _FLOAT_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", _A)
 _NONFINITE_RE = re.compile(r"[+-]?(?:nan|inf|infinity)(?:\(\w*\))?", re.ASCII | re.IGNORECASE)
@@ -421,14 +424,14 @@ def parse(text: str, source: str = "<string>", *, strict: bool = True) -> NcclRe
             continue
         if _NCCL_LINE_RE.match(s):
             continue  # NCCL INFO/WARN/TRACE noise; may arrive between the halves of a cut row
-        if _ROW_START_RE.match(s):
-            flush_pending()
-            handle_row(s, ln)
-            continue
-        if pending is not None:
+        if pending is not None and _ROW_START_STRICT_RE.match(s) is None:
             body, pln = pending
             pending = None
             handle_row(body + " " + s, pln)
+            continue
+        if _ROW_START_RE.match(s):
+            flush_pending()
+            handle_row(s, ln)
             continue
         if _FAIL_RE.search(s):
             problems.append((ln, f"{src}:{ln}: failure reported: {_snip(s)}"))
