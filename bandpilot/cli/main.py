@@ -58,4 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Under ``python -m`` this file runs as __main__ with its own ``app``; command modules
+    # register on ``bandpilot.cli.main.app``, so hand over to the imported module.
+    from bandpilot.cli.main import main as _main
+
+    sys.exit(_main())

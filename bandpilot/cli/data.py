@@ -1,0 +1,97 @@
+"""``bandpilot profile`` and ``bandpilot ingest``: measurements -> dataset (-> DVC)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from bandpilot.cli.main import app
+from bandpilot.errors import SpecError
+
+
+def _resolve_spec(cluster: str) -> Path:
+    """A spec path, a measurement directory, or the name of a spec in ``params/clusters``."""
+    from bandpilot.config import project_root
+
+    p = Path(cluster)
+    if p.exists():
+        return p
+    for base in (project_root(), Path(__file__).resolve().parents[2]):
+        cand = base / "params" / "clusters" / f"{cluster}.yaml"
+        if cand.is_file():
+            return cand
+    raise SpecError(f"cluster spec not found: {cluster} (a YAML file, a measurement directory or a name in params/clusters)")
+
+
+def profile_cmd(
+    cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec (YAML file or name in params/clusters)."),
+    out: Path = typer.Option(Path("."), "--out", "-o", help="Root directory; writes data/<cluster>/ under it."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command lines and the plan size only."),
+    samples: int = typer.Option(200, "--samples", "-n", min=0, help="Cross-host allocations to sample."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the cross-host sample."),
+    runner: str = typer.Option("emulator", "--runner", help="emulator | ssh (real nccl-tests runs)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Concurrent runs (default: one per host)."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip measurements already done."),
+    track: bool = typer.Option(True, "--track/--no-track", help="dvc add <out>/data and push to the default remote."),
+    binary: Optional[str] = typer.Option(None, "--binary", help="nccl-tests binary (default: the spec's collective)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+) -> None:
+    """Measure every intra-host GPU subset and a stratified cross-host sample; build the dataset."""
+    from bandpilot import profiling
+    from bandpilot.cluster import load_cluster
+
+    if runner not in profiling.RUNNERS:
+        raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(profiling.RUNNERS)}")
+    spec = load_cluster(_resolve_spec(cluster))
+    measurements = profiling.plan(spec, cross_host_samples=samples, seed=seed)
+    if dry_run:
+        for m in measurements:
+            where = f"{m.hosts[0]}$" if not m.cross_host else "launcher$"
+            for line in profiling.command_lines(m, spec, binary):
+                typer.echo(f"{where} {line}")
+        n_cross = sum(m.cross_host for m in measurements)
+        typer.echo(
+            f"plan: {len(measurements)} measurements ({len(measurements) - n_cross} single-host, "
+            f"{n_cross} cross-host) on {spec.n_hosts} hosts of {spec.name}"
+        )
+        return
+    report = profiling.run(
+        spec, out, runner=runner, resume=resume, progress=progress, jobs=jobs,
+        measurements=measurements, binary=binary,
+    )
+    if track and report.ingest is not None:
+        from bandpilot import dvc
+
+        report.dvc_md5 = dvc.track(Path(out) / "data", Path(out))
+        dvc.push(Path(out))
+    typer.echo(report.summary())
+    if report.failed:
+        typer.echo(f"warning: {report.failed} measurements failed; re-run to retry them", err=True)
+        raise typer.Exit(1)
+
+
+def ingest_cmd(
+    directory: Path = typer.Argument(..., help="Measurement directory (cluster.yaml + CSV tables, or manifest.jsonl + raw logs)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to write (measurements.parquet + cluster.yaml)."),
+) -> None:
+    """Validate a measurement directory and write it as a dataset."""
+    from bandpilot.dataset import ingest
+
+    rep = ingest(directory, out)
+    typer.echo(
+        f"ingested {rep.cluster}: {rep.rows} rows, {len(rep.hosts)} hosts ({', '.join(rep.hosts)}), "
+        f"{rep.single_host} single-host, {rep.cross_host} cross-host -> {rep.out}"
+    )
+    for why, n in sorted(rep.skipped.items()):
+        if n:
+            typer.echo(f"skipped {n} {why}")
+
+
+def _register(target: typer.Typer) -> None:
+    target.command("profile")(profile_cmd)
+    target.command("ingest")(ingest_cmd)
+
+
+_register(app)

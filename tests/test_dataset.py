@@ -1,0 +1,563 @@
+"""Ingestion of measurement directories (CSV tables and raw nccl-tests logs) into the dataset."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bandpilot.cluster import load_cluster, spec_from_dict
+from bandpilot.dataset import (
+    DATASET_FILE,
+    dataset_hash,
+    ingest,
+    load_dataset,
+    parse_mapping,
+)
+from bandpilot.errors import DataError, SpecError
+from bandpilot.fabric import EmulatorFabric, TraceFabric
+
+TOPO4 = ["X NV2 PXB PXB", "NV2 X PXB PXB", "PXB PXB X NV2", "PXB PXB NV2 X"]
+TINY = {
+    "name": "tiny",
+    "collective": "all_gather_perf",
+    "message_bytes": 16777216,
+    "gpus_per_host": 4,
+    "hosts": [
+        {"name": "t0", "gpu": "A100", "topology": TOPO4},
+        {"name": "t1", "gpu": "A100", "topology": TOPO4},
+        {"name": "t2", "gpu": "V100", "topology": TOPO4},
+    ],
+    "network": {"nic_gbps": 200, "rails_per_host": 4},
+    "emulator": {"seed": 3, "noise": 0.02},
+}
+# Cross-host allocations of the synthetic inter table: one per count pattern (so TraceFabric,
+# which averages per pattern, and the per-row dataset agree exactly).
+CROSS = [
+    [[0], [1], []],
+    [[0, 1], [2, 3], []],
+    [[0, 2, 3], [1], []],
+    [[1], [0], [3]],
+    [[0, 1], [0, 1], [2, 3]],
+    [[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]],
+    [[3], [], [0, 1]],
+]
+
+
+def _binary(mapping: list[list[int]], n: int = 4) -> list[list[int]]:
+    return [[1 if i in host else 0 for i in range(n)] for host in mapping]
+
+
+def write_csv_dir(d: Path, *, binary: bool = False, combine: str = "min_intra", repeat_first: bool = False) -> Path:
+    """A BandPilot CSV measurement directory for the tiny cluster, values from the emulator."""
+    spec = spec_from_dict(TINY)
+    fab = EmulatorFabric(spec)
+    (d / "intra").mkdir(parents=True)
+    doc = json.loads(json.dumps(TINY))
+    for h, host in enumerate(doc["hosts"]):
+        lines = ["OP,GPU_num,GPU_used,data_size(B),Bandwidth(GB/s)"]
+        for mask in range(1, 16):
+            m = np.zeros((1, 3), dtype=np.int64)
+            m[0, h] = mask
+            bw = fab.measure(m)[0]
+            digits = "".join(str(i) for i in range(4) if mask >> i & 1)
+            lines.append(f"all_gather_perf,{len(digits)},{digits},16777216,{bw:.2f}")
+        (d / "intra" / f"{host['name']}.csv").write_text("\n".join(lines) + "\n")
+        host["intra"] = f"intra/{host['name']}.csv"
+    lines = ['"OP","Total_GPU_Count","GPU_Mapping_Across_Nodes","data_size(B)","Bandwidth(GB/s)"']
+    # a single-host row, as in the released tables: ignored (intra tables are authoritative)
+    lines.append('"all_gather_perf",2,"[[0,1],[],[]]",16777216,99.00')
+    for k, mapping in enumerate(CROSS):
+        masks = spec.to_mask([f"t{h}:{i}" for h, host in enumerate(mapping) for i in host])
+        bw = fab.network(np.bitwise_count(masks)[None, :].astype(np.int64))[0]
+        text = json.dumps(_binary(mapping) if binary else mapping, separators=(",", ":"))
+        n = sum(len(x) for x in mapping)
+        lines.append(f'"all_gather_perf",{n},"{text}",16777216,{bw:.2f}')
+        if repeat_first and k == 0:
+            lines.append(f'"all_gather_perf",{n},"{text}",16777216,{bw * 1.1:.2f}')
+    (d / "inter.csv").write_text("\n".join(lines) + "\n")
+    doc["inter"] = {"table": "inter.csv", "scale": 1.0, "combine": combine}
+    (d / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+@pytest.fixture
+def csv_dir(tmp_path: Path) -> Path:
+    return write_csv_dir(tmp_path / "meas")
+
+
+# ------------------------------------------------------------------------------------------
+# CSV form
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["lists", "binary-masks"])
+def test_ingest_csv_matches_trace_fabric(tmp_path, binary):
+    d = write_csv_dir(tmp_path / "meas", binary=binary)
+    rep = ingest(d, tmp_path / "ds")
+    assert rep.form == "csv" and rep.cluster == "tiny"
+    assert (rep.rows, rep.single_host, rep.cross_host) == (3 * 15 + len(CROSS), 45, len(CROSS))
+    assert rep.hosts == ("t0", "t1", "t2")
+    assert rep.skipped["single-host rows of the inter table"] == 1
+    ds = load_dataset(tmp_path / "ds")
+    fab = TraceFabric(load_cluster(d))
+    assert np.allclose(ds.stage1_tables(), fab.stage1)
+    cross = ds.cross_host()
+    assert np.allclose(cross.busbw(), fab.bandwidth_masks(cross.masks()))
+    assert cross.frame["source"].str.match(r"inter\.csv:\d+$").all()
+    assert ds.single_host().frame["source"].iloc[0] == "intra/t0.csv:2"
+
+
+def test_both_mapping_forms_give_the_same_dataset(tmp_path):
+    a = load_dataset(ingest(write_csv_dir(tmp_path / "a"), tmp_path / "da").out).frame
+    b = load_dataset(ingest(write_csv_dir(tmp_path / "b", binary=True), tmp_path / "db").out).frame
+    cols = ["gpus", "n_gpus", "n_hosts", "busbw", "bytes", "collective"]
+    assert a[cols].equals(b[cols])
+    assert a["masks"].map(tuple).tolist() == b["masks"].map(tuple).tolist()
+
+
+def test_repeated_measurements_are_kept_and_averaged_on_load(tmp_path):
+    d = write_csv_dir(tmp_path / "meas", repeat_first=True)
+    rep = ingest(d, tmp_path / "ds")
+    assert rep.cross_host == len(CROSS) + 1
+    ds = load_dataset(tmp_path / "ds")
+    agg = ds.aggregated()
+    assert len(agg) == len(ds) - 1
+    row = agg.frame[agg.frame["repeats"] == 2]
+    assert len(row) == 1
+    vals = ds.frame[ds.frame["gpus"] == row["gpus"].iloc[0]]["busbw"]
+    assert row["busbw"].iloc[0] == pytest.approx(vals.mean())
+
+
+def test_combine_rule_is_applied_to_cross_host_rows(tmp_path):
+    d = write_csv_dir(tmp_path / "meas")
+    text = (d / "cluster.yaml").read_text().replace("scale: 1.0", "scale: 40.0")
+    (d / "cluster.yaml").write_text(text)
+    ds = load_dataset(ingest(d, tmp_path / "ds").out)
+    cross = ds.cross_host()
+    # a huge inter scale leaves the intra bound of hosts with >= 2 GPUs in charge
+    assert np.allclose(cross.busbw(), TraceFabric(load_cluster(d)).bandwidth_masks(cross.masks()))
+
+
+def _replace_line(path: Path, lineno: int, new: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[lineno - 1] = new
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit_spec(d: Path, fn) -> None:
+    doc = yaml.safe_load((d / "cluster.yaml").read_text())
+    fn(doc)
+    (d / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+CSV_BAD = {
+    "non-numeric bandwidth": (
+        lambda d: _replace_line(d / "intra" / "t1.csv", 5, "all_gather_perf,2,01,16777216,fast"),
+        DataError, r"intra/t1\.csv:5: bandwidth 'fast' is not a number",
+    ),
+    "negative bandwidth": (
+        lambda d: _replace_line(d / "intra" / "t0.csv", 7, "all_gather_perf,2,12,16777216,-3.5"),
+        DataError, r"intra/t0\.csv:7: bandwidth '-3\.5' must be a finite non-negative number",
+    ),
+    "nan bandwidth": (
+        lambda d: _replace_line(d / "inter.csv", 3, '"all_gather_perf",2,"[[0],[1],[]]",16777216,nan'),
+        DataError, r"inter\.csv:3: bandwidth 'nan' must be a finite",
+    ),
+    "unknown intra index": (
+        lambda d: _replace_line(d / "intra" / "t2.csv", 4, "all_gather_perf,2,07,16777216,10.0"),
+        DataError, r"intra/t2\.csv:4: GPU index 7 out of range \(host has 4 GPUs\)",
+    ),
+    "unknown host in mapping": (
+        lambda d: _replace_line(d / "inter.csv", 3, '"all_gather_perf",2,"[[0],[1],[],[2]]",16777216,5.0'),
+        DataError, r"inter\.csv:3: mapping lists 4 hosts, the cluster has 3",
+    ),
+    "unknown inter index": (
+        lambda d: _replace_line(d / "inter.csv", 4, '"all_gather_perf",2,"[[0],[5],[]]",16777216,5.0'),
+        DataError, r"inter\.csv:4: GPU index 5 out of range",
+    ),
+    "count disagrees with mapping": (
+        lambda d: _replace_line(d / "inter.csv", 4, '"all_gather_perf",3,"[[0],[1],[]]",16777216,5.0'),
+        DataError, r"inter\.csv:4: Total_GPU_Count 3 disagrees",
+    ),
+    "mapping not json": (
+        lambda d: _replace_line(d / "inter.csv", 4, '"all_gather_perf",2,"[[0],[1],",16777216,5.0'),
+        DataError, r"inter\.csv:4: GPU_Mapping_Across_Nodes .* is not a list of lists",
+    ),
+    "missing columns": (
+        lambda d: _replace_line(d / "intra" / "t0.csv", 1, "OP,GPU_num,GPU_used,Bandwidth(GB/s)"),
+        DataError, r"intra/t0\.csv:1: missing columns \['data_size\(B\)'\]",
+    ),
+    "missing intra subset": (
+        lambda d: (d / "intra" / "t1.csv").write_text(
+            "\n".join((d / "intra" / "t1.csv").read_text().splitlines()[:-1]) + "\n"
+        ),
+        DataError, r"intra/t1\.csv: intra table has no row for GPU subset 0123",
+    ),
+    "missing table file": (
+        lambda d: (d / "intra" / "t2.csv").unlink(),
+        DataError, r"measurement table not found: .*intra/t2\.csv",
+    ),
+    "missing spec key": (
+        lambda d: _edit_spec(d, lambda doc: doc.pop("name")),
+        SpecError, r"cluster\.yaml: missing required key 'name'",
+    ),
+    "missing host key": (
+        lambda d: _edit_spec(d, lambda doc: doc["hosts"][1].pop("gpu")),
+        SpecError, r"cluster\.yaml: hosts\[1\]: missing required key 'gpu'",
+    ),
+    "host without table": (
+        lambda d: _edit_spec(d, lambda doc: doc["hosts"][2].pop("intra")),
+        DataError, r"cluster\.yaml: host 't2' \(hosts\[2\]\) has no intra table",
+    ),
+    "invalid yaml": (
+        lambda d: (d / "cluster.yaml").write_text("name: [unclosed\nhosts: 1\n"),
+        SpecError, r"cluster\.yaml:\d+: invalid YAML",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CSV_BAD))
+def test_bad_csv_directory_is_rejected_and_nothing_is_written(csv_dir, tmp_path, case):
+    mutate, exc, pattern = CSV_BAD[case]
+    mutate(csv_dir)
+    out = tmp_path / "ds"
+    with pytest.raises(exc, match=pattern) as info:
+        ingest(csv_dir, out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_failed_ingest_leaves_an_existing_dataset_unchanged(csv_dir, tmp_path):
+    out = tmp_path / "ds"
+    ingest(csv_dir, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _replace_line(csv_dir / "intra" / "t1.csv", 5, "all_gather_perf,2,01,16777216,-1")
+    with pytest.raises(DataError):
+        ingest(csv_dir, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_empty_and_non_measurement_directories(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty.*: empty directory"):
+        ingest(tmp_path / "empty", tmp_path / "ds")
+    with pytest.raises(DataError, match="measurement directory not found"):
+        ingest(tmp_path / "nope", tmp_path / "ds")
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match=r"no cluster\.yaml or manifest\.jsonl"):
+        ingest(tmp_path / "junk", tmp_path / "ds")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.log").write_text("# nccl-tests\n")
+    with pytest.raises(DataError, match=r"without manifest\.jsonl"):
+        ingest(tmp_path / "logs", tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_ingest_refuses_to_overwrite_the_table_directory(csv_dir):
+    spec_before = (csv_dir / "cluster.yaml").read_text()
+    with pytest.raises(DataError, match="would replace its cluster.yaml"):
+        ingest(csv_dir, csv_dir)
+    assert (csv_dir / "cluster.yaml").read_text() == spec_before
+
+
+# ------------------------------------------------------------------------------------------
+# log form (manifest + raw logs, as written by `bandpilot profile`)
+
+
+@pytest.fixture(scope="module")
+def _profiled(tmp_path_factory) -> Path:
+    from bandpilot import profiling
+
+    spec = spec_from_dict(TINY)
+    root = tmp_path_factory.mktemp("prof")
+    plan = profiling.plan(spec, cross_host_samples=6, seed=1)
+    profiling.run(spec, root, measurements=plan, progress=False, jobs=1, do_ingest=False)
+    return root / "data" / "tiny"
+
+
+@pytest.fixture
+def log_dir(_profiled, tmp_path) -> Path:
+    import shutil
+
+    d = tmp_path / "tiny"
+    shutil.copytree(_profiled, d)
+    return d
+
+
+def _entries(d: Path) -> list[dict]:
+    return [json.loads(x) for x in (d / "manifest.jsonl").read_text().splitlines()]
+
+
+def _write_entries(d: Path, entries: list[dict]) -> None:
+    (d / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+
+
+def _entry(d: Path, pred) -> tuple[int, dict]:
+    return next((i, e) for i, e in enumerate(_entries(d)) if pred(e))
+
+
+def _set_entry(d: Path, i: int, **changes) -> None:
+    es = _entries(d)
+    es[i].update(changes)
+    _write_entries(d, es)
+
+
+def _edit_log(d: Path, pred, fn) -> Path:
+    _, e = _entry(d, pred)
+    p = d / e["log"]
+    p.write_text(fn(p.read_text()))
+    return p
+
+
+def _three_gpus(e: dict) -> bool:
+    return len(e["gpus"]) == 3 and len(e["hosts"]) == 1
+
+
+def _cross(e: dict) -> bool:
+    return len(e["hosts"]) >= 2
+
+
+def test_ingest_logs(log_dir, tmp_path):
+    rep = ingest(log_dir, tmp_path / "ds")
+    assert rep.form == "logs"
+    assert (rep.single_host, rep.cross_host) == (45, 6)
+    ds = load_dataset(tmp_path / "ds")
+    spec = spec_from_dict(TINY)
+    fab = EmulatorFabric(spec)
+    # the dataset keeps the 16 MiB value of each log: the fabric's noisy measurement (2 decimals)
+    assert np.allclose(ds.busbw(), fab.measure(ds.masks()), atol=0.006)
+    assert np.allclose(ds.stage1_tables(), fab.stage1, rtol=0.1)
+    assert set(ds.frame["source"].str.slice(0, 4)) == {"raw/"}
+
+
+def test_pending_and_failed_entries_are_skipped(log_dir, tmp_path):
+    es = _entries(log_dir)
+    es[3]["status"] = "planned"
+    es[4]["status"] = "failed"
+    _write_entries(log_dir, es)
+    rep = ingest(log_dir, tmp_path / "ds")
+    assert rep.rows == len(es) - 2 and rep.skipped == {"planned": 1, "failed": 1}
+
+
+def _truncate(text: str) -> str:
+    lines = text.splitlines()
+    last = max(i for i, s in enumerate(lines) if s.strip()[:1].isdigit())
+    return "\n".join(lines[:last] + [lines[last][:40]]) + "\n"
+
+
+def _drop_device_line(text: str) -> str:
+    lines = text.splitlines()
+    i = next(i for i, s in enumerate(lines) if "Rank  2" in s)
+    return "\n".join(lines[:i] + lines[i + 1 :]) + "\n"
+
+
+def _busbw_token(value: str):
+    def fn(text: str) -> str:
+        out = []
+        for s in text.splitlines():
+            if s.strip().startswith("167772"):
+                tok = s.split()
+                tok[7] = value
+                s = "  ".join(tok)
+            out.append(s)
+        return "\n".join(out) + "\n"
+
+    return fn
+
+
+LOG_BAD = {
+    "truncated log": (
+        lambda d: _edit_log(d, _three_gpus, _truncate),
+        r"raw/t\d-\d+\.log:\d+: truncated log",
+    ),
+    "empty log": (
+        lambda d: _edit_log(d, _three_gpus, lambda t: ""),
+        r"raw/t\d-\d+\.log:1: empty log",
+    ),
+    "non-numeric busbw in log": (
+        lambda d: _edit_log(d, _three_gpus, _busbw_token("12.x4")),
+        r"raw/t\d-\d+\.log:\d+: non-numeric busbw value '12\.x4'",
+    ),
+    "negative busbw in log": (
+        lambda d: _edit_log(d, _three_gpus, _busbw_token("-4.20")),
+        r"raw/t\d-\d+\.log:\d+: negative busbw value -4\.20",
+    ),
+    "fewer ranks than planned": (
+        lambda d: _edit_log(d, _three_gpus, _drop_device_line),
+        r"raw/t\d-\d+\.log:\d+: device table lists 2 ranks, the plan has 3 GPUs \(.*manifest\.jsonl:\d+\)",
+    ),
+    "more GPUs planned than ranks": (
+        lambda d: _set_entry(d, _entry(d, _three_gpus)[0], gpus=[*_entry(d, _three_gpus)[1]["gpus"],
+                                                              _entry(d, _three_gpus)[1]["gpus"][0].split(":")[0] + ":9"]),
+        r"manifest\.jsonl:\d+: unknown GPU index '9' on host 't\d'",
+    ),
+    "ranks on another host": (
+        lambda d: _edit_log(d, _cross, lambda t: re.sub(r" on +t(\d) device", " on   t9 device", t, count=1)),
+        r"raw/x-.*\.log:\d+: ranks run on .*t9:1.*, the plan puts them on",
+    ),
+    "no device table": (
+        lambda d: _edit_log(d, _three_gpus, lambda t: "\n".join(s for s in t.splitlines() if "Rank" not in s)),
+        r"raw/t\d-\d+\.log:1: no '# Using devices' table",
+    ),
+    "wrong collective": (
+        lambda d: _edit_log(d, _three_gpus, lambda t: t.replace("all_gather_perf", "all_reduce_perf")),
+        r"raw/t\d-\d+\.log: log is all_reduce_perf, the plan measures all_gather_perf",
+    ),
+    "data validation failed": (
+        lambda d: _edit_log(d, _three_gpus, lambda t: re.sub(r"(\s)0(\s+\S+\s+\S+\s+\S+\s+0\s*)$", r"\g<1>7\2", t, count=1, flags=re.M)),
+        r"raw/t\d-\d+\.log:\d+: 7 wrong elements",
+    ),
+    "message size missing": (
+        lambda d: _edit_log(d, _three_gpus, lambda t: "\n".join(s for s in t.splitlines() if not s.strip().startswith("167772"))),
+        r"raw/t\d-\d+\.log: no data row with size 16777216",
+    ),
+    "unknown host in manifest": (
+        lambda d: _set_entry(d, 2, gpus=["zz:0"], hosts=["zz"]),
+        r"manifest\.jsonl:3: unknown host 'zz'",
+    ),
+    "hosts disagree with gpus": (
+        lambda d: _set_entry(d, 2, hosts=["t1"]),
+        r"manifest\.jsonl:3: hosts \['t1'\] disagree",
+    ),
+    "log of a done entry missing": (
+        lambda d: (d / _entries(d)[5]["log"]).unlink(),
+        r"manifest\.jsonl:6: log raw/\S+\.log of a done measurement not found",
+    ),
+    "manifest line not json": (
+        lambda d: (d / "manifest.jsonl").write_text(
+            "\n".join((d / "manifest.jsonl").read_text().splitlines()[:2] + ["{not json"]) + "\n"
+        ),
+        r"manifest\.jsonl:3: not a JSON object",
+    ),
+    "manifest entry lacks a key": (
+        lambda d: _write_entries(d, [{k: v for k, v in e.items() if k != "gpus"} for e in _entries(d)]),
+        r"manifest\.jsonl:1: manifest entry lacks \['gpus'\]",
+    ),
+    "empty manifest": (
+        lambda d: (d / "manifest.jsonl").write_text("\n"),
+        r"manifest\.jsonl: empty manifest",
+    ),
+    "nothing measured": (
+        lambda d: _write_entries(d, [{**e, "status": "planned"} for e in _entries(d)]),
+        r"manifest\.jsonl: no completed measurements \(\d+ planned, 0 done\)",
+    ),
+    "manifest without spec": (
+        lambda d: (d / "cluster.yaml").unlink(),
+        r"manifest\.jsonl without the cluster\.yaml",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOG_BAD))
+def test_bad_log_directory_is_rejected_and_nothing_is_written(log_dir, tmp_path, case):
+    mutate, pattern = LOG_BAD[case]
+    mutate(log_dir)
+    out = tmp_path / "ds"
+    with pytest.raises(DataError, match=pattern) as info:
+        ingest(log_dir, out)
+    assert "\n" not in str(info.value)
+    assert not out.exists()
+
+
+def test_failed_log_ingest_keeps_the_previous_dataset(log_dir):
+    ingest(log_dir, log_dir)  # the profile layout: dataset next to the logs
+    before = (log_dir / DATASET_FILE).read_bytes()
+    _edit_log(log_dir, _three_gpus, _drop_device_line)
+    with pytest.raises(DataError):
+        ingest(log_dir, log_dir)
+    assert (log_dir / DATASET_FILE).read_bytes() == before
+    assert not list(log_dir.glob(".*.tmp"))
+
+
+# ------------------------------------------------------------------------------------------
+# mapping parser fuzz
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw=st.one_of(
+        st.text(max_size=60),
+        st.text(alphabet="[],0123456789- ", max_size=40),
+        st.recursive(
+            st.integers(-3, 10) | st.booleans() | st.none() | st.floats(allow_nan=True) | st.text(max_size=3),
+            lambda c: st.lists(c, max_size=5),
+            max_leaves=20,
+        ).map(lambda x: json.dumps(x)),
+        st.lists(st.lists(st.integers(0, 1), min_size=0, max_size=5), min_size=0, max_size=4).map(json.dumps),
+    ),
+    n_hosts=st.integers(1, 4),
+    n_gpus=st.integers(1, 8),
+)
+def test_mapping_parser_fuzz(raw, n_hosts, n_gpus):
+    try:
+        masks = parse_mapping(raw, n_hosts, n_gpus, Path("inter.csv"), 7)
+    except DataError as exc:
+        assert str(exc).startswith("inter.csv:7: ") and "\n" not in str(exc)
+        return
+    assert isinstance(masks, tuple) and len(masks) == n_hosts
+    assert all(isinstance(m, int) and 0 <= m < (1 << n_gpus) for m in masks)
+
+
+def test_mapping_parser_deep_nesting_is_a_data_error():
+    with pytest.raises(DataError, match="not a list of lists"):
+        parse_mapping("[" * 100000 + "]" * 100000, 2, 8, Path("inter.csv"), 2)
+
+
+def test_mapping_forms():
+    p = Path("x.csv")
+    assert parse_mapping("[[0,1],[0],[]]", 3, 8, p, 2) == (3, 1, 0)
+    assert parse_mapping("[[1,1,0,0,0,0,0,0],[1,0,0,0,0,0,0,0],[0,0,0,0,0,0,0,0]]", 3, 8, p, 2) == (3, 1, 0)
+    assert parse_mapping("[[0,1],[1]]", 2, 2, p, 2) == (3, 2)  # width-2: index form wins
+
+
+# ------------------------------------------------------------------------------------------
+# dataset hash
+
+
+def test_dataset_hash_is_the_content_md5(csv_dir, tmp_path):
+    import hashlib
+
+    ingest(csv_dir, tmp_path / "ds")
+    h = dataset_hash(tmp_path / "ds")
+    assert h == hashlib.md5((tmp_path / "ds" / DATASET_FILE).read_bytes()).hexdigest()
+    assert dataset_hash(tmp_path / "ds" / DATASET_FILE) == h
+    with pytest.raises(DataError, match="no dataset"):
+        dataset_hash(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------
+# the real measurements (skip without ../shared/data)
+
+
+@pytest.mark.parametrize("name", ["h100-16m", "het4mix-16m"])
+def test_ingest_real_measurements(shared_data, tmp_path, name, capsys):
+    from bandpilot.cli.main import main
+
+    src = shared_data / name
+    assert main(["ingest", str(src), "--out", str(tmp_path / "ds")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ingested \S+: \d+ rows, 4 hosts .* 1020 single-host, \d+ cross-host", out)
+    ds = load_dataset(tmp_path / "ds")
+    fab = TraceFabric(load_cluster(src))
+    assert len(ds.single_host()) == 4 * 255
+    assert np.allclose(ds.stage1_tables(), fab.stage1)
+    cross = ds.cross_host()
+    masks, _ = fab.measured_masks()
+    assert len(cross) == len(masks)
+    # per allocation, within the spread of the repeats around the per-pattern mean
+    assert np.allclose(cross.busbw(), fab.bandwidth_masks(cross.masks()), rtol=0.2)
+
+
+def test_ingest_cli_error_exit(tmp_path, capsys):
+    from bandpilot.cli.main import main
+
+    (tmp_path / "empty").mkdir()
+    assert main(["ingest", str(tmp_path / "empty"), "--out", str(tmp_path / "ds")]) == 2
+    assert re.match(r"error: .*empty: empty directory", capsys.readouterr().err)
