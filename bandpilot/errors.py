@@ -31,6 +31,19 @@ class RequestError(BandPilotError):
     """A GPU request cannot be served as asked (k out of range, constraint unknown)."""
 
 
+class PlacementError(RequestError):
+    """A request that cannot be placed. ``reason`` is one of ``insufficient_gpus``,
+    ``constraint_unmet`` (defer and retry later) or ``invalid_request`` (reject)."""
+
+    REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request")
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown placement error reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+
+
 class ModelError(BandPilotError):
     """A model URI cannot be resolved or does not fit the cluster."""
 

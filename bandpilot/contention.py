@@ -1,0 +1,202 @@
+"""Contention-aware predictor ``B̂(S, τ)`` (paper Sec. IV-C), vectorised over many candidates.
+
+A *model* is any object with ``spec``, ``stage1`` (``(n_hosts, 2**max_gpus)`` stage-1 table) and
+``predict_masks(masks) -> (n,)`` standalone bandwidth ``B̂(S)`` of per-host mask rows (fabrics are
+perfect models; :class:`bandpilot.surrogate.Surrogate` is the learned one).
+
+For a candidate ``S`` and the traffic profile ``τ = {(S_j, d_j)}`` of the active jobs:
+
+* contending jobs ``J_c(S) = {j : |H(S_j)| >= 2, d_j > 0, H(S_j) ∩ H(S) ≠ ∅}``;
+* capacity ``Ĉ(S) = min_{j ∈ J_c} B̂(S ∪ S_j)`` (per-host union masks: the "super allocation");
+* demand ``d_S = B̂(S)``, ``D = d_S + Σ_{j ∈ J_c} d_j``;
+* ``B̂(S, τ) = d_S`` if ``D <= Ĉ`` else ``d_S / D · Ĉ``.
+
+Two decisions the paper leaves open, made explicit here:
+
+* **Single-host candidates are never contended.** The paper models contention only among
+  cross-host allocations sharing hosts (the NIC / inter-node fabric); a single-host ``S`` talks
+  over NVLink/PCIe only, so ``B̂(S, τ) = B̂(S)`` even if a cross-host job shares its host.
+* **Jobs with zero demand do not contend.** A job with ``d_j = 0`` puts no load on the fabric,
+  so it does not enter ``J_c`` (otherwise its super allocation's capacity could still cap ``S``,
+  and the idle profile would not reduce to ``B̂(S, τ_idle) = B̂(S)`` as Sec. III requires).
+
+All super allocations of all candidates go into ONE ``predict_masks`` call together with the
+candidates themselves (identical rows are de-duplicated first); :attr:`ContentionPredictor.evaluations`
+counts the rows actually passed to the model. For very large batches the search uses
+:meth:`ContentionPredictor.predict_best`, which exploits ``B̂(S, τ) <= B̂(S)``: one call for every
+candidate's standalone value, then super allocations only for candidates that can still win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bandpilot.state import State
+
+#: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
+MAX_BATCH_ROWS = 262_144
+
+
+_HASH_W = np.random.default_rng(0x5EED).integers(1, 2**62, size=4096, dtype=np.int64) | 1
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` for int64 mask rows (order of first
+    appearance is not kept). Rows are hashed to one int64 each and the grouping is verified, so
+    it is exact; a (never observed) hash collision falls back to a byte-wise sort."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    n, w = rows.shape
+    if n <= 1:
+        return rows, np.zeros(n, dtype=np.int64)
+    if w <= _HASH_W.size:
+        with np.errstate(over="ignore"):
+            h = rows @ _HASH_W[:w]
+            h ^= h >> 29
+        _, idx, inv = np.unique(h, return_index=True, return_inverse=True)
+        inv = inv.ravel().astype(np.int64)
+        rep = idx[inv]
+        dup = np.flatnonzero(rep != np.arange(n))
+        if dup.size == 0 or np.array_equal(rows[dup], rows[rep[dup]]):
+            return rows[idx], inv
+    void = rows.view(np.dtype((np.void, 8 * w))).ravel()
+    _, idx, inv = np.unique(void, return_index=True, return_inverse=True)
+    return rows[idx], inv.ravel().astype(np.int64)
+
+
+@dataclass
+class Prediction:
+    """Contention-aware and standalone predictions for a batch of candidates."""
+
+    value: np.ndarray  # B̂(S, τ)
+    standalone: np.ndarray  # B̂(S)
+
+
+class ContentionPredictor:
+    """``B̂(S, τ)`` for one cluster snapshot; call :meth:`predict` with ``(n, n_hosts)`` masks."""
+
+    def __init__(self, model: Any, state: State) -> None:
+        self.model = model
+        self.spec = state.spec
+        self.state = state
+        jobs = [j for j in state.jobs if j.cross_host and j.demand_gbps > 0]
+        n_h = self.spec.n_hosts
+        self.job_ids = [j.id for j in jobs]
+        self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)
+        self.job_demand = np.array([j.demand_gbps for j in jobs], dtype=float)
+        self.job_used = (self.job_masks != 0).astype(np.int32)
+        self._job_used_t = np.ascontiguousarray(self.job_used.T, dtype=np.float32)
+        #: hosts touched by at least one contending-capable job (their GPUs matter beyond counts)
+        self.exposed = self.job_used.sum(axis=0) > 0 if jobs else np.zeros(n_h, dtype=bool)
+        self.evaluations = 0
+        self.calls = 0
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.job_ids)
+
+    # ------------------------------------------------------------------------------------
+    def raw(self, masks: np.ndarray) -> np.ndarray:
+        """Standalone ``B̂`` of rows (de-duplicated, one model call, counted)."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        if masks.shape[0] == 0:
+            return np.zeros(0)
+        uniq, inv = unique_rows(masks)
+        vals = np.asarray(self.model.predict_masks(uniq), dtype=float).reshape(-1)
+        if vals.shape[0] != uniq.shape[0]:
+            raise ValueError(f"model returned {vals.shape[0]} predictions for {uniq.shape[0]} rows")
+        self.evaluations += int(uniq.shape[0])
+        self.calls += 1
+        return vals[inv]
+
+    def contenders(self, masks: np.ndarray) -> np.ndarray:
+        """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        if self.n_jobs == 0:
+            return np.zeros((masks.shape[0], 0), dtype=bool)
+        used = (masks != 0).astype(np.float32)
+        cross = used.sum(axis=1) >= 2
+        return ((used @ self._job_used_t) > 0.5) & cross[:, None]
+
+    def predict(self, masks: np.ndarray) -> Prediction:
+        """``B̂(S, τ)`` and ``B̂(S)`` for every candidate row, with ONE model call per batch
+        (candidates and all their super allocations together)."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        n = masks.shape[0]
+        if n == 0:
+            return Prediction(np.zeros(0), np.zeros(0))
+        if n > MAX_BATCH_ROWS:
+            parts = [self.predict(masks[i : i + MAX_BATCH_ROWS]) for i in range(0, n, MAX_BATCH_ROWS)]
+            return Prediction(np.concatenate([p.value for p in parts]), np.concatenate([p.standalone for p in parts]))
+        cont = self.contenders(masks)
+        ci, ji = np.nonzero(cont)
+        if ci.size == 0:
+            solo = self.raw(masks)
+            return Prediction(solo.copy(), solo)
+        supers = masks[ci] | self.job_masks[ji]
+        allv = self.raw(np.concatenate([masks, supers]))
+        solo = allv[:n]
+        return Prediction(self._share(n, solo, cont, ci, allv[n:]), solo)
+
+    def _share(self, n: int, solo: np.ndarray, cont: np.ndarray, ci: np.ndarray, cap_pairs: np.ndarray) -> np.ndarray:
+        cap = np.full(n, np.inf)
+        np.minimum.at(cap, ci, cap_pairs)
+        demand = solo + cont.astype(float) @ self.job_demand
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shared = np.where(demand > 0, solo / demand * cap, 0.0)
+        return np.where(demand <= cap, solo, shared)
+
+    def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256) -> Prediction:
+        """Like :meth:`predict`, but only as far as needed to find the maximum and its near-ties.
+
+        Uses ``B̂(S, τ) <= B̂(S)``: one call gives every candidate's standalone value; super
+        allocations are then built for the candidates in descending standalone order, a growing
+        chunk per call, until the best contention-aware value found exceeds the standalone value
+        of every candidate left. Candidates never scored get ``-inf``. Small batches (at most
+        ``max_pairs`` super allocations) take the single-call path of :meth:`predict`.
+        """
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        n = masks.shape[0]
+        cont = self.contenders(masks)
+        n_pairs = int(cont.sum())
+        if n_pairs <= max_pairs:
+            return self.predict(masks)
+        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS]) for i in range(0, n, MAX_BATCH_ROWS)])
+        value = np.full(n, -np.inf)
+        free_of = ~cont.any(axis=1)
+        value[free_of] = solo[free_of]
+        todo = np.flatnonzero(~free_of)
+        todo = todo[np.argsort(-solo[todo], kind="stable")]
+        best = float(value.max()) if free_of.any() else -np.inf
+        pos, step = 0, first
+        while pos < todo.size:
+            bound = best - 1e-9 * max(1.0, abs(best))
+            if solo[todo[pos]] < bound:
+                break
+            idx = todo[pos : pos + step]
+            idx = idx[solo[idx] >= bound]
+            sub = cont[idx]
+            ci, ji = np.nonzero(sub)
+            caps = self.raw(masks[idx][ci] | self.job_masks[ji])
+            value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
+            best = max(best, float(value[idx].max()))
+            pos += step
+            step *= 2
+        return Prediction(value, solo)
+
+    def explain(self, mask: np.ndarray) -> dict[str, Any]:
+        """Breakdown for one allocation (CLI / debugging): contenders, capacity, demand."""
+        mask = np.asarray(mask, dtype=np.int64).reshape(1, -1)
+        cont = self.contenders(mask)[0]
+        p = self.predict(mask)
+        jobs = [self.job_ids[j] for j in np.flatnonzero(cont)]
+        caps = self.raw(mask | self.job_masks[cont]) if jobs else np.zeros(0)
+        return {
+            "contending_jobs": jobs,
+            "capacity_gbps": float(caps.min()) if jobs else None,
+            "demand_gbps": float(p.standalone[0] + self.job_demand[cont].sum()),
+            "standalone_gbps": float(p.standalone[0]),
+            "predicted_gbps": float(p.value[0]),
+        }

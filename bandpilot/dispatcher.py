@@ -1,0 +1,305 @@
+"""The dispatcher: given free GPUs, running jobs and ``k``, return the ``k`` GPUs with the highest
+contention-aware bandwidth ``B̂(S, τ)`` (paper Sec. III, IV-C, IV-D).
+
+    from bandpilot.dispatcher import Dispatcher
+    d = Dispatcher(model)                       # a Surrogate, or a fabric (perfect predictor)
+    sel = d.select(8, state)                    # algorithm="bandpilot"
+    sel.gpus, sel.predicted_gbps, sel.to_dict()
+
+``model`` is any object with ``spec``, ``stage1`` and ``predict_masks`` (see
+:mod:`bandpilot.contention`). Algorithms:
+
+===========  ================================================================================
+bandpilot    count-vector search when tractable, else EHA + PTS + local search (:mod:`~bandpilot.search`)
+eha, pts     the paper's two search components on their own
+topo         Slurm-like compactness (fewest hosts, best fit, best link classes)
+default      proximity: host order, then NUMA/index order
+random       ``k`` free GPUs at random (seeded: same seed + same request -> same answer)
+ideal        ``bandpilot`` guided by the true fabric (``fabric=``): Ideal-BP
+exact        true optimum by enumeration (``fabric=``); raises if intractable
+===========  ================================================================================
+
+Constraints (batch queue): ``single_host`` (all ``k`` GPUs on one host), ``allowed_hosts``
+(only these hosts), ``min_gbps`` (reject results predicted below it). Like a Kubernetes
+scheduler, hosts are filtered first (free mask restricted), then candidates are scored.
+
+Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > free GPUs),
+``constraint_unmet`` (feasible after filtering < k, no single host fits, below ``min_gbps``) and
+``invalid_request`` (bad k, malformed state, unknown algorithm/constraint, exact intractable).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bandpilot.baselines import default_select, random_select, topo_select
+from bandpilot.cluster import ClusterSpec, popcount
+from bandpilot.contention import ContentionPredictor
+from bandpilot.errors import ModelError, SpecError, StateError
+from bandpilot.search import (
+    IntractableError,
+    PlacementError,
+    SearchContext,
+    bandpilot,
+    eha,
+    exact,
+    pts,
+    single_host,
+)
+from bandpilot.state import State
+
+__all__ = ["ALGORITHMS", "Constraints", "Dispatcher", "IntractableError", "PlacementError", "Selection"]
+
+MODEL_ALGORITHMS = ("bandpilot", "eha", "pts")
+BASELINES = ("topo", "default", "random")
+ORACLES = ("ideal", "exact")
+ALGORITHMS = MODEL_ALGORITHMS + BASELINES + ORACLES
+
+
+@dataclass
+class Selection:
+    """The chosen GPUs and what the model thinks of them."""
+
+    gpus: list[str]
+    predicted_gbps: float  # B̂(S, τ) under the model (ideal/exact: the true value)
+    standalone_gbps: float  # B̂(S)
+    algorithm: str
+    search_ms: float
+    evaluations: int  # rows passed to predict_masks
+    k: int = 0
+    mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False, compare=False)
+
+    @property
+    def hosts(self) -> list[str]:
+        return list(dict.fromkeys(g.rpartition(":")[0] for g in self.gpus))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": list(self.gpus),
+            "k": self.k,
+            "hosts": self.hosts,
+            "predicted_gbps": round(float(self.predicted_gbps), 6),
+            "standalone_gbps": round(float(self.standalone_gbps), 6),
+            "algorithm": self.algorithm,
+            "search_ms": round(float(self.search_ms), 3),
+            "evaluations": int(self.evaluations),
+        }
+
+
+@dataclass(frozen=True)
+class Constraints:
+    single_host: bool = False
+    allowed_hosts: tuple[str, ...] | None = None
+    min_gbps: float | None = None
+
+    KEYS = ("single_host", "allowed_hosts", "min_gbps")
+
+    @classmethod
+    def parse(cls, value: Any) -> Constraints:
+        if value is None:
+            return cls()
+        if isinstance(value, Constraints):
+            return value
+        if not isinstance(value, Mapping):
+            value = {k: getattr(value, k) for k in cls.KEYS if hasattr(value, k)}
+        unknown = set(value) - set(cls.KEYS)
+        if unknown:
+            raise PlacementError("invalid_request", f"unknown constraints {sorted(unknown)}; known: {list(cls.KEYS)}")
+        sh = value.get("single_host", False)
+        if sh is None:
+            sh = False
+        if not isinstance(sh, bool):
+            raise PlacementError("invalid_request", f"constraint single_host must be true/false, got {sh!r}")
+        ah = value.get("allowed_hosts")
+        if ah is not None:
+            if isinstance(ah, str) or not all(isinstance(x, str) for x in ah):
+                raise PlacementError("invalid_request", "constraint allowed_hosts must be a list of host names")
+            ah = tuple(ah)
+        mg = value.get("min_gbps")
+        if mg is not None:
+            if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not np.isfinite(mg) or mg < 0:
+                raise PlacementError("invalid_request", f"constraint min_gbps must be a finite number >= 0, got {mg!r}")
+            mg = float(mg)
+        return cls(sh, ah, mg)
+
+
+def _check_model(model: Any, what: str = "model") -> ClusterSpec:
+    for attr in ("spec", "stage1", "predict_masks"):
+        if not hasattr(model, attr):
+            raise ModelError(f"{what} {type(model).__name__} has no {attr!r} (need spec, stage1, predict_masks)")
+    spec = model.spec
+    if not isinstance(spec, ClusterSpec):
+        raise ModelError(f"{what}.spec is not a ClusterSpec")
+    shape = np.shape(model.stage1)
+    need = 1 << int(spec.gpus_per_host.max())
+    if len(shape) != 2 or shape[0] != spec.n_hosts or shape[1] < need:
+        raise ModelError(f"{what}.stage1 has shape {shape}, expected ({spec.n_hosts}, {need})")
+    return spec
+
+
+class Dispatcher:
+    """Contention-aware GPU dispatcher guided by one bandwidth model."""
+
+    def __init__(self, model: Any, seed: int = 0) -> None:
+        self.spec = _check_model(model)
+        self.model = model
+        self.seed = int(seed)
+
+    @classmethod
+    def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
+        """A dispatcher for a stored surrogate (``models:/name@alias``, ``runs:/...``, a path)."""
+        from bandpilot.surrogate import Surrogate  # lazy: pulls in torch
+
+        return cls(Surrogate.load(model_uri), seed=seed)
+
+    # ------------------------------------------------------------------------------------
+    def _state(self, state: State | Mapping[str, Any]) -> State:
+        if isinstance(state, State):
+            if state.spec is not self.spec and state.spec.fingerprint() != self.spec.fingerprint():
+                raise PlacementError(
+                    "invalid_request",
+                    f"state is for cluster {state.spec.name!r}, the model for {self.spec.name!r}",
+                )
+            return state
+        try:
+            return State.from_dict(self.spec, state)
+        except StateError as exc:
+            raise PlacementError("invalid_request", f"invalid state: {exc}") from None
+
+    def _filter(self, state: State, k: int, cons: Constraints) -> np.ndarray:
+        free = state.free.copy()
+        if cons.allowed_hosts is not None:
+            unknown = [h for h in cons.allowed_hosts if h not in self.spec.host_index]
+            if unknown:
+                raise PlacementError("invalid_request", f"allowed_hosts names unknown hosts {unknown[:3]}")
+            keep = np.zeros(self.spec.n_hosts, dtype=bool)
+            keep[[self.spec.host_index[h] for h in cons.allowed_hosts]] = True
+            free = np.where(keep, free, 0)
+        if cons.single_host:
+            fits = popcount(free) >= k
+            free = np.where(fits, free, 0)
+        n = int(popcount(free).sum())
+        if n < k:
+            what = []
+            if cons.allowed_hosts is not None:
+                what.append(f"allowed_hosts ({len(cons.allowed_hosts)} hosts)")
+            if cons.single_host:
+                what.append("single_host")
+            raise PlacementError(
+                "constraint_unmet",
+                f"only {n} of {state.n_free} free GPUs satisfy {' and '.join(what)}; {k} requested",
+            )
+        return free
+
+    def _oracle(self, fabric: Any, algorithm: str) -> Any:
+        guide = fabric
+        if guide is None:
+            from bandpilot.fabric import Fabric
+
+            if isinstance(self.model, Fabric):
+                guide = self.model
+            else:
+                raise PlacementError("invalid_request", f"algorithm {algorithm!r} needs fabric= (the true bandwidth)")
+        try:
+            spec = _check_model(guide, "fabric")
+        except ModelError as exc:
+            raise PlacementError("invalid_request", str(exc)) from None
+        if spec is not self.spec and spec.fingerprint() != self.spec.fingerprint():
+            raise PlacementError("invalid_request", f"fabric is for cluster {spec.name!r}, the model for {self.spec.name!r}")
+        return guide
+
+    def _rng(self, k: int, state: State) -> np.random.Generator:
+        key = zlib.crc32(state.free.astype("<i8").tobytes())
+        return np.random.default_rng([self.seed & 0xFFFFFFFF, k, key])
+
+    # ------------------------------------------------------------------------------------
+    def select(
+        self,
+        k: int,
+        state: State | Mapping[str, Any],
+        algorithm: str = "bandpilot",
+        *,
+        fabric: Any = None,
+        constraints: Any = None,
+    ) -> Selection:
+        """The ``k`` GPUs ``algorithm`` picks under ``state``; see the module docstring."""
+        t0 = time.perf_counter()
+        if algorithm not in ALGORITHMS:
+            raise PlacementError("invalid_request", f"unknown algorithm {algorithm!r}; choose from {list(ALGORITHMS)}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise PlacementError("invalid_request", f"k must be a positive integer, got {k!r}")
+        k = int(k)
+        if k <= 0:
+            raise PlacementError("invalid_request", f"k must be a positive integer, got {k}")
+        st = self._state(state)
+        cons = Constraints.parse(constraints)
+        guide = self._oracle(fabric, algorithm) if algorithm in ORACLES else self.model
+        if k > st.n_free:
+            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but only {st.n_free} are free")
+        free = self._filter(st, k, cons)
+        pred = ContentionPredictor(guide, st)
+
+        if algorithm in BASELINES:
+            if algorithm == "random":
+                rng = self._rng(k, st)
+                if cons.single_host:
+                    fits = np.flatnonzero(popcount(free) >= k)
+                    h = int(fits[rng.integers(fits.size)])
+                    free = np.where(np.arange(free.size) == h, free, 0)
+                mask = random_select(self.spec, free, k, rng)
+            elif algorithm == "default":
+                if cons.single_host:  # first host (in order) that fits
+                    h = int(np.flatnonzero(popcount(free) >= k)[0])
+                    free = np.where(np.arange(free.size) == h, free, 0)
+                mask = default_select(self.spec, free, k)
+            else:
+                mask = topo_select(self.spec, free, k)
+            p = pred.predict(mask[None, :])
+            value, solo = float(p.value[0]), float(p.standalone[0])
+        else:
+            ctx = SearchContext(guide, st, free, k, predictor=pred)
+            if cons.single_host:
+                got = single_host(ctx)
+            elif algorithm in ("bandpilot", "ideal"):
+                got = bandpilot(ctx)
+            elif algorithm == "eha":
+                got = eha(ctx)
+            elif algorithm == "pts":
+                got = pts(ctx)
+            else:
+                got = exact(ctx)
+            mask, value, solo = got.mask, got.value, got.standalone
+
+        mask = np.asarray(mask, dtype=np.int64)
+        if np.any(mask & ~free) or int(popcount(mask).sum()) != k:  # never hand out a busy GPU
+            raise AssertionError(f"{algorithm} produced an invalid allocation {self.spec.from_mask(mask)}")
+        if cons.min_gbps is not None and value < cons.min_gbps:
+            raise PlacementError(
+                "constraint_unmet",
+                f"best {algorithm} allocation for k={k} is predicted at {value:.1f} GB/s, below min_gbps={cons.min_gbps:g}",
+            )
+        return Selection(
+            gpus=self.spec.from_mask(mask),
+            predicted_gbps=value,
+            standalone_gbps=solo,
+            algorithm=algorithm,
+            search_ms=(time.perf_counter() - t0) * 1e3,
+            evaluations=pred.evaluations,
+            k=k,
+            mask=mask,
+        )
+
+    def predict(self, gpus: list[str], state: State | Mapping[str, Any]) -> dict[str, Any]:
+        """``B̂(S, τ)`` breakdown of a given allocation under the model (what-if / debugging)."""
+        st = self._state(state)
+        try:
+            mask = self.spec.to_mask(gpus, "allocation")
+        except SpecError as exc:
+            raise PlacementError("invalid_request", str(exc)) from None
+        return ContentionPredictor(self.model, st).explain(mask)
