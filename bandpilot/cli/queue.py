@@ -1,0 +1,352 @@
+"""``bandpilot queue ...``, ``bandpilot cluster ...`` and ``bandpilot dispatch --batch``.
+
+Thin wrappers over :mod:`bandpilot.queue`. Every command takes ``--store URL`` (default
+``$BANDPILOT_STORE`` or ``sqlite:///<project>/.bandpilot/queue.db``); ``cluster init`` records the
+cluster spec in the store so later commands need no ``--cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from bandpilot.cli.main import app
+from bandpilot.errors import RequestError, SpecError
+
+queue_app = typer.Typer(help="Submit, list, release and cancel GPU requests.", no_args_is_help=True)
+cluster_app = typer.Typer(help="The queue's cluster: init, drain/undrain hardware, state, fragmentation.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
+app.add_typer(cluster_app, name="cluster")
+
+STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE or postgresql://...).")
+JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _store(url: Optional[str]):
+    from bandpilot.queue import Store
+
+    return Store(url)
+
+
+def _echo_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, indent=2, default=str))
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(x: Optional[float], nd: int = 1) -> str:
+    return "" if x is None else f"{x:.{nd}f}"
+
+
+def load_dispatcher(uri: str):
+    """The promoted model as a dispatcher (tests replace this to inject a model)."""
+    from bandpilot.dispatcher import Dispatcher
+
+    return Dispatcher.load(uri)
+
+
+def _resolve_spec(cluster: str) -> Path:
+    from bandpilot.config import project_root
+
+    p = Path(cluster)
+    if p.exists():
+        return p
+    for base in (project_root(), Path(__file__).resolve().parents[2]):
+        cand = base / "params" / "clusters" / f"{cluster}.yaml"
+        if cand.is_file():
+            return cand
+    raise SpecError(f"cluster spec not found: {cluster} (a YAML file, a measurement directory or a name in params/clusters)")
+
+
+# ------------------------------------------------------------------------------------------
+# queue
+# ------------------------------------------------------------------------------------------
+@queue_app.command("submit")
+def submit_cmd(
+    file: Optional[str] = typer.Argument(None, help="JSONL file of requests ('-' = stdin); omit to use the flags."),
+    partial: bool = typer.Option(False, "--partial", help="Import the valid lines even if some are bad."),
+    req_id: Optional[str] = typer.Option(None, "--id", help="Request id (default: generated)."),
+    k: Optional[int] = typer.Option(None, "--k", "-k", help="GPUs wanted (all or nothing)."),
+    tenant: str = typer.Option("default", "--tenant", "-t"),
+    priority: int = typer.Option(0, "--priority", "-p"),
+    utility: Optional[float] = typer.Option(None, "--utility", "-u", help="Job utility score (utility policy)."),
+    single_host: bool = typer.Option(False, "--single-host", help="All GPUs on one host."),
+    single_domain: bool = typer.Option(False, "--single-domain", help="All GPUs in one domain (rack)."),
+    allowed_hosts: Optional[str] = typer.Option(None, "--allowed-hosts", help="Comma-separated host names."),
+    allowed_gpus: Optional[str] = typer.Option(None, "--allowed-gpus", help="Comma-separated GPU ids."),
+    min_gbps: Optional[float] = typer.Option(None, "--min-gbps", help="Minimum predicted bandwidth (GB/s)."),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Queue requests from a JSONL file (one object per line) or from the flags."""
+    from bandpilot import queue as q
+
+    flags_used = k is not None or req_id is not None
+    if file is not None and flags_used:
+        raise RequestError("give either a JSONL file or --k/--id flags, not both")
+    if file is None and k is None:
+        raise RequestError("nothing to submit: give a JSONL file or --k")
+    if file is not None:
+        if file == "-":
+            parsed = q.parse_jsonl(sys.stdin.read().splitlines(), name="<stdin>")
+        else:
+            parsed = q.parse_jsonl(Path(file))
+        requests: list[Any] = parsed.requests
+        errors = parsed.errors
+        name = "<stdin>" if file == "-" else file
+        labels: Optional[list[str]] = [f"{name}:{n}" for n in parsed.lines]
+    else:
+        cons: dict[str, Any] = {}
+        if single_host:
+            cons["single_host"] = True
+        if single_domain:
+            cons["single_domain"] = True
+        if allowed_hosts:
+            cons["allowed_hosts"] = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+        if allowed_gpus:
+            cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
+        if min_gbps is not None:
+            cons["min_gbps"] = min_gbps
+        doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
+        if utility is not None:
+            doc["utility"] = utility
+        if cons:
+            doc["constraints"] = cons
+        requests = [q.Request.from_dict(doc, "flags")]
+        errors = []
+        labels = ["flags"]
+    st = _store(store)
+    try:
+        rep = q.submit(st, requests, partial=partial, errors=errors, labels=labels)
+    except q.SubmitError as exc:
+        for e in exc.errors:
+            typer.echo(f"invalid: {e}", err=True)
+        raise
+    for e in rep.errors:
+        typer.echo(f"skipped: {e}", err=True)
+    if as_json:
+        _echo_json(rep.to_dict())
+    else:
+        skipped = f", {len(rep.errors)} skipped" if rep.errors else ""
+        ids = f": {', '.join(rep.submitted)}" if len(rep.submitted) <= 5 else ""
+        typer.echo(f"submitted {len(rep.submitted)} request(s){skipped}{ids}")
+
+
+@queue_app.command("status")
+def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+    """Request counts, GPU pool, tenants and the last batch."""
+    from bandpilot import queue as q
+
+    s = q.status(_store(store))
+    if as_json:
+        _echo_json(s)
+        return
+    r, g = s["requests"], s["gpus"]
+    typer.echo(f"cluster {s['cluster']}  store {s['store']}")
+    typer.echo("requests: " + "  ".join(f"{k} {v}" for k, v in r.items()))
+    if s["deferral_reasons"]:
+        typer.echo("pending because: " + "  ".join(f"{k} {v}" for k, v in s["deferral_reasons"].items()))
+    typer.echo(
+        f"gpus: total {g['total']}  free {g['free']}  busy {g['busy']}  unavailable {g['unavailable']}"
+        + (f"  drain-pending {g['drain_pending']}" if g["drain_pending"] else "")
+    )
+    for t, v in sorted(s["tenants"].items()):
+        typer.echo(f"tenant {t}: {v['jobs']} job(s), {v['gpus']} GPU(s)")
+    b = s["last_batch"]
+    if b:
+        state = "INTERRUPTED" if b["interrupted"] else f"assigned {b['assigned']} deferred {b['deferred']} rejected {b['rejected']}"
+        typer.echo(f"last batch #{b['id']} ({b['policy']}, model {b['model_version']}) at {b['started']}: {state}")
+
+
+@queue_app.command("list")
+def list_cmd(
+    status: Optional[str] = typer.Option(None, "--status", "-s", help="pending|assigned|rejected|released|cancelled"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", "-t"),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """List requests (oldest first) with their assignment or last deferral reason."""
+    from bandpilot import queue as q
+
+    rows = q.list_requests(_store(store), status=status, tenant=tenant, limit=limit)
+    if as_json:
+        _echo_json(rows)
+        return
+    out = [
+        [r["id"], r["tenant"], r["k"], r["priority"], _fmt(r["utility"], 2), r["status"],
+         q.format_gpus(r["gpus"]) if r["gpus"] else (r["reason"] or ""), _fmt(r["predicted_gbps"]), r["model_version"] or ""]
+        for r in rows
+    ]
+    typer.echo(_table(out, ["id", "tenant", "k", "prio", "util", "status", "gpus / reason", "pred GB/s", "model"]))
+
+
+@queue_app.command("release")
+def release_cmd(
+    jobs: List[str] = typer.Argument(..., help="Job (= request) ids."),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """End jobs: their GPUs go back to the free pool (drained ones become unavailable)."""
+    from bandpilot import queue as q
+
+    st = _store(store)
+    res = q.release_many(st, jobs)
+    if as_json:
+        _echo_json(res)
+        return
+    for r in res:
+        extra = f", {len(r['unavailable'])} drained" if r["unavailable"] else ""
+        typer.echo(f"released {r['job']}: {len(r['freed'])} GPU(s) free{extra}")
+
+
+@queue_app.command("cancel")
+def cancel_cmd(requests: List[str] = typer.Argument(..., help="Pending request ids."), store: Optional[str] = STORE_OPT) -> None:
+    """Withdraw pending requests."""
+    from bandpilot import queue as q
+
+    st = _store(store)
+    for r in requests:
+        q.cancel(st, r)
+        typer.echo(f"cancelled {r}")
+
+
+# ------------------------------------------------------------------------------------------
+# cluster
+# ------------------------------------------------------------------------------------------
+@cluster_app.command("init")
+def init_cmd(
+    cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec (YAML file or name in params/clusters)."),
+    force: bool = typer.Option(False, "--force", help="Replace a different cluster (no active jobs allowed)."),
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """Record the cluster in the store; every GPU starts free."""
+    from bandpilot.cluster import load_cluster
+
+    spec = load_cluster(_resolve_spec(cluster))
+    st = _store(store)
+    changed = st.init_cluster(spec, force=force)
+    verb = "initialised" if changed else "already initialised with"
+    typer.echo(f"{verb} cluster {spec.name} ({spec.n_hosts} hosts, {spec.n_gpus} GPUs) in {st.safe_url}")
+
+
+@cluster_app.command("drain")
+def drain_cmd(
+    targets: List[str] = typer.Argument(..., help="GPU ids, host names or domain names."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the GPU rows)."),
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """Take hardware out of the free pool; busy GPUs follow when their job is released."""
+    from bandpilot import queue as q
+
+    st = _store(store)
+    for t in targets:
+        r = q.drain(st, t, reason)
+        typer.echo(f"drain {t}: {len(r['drained'])} now unavailable, {len(r['pending'])} on release, {len(r['already'])} already")
+
+
+@cluster_app.command("undrain")
+def undrain_cmd(
+    targets: List[str] = typer.Argument(..., help="GPU ids, host names or domain names."),
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """Return drained hardware to the free pool."""
+    from bandpilot import queue as q
+
+    st = _store(store)
+    for t in targets:
+        r = q.undrain(st, t)
+        typer.echo(f"undrain {t}: {len(r['undrained'])} back in the pool, {len(r['cancelled'])} pending drains cancelled")
+
+
+@cluster_app.command("state")
+def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+    """The state in the dispatcher's format ({"free": [...], "jobs": [...]}) with --json."""
+    from bandpilot import queue as q
+
+    doc = q.export_state(_store(store))
+    if as_json:
+        _echo_json(doc)
+        return
+    typer.echo(f"free ({len(doc['free'])}): {q.format_gpus(doc['free'])}")
+    for j in doc["jobs"]:
+        typer.echo(f"job {j['id']}: {q.format_gpus(j['gpus'])}  demand {j['demand_gbps']:.1f} GB/s")
+
+
+@cluster_app.command("fragmentation")
+def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
+    """Free GPUs stranded per host (and domain) and the largest request that still fits."""
+    from bandpilot import queue as q
+
+    f = q.fragmentation(_store(store))
+    if as_json:
+        _echo_json(f)
+        return
+    lp = f["largest_placeable"]
+    typer.echo(
+        f"{f['cluster']}: {f['free']} free / {f['busy']} busy / {f['unavailable']} unavailable of {f['gpus']}; "
+        f"stranded {f['stranded']}; fragmentation {f['fragmentation']:.2f}"
+    )
+    typer.echo("largest placeable: " + "  ".join(f"{k} {v}" for k, v in lp.items()))
+    rows = [[h["host"], h["domain"] or "", h["gpus"], h["free"], h["busy"], h["unavailable"], h["stranded"]] for h in f["hosts"]]
+    typer.echo(_table(rows, ["host", "domain", "gpus", "free", "busy", "unavail", "stranded"]))
+    if "domains" in f:
+        rows = [[d["domain"], d["hosts"], d["gpus"], d["free"], d["busy"], d["unavailable"], d["stranded"], d["largest_single_host"]] for d in f["domains"]]
+        typer.echo(_table(rows, ["domain", "hosts", "gpus", "free", "busy", "unavail", "stranded", "max/host"]))
+
+
+# ------------------------------------------------------------------------------------------
+# dispatch
+# ------------------------------------------------------------------------------------------
+@app.command("dispatch")
+def dispatch_cmd(
+    batch: bool = typer.Option(False, "--batch", help="Assign the queued requests (the only mode)."),
+    policy: str = typer.Option("fifo", "--policy", help="fifo | priority | utility"),
+    model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
+    commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Run one batch: assign pending requests with the promoted model, in policy order."""
+    from bandpilot import queue as q
+
+    if not batch:
+        raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")
+    if policy not in q.POLICIES:
+        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(q.POLICIES)}")
+    if commit not in q.COMMIT_MODES:
+        raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(q.COMMIT_MODES)}")
+    st = _store(store)
+    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
+    rep = q.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)
+    if as_json:
+        _echo_json(rep.to_dict())
+        return
+    c = rep.counts()
+    if not quiet and rep.outcomes:
+        rows = [
+            [o.request_id, o.tenant, o.k, o.status, q.format_gpus(o.gpus) if o.gpus else (o.reason or ""),
+             _fmt(o.predicted_gbps), o.algorithm or "", o.model_version or "", q.iso(o.at)]
+            for o in rep.outcomes
+        ]
+        typer.echo(_table(rows, ["request", "tenant", "k", "status", "gpus / reason", "pred GB/s", "algorithm", "model", "time"]))
+    typer.echo(
+        f"batch #{rep.batch_id} ({rep.policy}, model {rep.model_version}): {c['assigned']} assigned, "
+        f"{c['deferred']} deferred, {c['rejected']} rejected"
+        + (f", {c['skipped']} taken by another run" if c["skipped"] else "")
+        + f" of {rep.pending_before} pending in {rep.duration_s:.2f}s"
+    )

@@ -1,0 +1,120 @@
+"""The queue store on PostgreSQL (127.0.0.1:5432, trust auth, database ``test``).
+
+Each test gets its own schema (``bpq_<random>``), dropped afterwards; the whole module skips
+cleanly when no server answers. Scenarios are shared with ``test_queue.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from bandpilot import queue as q
+from bandpilot.dispatcher import Dispatcher
+from bandpilot.fabric import make_fabric
+
+from test_queue import (  # pytest puts tests/ on sys.path
+    GreedyDispatcher,
+    assert_consistent,
+    h100,
+    new_store,
+    reqs,
+    scenario_basic,
+    scenario_concurrent,
+    scenario_kill9,
+)
+
+pytestmark = pytest.mark.postgres
+
+PG_HOST = os.environ.get("BANDPILOT_TEST_PG", "127.0.0.1:5432")
+
+
+def _pg_url() -> str | None:
+    for user in ("postgres", "root"):
+        url = f"postgresql://{user}@{PG_HOST}/test"
+        try:
+            eng = sa.create_engine(url, connect_args={"connect_timeout": 2})
+            with eng.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+            eng.dispose()
+            return url
+        except Exception:
+            continue
+    return None
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> str:
+    url = _pg_url()
+    if url is None:
+        pytest.skip(f"no PostgreSQL server answers on {PG_HOST} (database 'test')")
+    return url
+
+
+@pytest.fixture
+def schema(pg_url):
+    name = f"bpq_{uuid.uuid4().hex[:12]}"
+    yield name
+    eng = sa.create_engine(pg_url)
+    with eng.begin() as conn:
+        conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    eng.dispose()
+
+
+@pytest.fixture
+def store(pg_url, schema):
+    s = new_store(pg_url, h100(), schema=schema)
+    yield s
+    s.close()
+
+
+def _schema_url(pg_url: str, schema: str) -> str:
+    """The same store addressed by URL alone (libpq ``options``), as the subprocesses use it."""
+    return f"{pg_url}?options=-csearch_path%3D{schema}"
+
+
+def test_pg_schema_isolation_and_migrations(pg_url, schema):
+    s = new_store(pg_url, h100(), schema=schema)
+    with s.read() as conn:
+        assert conn.exec_driver_sql("SELECT current_schema()").scalar() == schema
+        assert s.current_version(conn) == q.schema_version()
+    again = q.Store(pg_url, schema=schema)
+    assert again.spec.fingerprint() == h100().fingerprint()
+    by_url = q.Store(_schema_url(pg_url, schema))
+    assert by_url.spec.name == "h100"
+    for x in (s, again, by_url):
+        x.close()
+
+
+def test_pg_basic_flow(store):
+    scenario_basic(store, Dispatcher(make_fabric(store.spec)))
+
+
+def test_pg_lifecycle_and_policies(store):
+    g = GreedyDispatcher(store.spec)
+    q.submit(store, reqs(8, k=4, prefix="a", tenant="A", utility=0.9) + reqs(8, k=4, prefix="b", tenant="B", utility=0.3))
+    rep = q.run_batch(store, g, policy="utility", commit="request")
+    assert rep.quotas == {"A": 24, "B": 8} and rep.counts()["assigned"] == 8
+    q.drain(store, "h100-0")
+    victim = next(o for o in rep.assigned if o.gpus[0].startswith("h100-0:"))
+    assert q.release(store, victim.request_id)["unavailable"]
+    f = q.fragmentation(store)
+    assert f["unavailable"] == 4 and f["free"] == 0
+    q.undrain(store, "h100-0")
+    assert q.run_batch(store, g, policy="utility").counts()["assigned"] == 1
+    with pytest.raises(q.SubmitError):
+        q.submit(store, [{"id": "a0", "k": 1}])
+    assert_consistent(store)
+
+
+@pytest.mark.parametrize("commit", ["batch", "request"])
+def test_pg_concurrent_batch_processes(store, pg_url, schema, commit):
+    scenario_concurrent(store, _schema_url(pg_url, schema), commit)
+
+
+@pytest.mark.parametrize("commit", ["batch", "request"])
+def test_pg_kill9_mid_batch(store, pg_url, schema, commit):
+    scenario_kill9(store, _schema_url(pg_url, schema), commit)
