@@ -1,0 +1,50 @@
+"""``bandpilot pipeline`` (the main job) and ``bandpilot serve`` (scheduled deployments)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from bandpilot.cli.main import app
+
+
+@app.command("pipeline")
+def pipeline_cmd(
+    params: Path = typer.Option(Path("params/pipeline.yaml"), "--params", help="Pipeline parameters (clusters, sampling, gate)."),
+    task_runner: Optional[str] = typer.Option(None, "--task-runner", help="thread | dask (default from params)."),
+) -> None:
+    """Run the whole loop once: profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch."""
+    from flows._common import load_params
+
+    P = load_params(params)
+    os.environ.setdefault("BANDPILOT_TASK_RUNNER", task_runner or str(P.get("task_runner", "thread")))
+    from flows.pipeline import pipeline_flow, summary_lines
+
+    t0 = time.perf_counter()
+    results = pipeline_flow(params_file=str(params))
+    for line in summary_lines(results):
+        typer.echo(line)
+    typer.echo(f"\npipeline finished in {time.perf_counter() - t0:.0f} s")
+
+
+@app.command("serve")
+def serve_cmd(
+    params: Path = typer.Option(Path("params/pipeline.yaml"), "--params", help="Pipeline parameters and schedules."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the deployments and schedules without serving."),
+) -> None:
+    """Serve the scheduled deployments (nightly retrain, frequent dispatch) on the Prefect API in PREFECT_API_URL."""
+    from flows.serve import deployments, serve_all
+
+    if dry_run:
+        for d in deployments(str(params)):
+            sched = [str(getattr(s, "schedule", s)) for s in (d.schedules or [])]
+            typer.echo(f"{d.flow_name}/{d.name}: {'; '.join(sched)} params={sorted(d.parameters)}")
+        return
+    if not os.environ.get("PREFECT_API_URL"):
+        typer.echo("note: PREFECT_API_URL is not set; start `prefect server start` and export "
+                   "PREFECT_API_URL=http://127.0.0.1:4200/api so the schedules persist", err=True)
+    serve_all(str(params))

@@ -1,0 +1,145 @@
+"""The main job: emulated clusters -> profile -> DVC -> train (+ sweep) -> register -> evaluate
+-> promote -> dispatch a demo queue, with a short summary of where to look.
+
+Re-running reuses what is unchanged: profiling resumes (nothing re-measured), DVC keeps the same
+version, the registry version with the same pipeline key is reused and not gated twice, and the
+demo queue continues (some jobs finish, deferred requests get placed).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+
+from flows._common import load_params, prepare, resolve
+from flows.dispatch import dispatch_flow, store_url_for
+from flows.ingest import dvc_track_task, ingest_flow
+from flows.retrain import retrain_flow
+
+
+def demo_requests(spec_name: str, n_gpus: int, count: int, seed: int = 0) -> list[dict[str, Any]]:
+    """A reproducible mix of tenants, sizes, priorities and utilities (some cannot fit at once)."""
+    rng = random.Random(f"{spec_name}-{seed}")
+    sizes = [1, 2, 2, 3, 4, 4, 6, 8, 8, 10, 12, 16]
+    out = []
+    for i in range(count):
+        k = min(rng.choice(sizes), n_gpus)
+        req: dict[str, Any] = {
+            "id": f"demo-{spec_name}-{i:03d}",
+            "k": k,
+            "tenant": rng.choice(["vision", "llm", "speech", "research"]),
+            "priority": rng.choice([0, 0, 1, 2]),
+            "utility": round(rng.uniform(0.1, 1.0), 3),
+        }
+        if k <= 4 and rng.random() < 0.2:
+            req["constraints"] = {"single_host": True}
+        out.append(req)
+    return out
+
+
+@task(cache_policy=NONE)
+def prepare_queue_task(cluster_spec: str, store_url: str, count: int) -> dict[str, Any]:
+    """First run: init the queue and submit the demo requests. Later runs: the oldest half of the
+    running jobs finish (their GPUs are released), so deferred requests can be placed."""
+    from bandpilot import queue as q
+    from bandpilot.cluster import load_cluster
+
+    spec = load_cluster(resolve(cluster_spec))
+    with q.Store(store_url) as store:
+        if not store.initialized:
+            store.init_cluster(spec)
+        st = q.status(store)
+        if not store_has_requests(store):
+            rep = q.submit(store, demo_requests(spec.name, spec.n_gpus, count))
+            return {"submitted": rep.to_dict(), "released": []}
+        jobs = q.export_state(store)["jobs"]
+        released = [j["id"] for j in jobs[: len(jobs) // 2]]
+        for jid in released:
+            q.release(store, jid)
+        return {"submitted": None, "released": released, "status": st}
+
+
+def store_has_requests(store) -> bool:
+    from bandpilot import queue as q
+
+    return bool(q.list_requests(store))
+
+
+@flow(name="bandpilot-pipeline", log_prints=True)
+def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
+    """Run the whole loop once for every cluster in ``params/pipeline.yaml``."""
+    prepare()
+    log = get_run_logger()
+    P = load_params(params_file)
+    prof, ev, disp = P["profile"], P["evaluate"], P["dispatch"]
+    sweep = P.get("sweep") or {}
+    data_root = str(P.get("data_root", "."))
+    results: dict[str, Any] = {"clusters": {}}
+    datasets = {}
+    for cluster in P["clusters"]:
+        ing = ingest_flow(cluster=cluster, data_root=data_root, samples=int(prof.get("samples", 600)),
+                          seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
+        datasets[cluster] = ing
+    results["dvc_md5"] = dvc_track_task(data_root)
+    for cluster, ing in datasets.items():
+        rt = retrain_flow(
+            data_dir=ing["dataset"], cluster_spec=cluster, params_file=P["train_params"],
+            sweep_trials=int(sweep.get("n_trials", 0)), sweep_timeout=sweep.get("timeout"),
+            policy=P["promotion_policy"], evaluate=ev,
+        )
+        name = ing["cluster"]
+        url = store_url_for(name, disp.get("store"))
+        q = prepare_queue_task(cluster, url, int(disp.get("demo_requests", 24)))
+        batch = None
+        if rt.get("champion"):
+            batch = dispatch_flow(cluster=name, policy=str(disp.get("policy", "utility")), store_url=url)
+        else:
+            log.warning("no champion for %s yet: the queue waits", name)
+        results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url}
+    return results
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """Plain-text summary printed by ``bandpilot pipeline``."""
+    from bandpilot.config import default_tracking_uri, project_root
+
+    root = project_root()
+    out = [f"dataset (data.dvc): {results.get('dvc_md5')}"]
+    for name, r in results["clusters"].items():
+        rt, batch = r["retrain"], r["batch"]
+        gate = rt.get("gate") or {}
+        out.append("")
+        out.append(f"== {name}: dataset {str(rt.get('dataset_hash', ''))[:12]}, model {rt['name']} v{rt['version']} "
+                   f"({'trained' if rt['trained'] else 'reused'}), gate: {gate.get('action')}, champion: v{rt.get('champion')}")
+        dec = gate.get("decision") or {}
+        cand = (dec.get("candidate") or {}).get("gbe") or {}
+        if cand:
+            out.append("   mean GBE vs exact optimum: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in cand.items()))
+            if (dec.get("candidate") or {}).get("mape") is not None:
+                out.append(f"   held-out MAPE: {dec['candidate']['mape']:.2f}%")
+        if gate.get("report"):
+            out.append(f"   report: {Path(gate['report']).relative_to(root) if Path(gate['report']).is_relative_to(root) else gate['report']}")
+        if batch:
+            counts: dict[str, int] = {}
+            for o in batch.get("outcomes", []):
+                counts[o["status"]] = counts.get(o["status"], 0) + 1
+            out.append(f"   dispatch batch #{batch.get('batch_id')} ({batch.get('policy')}): {counts}")
+            for o in batch.get("outcomes", [])[:8]:
+                what = ",".join(o.get("gpus") or []) if o.get("gpus") else o.get("reason") or ""
+                pred = o.get("predicted_gbps")
+                out.append(f"     {o['request_id']:<22} k={o['k']:<3} {o['status']:<9} {what[:70]}"
+                           + (f"  {pred:.1f} GB/s" if pred else ""))
+    out += [
+        "",
+        "Where to look:",
+        f"  mlflow ui --backend-store-uri {default_tracking_uri()}",
+        "  reports/<cluster>/v<version>/   (evaluation report, figures, promotion decision)",
+        "  dvc status; dvc metrics show; git diff data.dvc",
+        "  prefect server start   (then `bandpilot serve` for the scheduled deployments)",
+        "  bandpilot queue status --store sqlite:///.bandpilot/queue-<cluster>.db",
+    ]
+    return out

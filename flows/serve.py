@@ -1,0 +1,52 @@
+"""Scheduled deployments: nightly ``retrain`` per cluster and a frequent ``dispatch`` per cluster.
+
+``bandpilot serve`` calls :func:`serve_all` against whatever Prefect API ``PREFECT_API_URL``
+names (start one with ``prefect server start``). Parameters come from ``params/pipeline.yaml``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows._common import load_params, prepare, resolve
+
+
+def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
+    """The RunnerDeployments the pipeline params describe (built, not yet served)."""
+    from bandpilot.cluster import load_cluster
+    from flows.dispatch import dispatch_flow
+    from flows.ingest import ingest_flow
+    from flows.retrain import retrain_flow
+
+    prepare()
+    P = load_params(params_file)
+    sched = P.get("schedules") or {}
+    cron = str(sched.get("retrain_cron", "0 2 * * *"))
+    every = int(sched.get("dispatch_interval_s", 60))
+    prof, ev, disp, sweep = P["profile"], P["evaluate"], P["dispatch"], P.get("sweep") or {}
+    data_root = str(P.get("data_root", "."))
+    out = []
+    for cluster in P["clusters"]:
+        name = load_cluster(resolve(cluster)).name
+        out.append(ingest_flow.to_deployment(
+            name=f"ingest-{name}", cron=cron, tags=["bandpilot", name],
+            parameters={"cluster": cluster, "data_root": data_root, "samples": int(prof.get("samples", 600)),
+                        "seed": int(prof.get("seed", 0)), "runner": str(prof.get("runner", "emulator"))},
+        ))
+        out.append(retrain_flow.to_deployment(
+            name=f"retrain-{name}", cron=cron, tags=["bandpilot", name],
+            parameters={"data_dir": f"{data_root}/data/{name}", "cluster_spec": cluster,
+                        "params_file": P["train_params"], "sweep_trials": int(sweep.get("n_trials", 0)),
+                        "sweep_timeout": sweep.get("timeout"), "policy": P["promotion_policy"], "evaluate": ev},
+        ))
+        out.append(dispatch_flow.to_deployment(
+            name=f"dispatch-{name}", interval=every, tags=["bandpilot", name],
+            parameters={"cluster": name, "policy": str(disp.get("policy", "utility")), "store_url": disp.get("store")},
+        ))
+    return out
+
+
+def serve_all(params_file: str = "params/pipeline.yaml") -> None:  # pragma: no cover - long-running
+    from prefect import serve
+
+    serve(*deployments(params_file))

@@ -1,0 +1,207 @@
+"""Prefect flows run in-process (prefect_test_harness) on a tiny emulated cluster.
+
+Real Prefect, real MLflow registry (SQLite in tmp), real DVC in a temp git repo: the flows are
+thin, so these tests check the wiring, idempotence and failure behaviour, not the models.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import flows  # noqa: F401  (quiet env before prefect is imported)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_SPEC = {
+    "name": "tiny",
+    "collective": "all_gather_perf",
+    "gpus_per_host": 4,
+    "host_groups": [
+        {
+            "prefix": "t-",
+            "count": 3,
+            "gpu": "A6000",
+            "topology": ["X NV4 PXB SYS", "NV4 X SYS PXB", "PXB SYS X NV4", "SYS PXB NV4 X"],
+        }
+    ],
+    "network": {"nic_gbps": 200, "rails_per_host": 4},
+    "emulator": {"seed": 3, "noise": 0.01},
+}
+TINY_TRAIN = {"train": {"epochs": 25, "layers": 1, "hidden": 16, "n_train": 60, "prior_steps": 40, "split": "random", "threads": 1}}
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch, mlflow_uri):
+    """A throw-away project root: params, a git repo (for DVC), isolated stores."""
+    root = tmp_path / "proj"
+    shutil.copytree(ROOT / "params", root / "params")
+    (root / "params" / "clusters" / "tiny.yaml").write_text(yaml.safe_dump(TINY_SPEC))
+    (root / "params" / "train-tiny.yaml").write_text(yaml.safe_dump(TINY_TRAIN))
+    pipeline = {
+        "clusters": ["params/clusters/tiny.yaml"],
+        "profile": {"samples": 80, "seed": 0, "runner": "emulator"},
+        "data_root": ".",
+        "train_params": "params/train-tiny.yaml",
+        "sweep": {"n_trials": 0},
+        "evaluate": {"profiles": ["idle", "heavy"], "repeats": 1, "seed": 0, "workers": 1},
+        "promotion_policy": "params/promotion.yaml",
+        "dispatch": {"policy": "utility", "demo_requests": 8, "store": None},
+        "task_runner": "thread",
+    }
+    (root / "params" / "pipeline-tiny.yaml").write_text(yaml.safe_dump(pipeline))
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "config", "user.email", "ci@example.invalid"], check=True)
+    subprocess.run(["git", "-C", str(root), "config", "user.name", "ci"], check=True)
+    monkeypatch.setenv("BANDPILOT_HOME", str(root))
+    monkeypatch.chdir(root)
+    return root
+
+
+def _versions(name: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    return sorted(str(v.version) for v in MlflowClient().search_model_versions(f"name='{name}'"))
+
+
+def test_ingest_flow_profiles_tracks_and_resumes(harness, project):
+    from flows.ingest import ingest_flow
+
+    first = ingest_flow(cluster="params/clusters/tiny.yaml", samples=40)
+    assert first["measured"] == 3 * 15 + 40 and first["skipped"] == 0
+    assert (project / "data.dvc").is_file() and first["dvc_md5"].endswith(".dir")
+    again = ingest_flow(cluster="params/clusters/tiny.yaml", samples=40)
+    assert again["measured"] == 0 and again["dvc_md5"] == first["dvc_md5"]  # no new DVC version
+
+
+def test_ingest_flow_needs_exactly_one_source(harness, project):
+    from flows.ingest import ingest_flow
+
+    with pytest.raises(ValueError, match="exactly one"):
+        ingest_flow()
+
+
+def test_retrain_flow_registers_once_and_gates(harness, project):
+    from bandpilot import registry
+    from flows.ingest import ingest_flow
+    from flows.retrain import retrain_flow
+
+    ingest_flow(cluster="params/clusters/tiny.yaml", samples=60, track=False)
+    args = dict(data_dir="data/tiny", cluster_spec="params/clusters/tiny.yaml", params_file="params/train-tiny.yaml",
+                evaluate={"profiles": ["idle"], "repeats": 1, "workers": 1})
+    out = retrain_flow(**args)
+    assert out["trained"] and out["version"] == "1"
+    assert out["gate"]["action"] in {"promoted", "challenger"}
+    assert (project / "reports" / "tiny" / "v1" / "decision.json").is_file()
+    # A re-run (e.g. after a crash) with unchanged data and params registers nothing new
+    # and does not gate the same version twice.
+    again = retrain_flow(**args)
+    assert not again["trained"] and again["version"] == "1" and again["gate"].get("reused")
+    assert _versions("bandpilot-tiny") == ["1"]
+    if out["gate"]["action"] == "promoted":
+        assert registry.get_alias("bandpilot-tiny", "champion") == "1"
+
+
+def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
+    from bandpilot import queue as q
+    from flows.pipeline import pipeline_flow, summary_lines
+
+    res = pipeline_flow(params_file="params/pipeline-tiny.yaml")
+    tiny = res["clusters"]["tiny"]
+    assert tiny["retrain"]["champion"] is not None, tiny["retrain"]
+    batch = tiny["batch"]
+    assert batch is not None and batch["outcomes"], batch
+    assigned = [o for o in batch["outcomes"] if o["status"] == "assigned"]
+    assert assigned
+    with q.Store(tiny["store"]) as store:
+        assert q.check_invariants(store) == []
+        jobs = q.export_state(store)["jobs"]
+    gpus = [g for j in jobs for g in j["gpus"]]
+    assert len(gpus) == len(set(gpus))  # no GPU in two jobs
+    text = "\n".join(summary_lines(res))
+    assert "bandpilot-tiny" in text and "mlflow ui" in text
+    # Second run: reuses data and model, some jobs finish and the queue moves on.
+    res2 = pipeline_flow(params_file="params/pipeline-tiny.yaml")
+    assert res2["clusters"]["tiny"]["retrain"]["trained"] is False
+    assert res2["clusters"]["tiny"]["queue"]["released"]
+    assert _versions("bandpilot-tiny") == ["1"]
+
+
+def test_dispatch_flow_without_champion_assigns_nothing(harness, project):
+    from bandpilot import queue as q
+    from bandpilot.cluster import load_cluster
+    from bandpilot.errors import ModelError
+    from flows.dispatch import dispatch_flow, store_url_for
+
+    url = store_url_for("tiny")
+    with q.Store(url) as store:
+        store.init_cluster(load_cluster(project / "params" / "clusters" / "tiny.yaml"))
+        q.submit(store, [{"id": "r1", "k": 2}])
+    with pytest.raises(ModelError):
+        dispatch_flow(cluster="tiny")
+    with q.Store(url) as store:
+        assert q.export_state(store)["jobs"] == []
+
+
+def test_missing_configuration_fails_at_flow_start(harness, project):
+    from bandpilot.errors import SpecError
+    from flows.pipeline import pipeline_flow
+
+    bad = project / "params" / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"clusters": ["params/clusters/tiny.yaml"]}))
+    with pytest.raises(SpecError, match="missing required keys"):
+        pipeline_flow(params_file="params/bad.yaml")
+    assert not (project / "data").exists()  # nothing started
+
+
+def test_deployments_declare_schedules(project):
+    from flows.serve import deployments
+
+    deps = {d.name: d for d in deployments("params/pipeline-tiny.yaml")}
+    assert set(deps) == {"ingest-tiny", "retrain-tiny", "dispatch-tiny"}
+    assert deps["retrain-tiny"].schedules and deps["dispatch-tiny"].schedules
+    assert deps["retrain-tiny"].parameters["data_dir"].endswith("data/tiny")
+
+
+def test_dask_task_runner_runs_a_flow(harness, project, monkeypatch):
+    """The Dask path (prefect-dask LocalCluster, threads) runs real tasks."""
+    from prefect import flow, task
+
+    from flows._common import task_runner
+
+    @task
+    def square(x: int) -> int:
+        return x * x
+
+    @flow(task_runner=task_runner("dask"))
+    def fan_out(n: int) -> list[int]:
+        return [f.result() for f in square.map(list(range(n)))]
+
+    assert fan_out(5) == [0, 1, 4, 9, 16]
+
+
+def test_flows_cli_pipeline_help():
+    out = subprocess.run([sys.executable, "-m", "bandpilot", "pipeline", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and "profile" in out.stdout
+
+
+def test_summary_has_where_to_look():
+    from flows.pipeline import summary_lines
+
+    lines = summary_lines({"dvc_md5": "abc.dir", "clusters": {}})
+    assert any("mlflow ui" in line for line in lines)
+    assert json.dumps(lines)
