@@ -177,21 +177,27 @@ def test_deployments_declare_schedules(project):
     assert deps["retrain-tiny"].parameters["data_dir"].endswith("data/tiny")
 
 
-def test_dask_task_runner_runs_a_flow(harness, project, monkeypatch):
-    """The Dask path (prefect-dask LocalCluster, threads) runs real tasks."""
-    from prefect import flow, task
-
+def test_evaluate_flow_same_on_threads_and_dask(harness, project):
+    """Evaluation chunks as Prefect tasks: the Dask path (prefect-dask LocalCluster) and the
+    default thread pool give the same merged result."""
+    from bandpilot import registry
+    from bandpilot.dataset import load_dataset
+    from bandpilot.training import TrainParams, train
     from flows._common import task_runner
+    from flows.evaluate import evaluate_flow
+    from flows.ingest import ingest_flow
 
-    @task
-    def square(x: int) -> int:
-        return x * x
-
-    @flow(task_runner=task_runner("dask"))
-    def fan_out(n: int) -> list[int]:
-        return [f.result() for f in square.map(list(range(n)))]
-
-    assert fan_out(5) == [0, 1, 4, 9, 16]
+    ingest_flow(cluster="params/clusters/tiny.yaml", samples=60, track=False)
+    registry.tracking_setup()
+    res = train(load_dataset(project / "data" / "tiny"), TrainParams.load(project / "params" / "train-tiny.yaml"), plots=False)
+    mv = registry.log_and_register(res)
+    uri = f"models:/bandpilot-tiny/{mv.version}"
+    args = dict(model_uri=uri, cluster="params/clusters/tiny.yaml", profiles=["idle", "heavy"], repeats=1, chunks=3)
+    on_dask = evaluate_flow.with_options(task_runner=task_runner("dask"))(out_dir="reports/dask", **args)
+    on_threads = evaluate_flow.with_options(task_runner=task_runner("thread"))(out_dir="reports/threads", log_mlflow=False, **args)
+    assert on_dask["scenarios"] == on_threads["scenarios"] == 12
+    assert on_dask["gbe"] == pytest.approx(on_threads["gbe"])
+    assert (project / "reports" / "dask" / "report.md").is_file()
 
 
 def test_flows_cli_pipeline_help():

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_env()
     _load_commands()
     try:
-        app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False)
+        # Non-standalone mode hands `raise typer.Exit(n)` back as the return value.
+        rc = app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False)
     except BandPilotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    return int(rc or 0) if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
