@@ -54,6 +54,7 @@ def evaluate_cmd(
     log: bool = typer.Option(True, "--log/--no-log", help="Log metrics + report to MLflow (the model version's run)."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures (matplotlib)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the flat metrics as JSON (DVC metrics file)."),
 ) -> None:
     """Paper Sec. V evaluation: GBE vs the exact optimum, bandwidth loss, search latency -> report."""
     from bandpilot.cli.common import console
@@ -90,6 +91,10 @@ def evaluate_cmd(
     for n in res.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
     console.print(f"report: {res.out_dir / 'report.md'}  ({res.n_scenarios} scenarios, {res.elapsed_s:.1f} s)")
+    if metrics_out:
+        from bandpilot.io import write_json_atomic
+
+        write_json_atomic(metrics_out, res.metrics())
     if log:
         from bandpilot import registry
 

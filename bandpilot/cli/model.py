@@ -1,0 +1,216 @@
+"""``bandpilot train | sweep | finetune``: learn the bandwidth surrogate, log to MLflow, register it.
+
+Thin wrappers over :mod:`bandpilot.training` and :mod:`bandpilot.registry`. Parameters come from
+``params/train.yaml`` / ``params/sweep.yaml`` (project root) and are overridden by flags.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from bandpilot.cli.common import console
+from bandpilot.cli.main import app
+from bandpilot.errors import SpecError
+
+
+def _params_path(given: Optional[Path], default: str) -> Optional[Path]:
+    from bandpilot.config import project_root
+
+    if given is not None:
+        return given
+    p = project_root() / default
+    return p if p.is_file() else None
+
+
+def _load_yaml(path: Optional[Path], key: str) -> dict[str, Any]:
+    import yaml
+
+    if path is None:
+        return {}
+    if not path.is_file():
+        raise SpecError(f"params file not found: {path}")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{path}: expected a mapping")
+    return doc.get(key, doc) or {}
+
+
+def _summary(title: str, rows: list[tuple[str, Any]], metrics: dict[str, float]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for k, v in rows:
+        if v is not None:
+            table.add_row(k, str(v))
+    for k in ("test_r2", "test_mape", "test_max_err", "test_spearman", "val_mape", "replay_mape_before",
+              "replay_mape_after", "test_mape_before", "n_train", "n_test", "train_seconds"):
+        v = metrics.get(k)
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            continue
+        if k.startswith("n_"):
+            txt = f"{int(v)}"
+        elif "mape" in k:
+            txt = f"{v:.2f} %"
+        elif k == "train_seconds":
+            txt = f"{v:.1f} s"
+        elif k == "test_max_err":
+            txt = f"{v:.2f} GB/s"
+        else:
+            txt = f"{v:.4f}"
+        table.add_row(k, txt)
+    console.print(table)
+
+
+def _register(result: Any, name: Optional[str], alias: Optional[str], tracking_uri: Optional[str],
+              tags: dict[str, str]) -> tuple[str, Any]:
+    import mlflow
+
+    from bandpilot import registry
+
+    registry.tracking_setup(tracking_uri)
+    with mlflow.start_run(run_name=f"{tags.get('bandpilot.command', 'train')}-{result.surrogate.spec.name}") as run:
+        mlflow.set_tags(tags)
+        mv = registry.log_and_register(result, name=name, alias=alias, tags={})
+    return run.info.run_id, mv
+
+
+@app.command("train")
+def train_cmd(
+    data: Path = typer.Option(..., "--data", "-d", help="Dataset directory (measurements.parquet + cluster.yaml)."),
+    params: Optional[Path] = typer.Option(None, "--params", help="Training params YAML (default params/train.yaml)."),
+    model: Optional[str] = typer.Option(None, help="hierarchical | naive"),
+    n_train: Optional[int] = typer.Option(None, "--n-train", help="Training allocations sampled from the cross-host pool."),
+    split: Optional[str] = typer.Option(None, help="random | stratified | pattern | explicit"),
+    train_data: Optional[Path] = typer.Option(None, "--train-data", help="split=explicit: dataset whose rows are the training set."),
+    epochs: Optional[int] = typer.Option(None),
+    layers: Optional[int] = typer.Option(None),
+    hidden: Optional[int] = typer.Option(None),
+    lr: Optional[float] = typer.Option(None),
+    seed: Optional[int] = typer.Option(None),
+    threads: Optional[int] = typer.Option(None),
+    name: Optional[str] = typer.Option(None, help="Registered model name (default bandpilot-<cluster>)."),
+    alias: Optional[str] = typer.Option(None, help="Point this alias (e.g. challenger) at the new version."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also save the model directory and plots here."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking/registry URI."),
+    register: bool = typer.Option(True, "--register/--no-register", help="Log to MLflow and register the model."),
+) -> None:
+    """Train the bandwidth surrogate on a dataset, log the run to MLflow and register the model."""
+    from bandpilot.dataset import load_dataset
+    from bandpilot.training import TrainParams, train
+
+    over = dict(model=model, n_train=n_train, split=split, epochs=epochs, layers=layers, hidden=hidden, lr=lr,
+                seed=seed, threads=threads, train_data=str(train_data) if train_data else None)
+    p = TrainParams.load(_params_path(params, "params/train.yaml"), over)
+    ds = load_dataset(data)
+    res = train(ds, p, out_dir=(out / "plots") if out else None)
+    for note in res.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    run_id = version = mname = None
+    if register:
+        run_id, mv = _register(res, name, alias, tracking_uri, {"bandpilot.command": "train"})
+        version, mname = mv.version, mv.name
+    if out:
+        res.surrogate.save(out / "model")
+    _summary(
+        f"trained {res.surrogate.kind} surrogate for {ds.spec.name}",
+        [("run id", run_id), ("model", f"models:/{mname}/{version}" if mname else None), ("alias", alias),
+         ("split", p.split), ("dataset", res.data.get("dataset_hash", "")[:16]),
+         ("saved", str(out / "model") if out else None)],
+        res.metrics,
+    )
+
+
+def _fmt_param(k: str, v: Any) -> str:
+    return f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+
+
+@app.command("sweep")
+def sweep_cmd(
+    data: Path = typer.Option(..., "--data", "-d", help="Dataset directory."),
+    params: Optional[Path] = typer.Option(None, "--params", help="Sweep YAML (default params/sweep.yaml)."),
+    train_params: Optional[Path] = typer.Option(None, "--train-params", help="Base training params (default params/train.yaml)."),
+    n_trials: Optional[int] = typer.Option(None, "--n-trials"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds for the whole study."),
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default sqlite:///.bandpilot/optuna.db)."),
+    study: Optional[str] = typer.Option(None, "--study", help="Study name (default bandpilot-<cluster>)."),
+    epochs: Optional[int] = typer.Option(None, help="Override the base epochs (unless swept)."),
+    name: Optional[str] = typer.Option(None),
+    alias: Optional[str] = typer.Option(None),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+) -> None:
+    """Optuna TPE + median pruning on validation MAPE; a parent MLflow run with one child per trial;
+    the best model is registered."""
+    import mlflow
+
+    from bandpilot import registry
+    from bandpilot.dataset import load_dataset
+    from bandpilot.training import TrainParams, sweep
+
+    cfg = _load_yaml(_params_path(params, "params/sweep.yaml"), "sweep")
+    base = TrainParams.load(_params_path(train_params, "params/train.yaml"), {"epochs": epochs})
+    ds = load_dataset(data)
+    registry.tracking_setup(tracking_uri)
+    res = sweep(
+        ds, base,
+        n_trials=int(n_trials if n_trials is not None else cfg.get("n_trials", 20)),
+        timeout=timeout if timeout is not None else cfg.get("timeout"),
+        storage=storage or cfg.get("storage"),
+        study_name=study or cfg.get("study"),
+        space=cfg.get("space"),
+        val_fraction=float(cfg.get("val_fraction", 0.2)),
+        tracking_uri=tracking_uri,
+    )
+    with mlflow.start_run(run_id=res.parent_run_id):
+        mv = registry.log_and_register(res.result, name=name, alias=alias, tags={"optuna.study": res.study_name})
+    _summary(
+        f"sweep {res.study_name}: {res.n_trials} trials ({res.n_pruned} pruned)",
+        [("parent run id", res.parent_run_id), ("model", f"models:/{mv.name}/{mv.version}"), ("alias", alias),
+         ("storage", res.storage), ("best val MAPE", f"{res.best_value:.2f} %"),
+         ("best params", ", ".join(_fmt_param(k, getattr(res.best_params, k)) for k in (res.trials[0].keys() if res.trials else [])
+                                   if k not in ("number", "val_mape", "pruned")))],
+        res.result.metrics,
+    )
+
+
+@app.command("finetune")
+def finetune_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="models:/NAME@alias, models:/NAME/VERSION, runs:/ID/model or a path."),
+    data: Path = typer.Option(..., "--data", "-d", help="Dataset directory with the new measurements."),
+    params: Optional[Path] = typer.Option(None, "--params"),
+    epochs: Optional[int] = typer.Option(None, help="Fine-tuning epochs."),
+    lr: Optional[float] = typer.Option(None, help="Fine-tuning learning rate."),
+    seed: Optional[int] = typer.Option(None),
+    name: Optional[str] = typer.Option(None, help="Registered name (default: the base model's)."),
+    alias: Optional[str] = typer.Option(None),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri"),
+) -> None:
+    """Continue training a registered model on new measurements (replaying stored originals) and
+    register the result as a new version."""
+    from bandpilot import registry
+    from bandpilot.dataset import load_dataset
+    from bandpilot.surrogate import Surrogate
+    from bandpilot.training import TrainParams, finetune
+
+    p = TrainParams.load(_params_path(params, "params/train.yaml"), {"finetune_epochs": epochs, "finetune_lr": lr, "seed": seed})
+    registry.tracking_setup(tracking_uri)
+    base = Surrogate.load(model)
+    new = load_dataset(data)
+    res = finetune(base, new, p)
+    for note in res.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    run_id, mv = _register(res, name or base.name, alias, tracking_uri,
+                           {"bandpilot.command": "finetune", "bandpilot.base_model": model})
+    _summary(
+        f"fine-tuned {model}",
+        [("run id", run_id), ("model", f"models:/{mv.name}/{mv.version}"), ("alias", alias),
+         ("base version", base.model_version)],
+        res.metrics,
+    )
