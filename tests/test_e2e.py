@@ -48,3 +48,18 @@ def test_main_job_on_fresh_clone(tmp_path):
                            capture_output=True, text=True, timeout=1500)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "(reused)" in again.stdout and "(trained)" not in again.stdout, again.stdout
+
+    # The DVC pipeline over the same versioned dataset: repro, metrics, params.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    dvc = [sys.executable, "-m", "dvc"]
+    repro = subprocess.run([*dvc, "repro"], cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
+    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    for name in ("h100", "het4mix"):
+        assert (clone / "metrics" / name / "train.json").is_file()
+        assert (clone / "metrics" / name / "evaluate.json").is_file()
+    shown = subprocess.run([*dvc, "metrics", "show"], cwd=clone, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "gbe_idle" in shown.stdout, shown.stdout + shown.stderr
+    status = subprocess.run([*dvc, "status"], cwd=clone, env=env, capture_output=True, text=True)
+    assert status.returncode == 0 and "up to date" in status.stdout.lower(), status.stdout
+    diff = subprocess.run([*dvc, "params", "diff"], cwd=clone, env=env, capture_output=True, text=True)
+    assert diff.returncode == 0, diff.stderr

@@ -101,6 +101,7 @@ def train_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Also save the model directory and plots here."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking/registry URI."),
     register: bool = typer.Option(True, "--register/--no-register", help="Log to MLflow and register the model."),
+    metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the test metrics as JSON (DVC metrics file)."),
 ) -> None:
     """Train the bandwidth surrogate on a dataset, log the run to MLflow and register the model."""
     from bandpilot.dataset import load_dataset
@@ -119,6 +120,10 @@ def train_cmd(
         version, mname = mv.version, mv.name
     if out:
         res.surrogate.save(out / "model")
+    if metrics_out:
+        from bandpilot.io import write_json_atomic
+
+        write_json_atomic(metrics_out, res.metrics)
     _summary(
         f"trained {res.surrogate.kind} surrogate for {ds.spec.name}",
         [("run id", run_id), ("model", f"models:/{mname}/{version}" if mname else None), ("alias", alias),
