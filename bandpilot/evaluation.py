@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec, load_cluster
+from bandpilot.cluster import ClusterSpec, load_cluster, resolve_spec
 from bandpilot.errors import BandPilotError, ModelError, SpecError
 from bandpilot.state import Job, State
 
@@ -139,15 +139,7 @@ def resolve_cluster(value: str | Path | ClusterSpec) -> ClusterSpec:
     """A spec file, a measurement directory, or the name of an embedded default (``h100``)."""
     if isinstance(value, ClusterSpec):
         return value
-    p = Path(value)
-    if p.exists():
-        return load_cluster(p)
-    if not p.suffix and "/" not in str(value):
-        for d in _params_dirs():
-            cand = d / "clusters" / f"{value}.yaml"
-            if cand.is_file():
-                return load_cluster(cand)
-    raise SpecError(f"cluster spec not found: {value} (a spec file, a measurement directory or an embedded name)")
+    return load_cluster(resolve_spec(value))
 
 
 def check_same_cluster(model_spec: ClusterSpec, other: ClusterSpec, what: str = "truth cluster") -> None:

@@ -8,21 +8,10 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.cluster import resolve_spec
 from bandpilot.errors import SpecError
 
 
-def _resolve_spec(cluster: str) -> Path:
-    """A spec path, a measurement directory, or the name of a spec in ``params/clusters``."""
-    from bandpilot.config import project_root
-
-    p = Path(cluster)
-    if p.exists():
-        return p
-    for base in (project_root(), Path(__file__).resolve().parents[2]):
-        cand = base / "params" / "clusters" / f"{cluster}.yaml"
-        if cand.is_file():
-            return cand
-    raise SpecError(f"cluster spec not found: {cluster} (a YAML file, a measurement directory or a name in params/clusters)")
 
 
 def profile_cmd(
@@ -44,7 +33,7 @@ def profile_cmd(
 
     if runner not in profiling.RUNNERS:
         raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(profiling.RUNNERS)}")
-    spec = load_cluster(_resolve_spec(cluster))
+    spec = load_cluster(resolve_spec(cluster))
     measurements = profiling.plan(spec, cross_host_samples=samples, seed=seed)
     if dry_run:
         for m in measurements:

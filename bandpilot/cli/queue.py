@@ -15,7 +15,8 @@ from typing import Any, List, Optional
 import typer
 
 from bandpilot.cli.main import app
-from bandpilot.errors import RequestError, SpecError
+from bandpilot.cluster import resolve_spec
+from bandpilot.errors import RequestError
 
 queue_app = typer.Typer(help="Submit, list, release and cancel GPU requests.", no_args_is_help=True)
 cluster_app = typer.Typer(help="The queue's cluster: init, drain/undrain hardware, state, fragmentation.", no_args_is_help=True)
@@ -55,17 +56,6 @@ def load_dispatcher(uri: str):
     return Dispatcher.load(uri)
 
 
-def _resolve_spec(cluster: str) -> Path:
-    from bandpilot.config import project_root
-
-    p = Path(cluster)
-    if p.exists():
-        return p
-    for base in (project_root(), Path(__file__).resolve().parents[2]):
-        cand = base / "params" / "clusters" / f"{cluster}.yaml"
-        if cand.is_file():
-            return cand
-    raise SpecError(f"cluster spec not found: {cluster} (a YAML file, a measurement directory or a name in params/clusters)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -233,7 +223,7 @@ def init_cmd(
     """Record the cluster in the store; every GPU starts free."""
     from bandpilot.cluster import load_cluster
 
-    spec = load_cluster(_resolve_spec(cluster))
+    spec = load_cluster(resolve_spec(cluster))
     st = _store(store)
     changed = st.init_cluster(spec, force=force)
     verb = "initialised" if changed else "already initialised with"
