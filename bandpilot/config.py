@@ -57,4 +57,7 @@ def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str,
             os.environ[k] = v
             setby[k] = v
     (root / "mlruns").mkdir(parents=True, exist_ok=True)
+    for key in ("PREFECT_HOME", "DVC_SITE_CACHE_DIR"):
+        # Prefect's server cannot create its SQLite file in a missing directory.
+        Path(os.environ[key]).expanduser().mkdir(parents=True, exist_ok=True)
     return setby
