@@ -18,6 +18,9 @@ QUIET_ENV = {
     "DVC_NO_ANALYTICS": "1",
     "GIT_PYTHON_REFRESH": "quiet",
     "TQDM_MININTERVAL": "1",
+    # The in-process Prefect API starts in ~5 s on an idle machine but much slower on a busy
+    # 2-core one; the default timeout made the main job fail under load.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
 }
 
 

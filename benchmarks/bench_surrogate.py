@@ -12,6 +12,8 @@
 * Ablation: hierarchical vs naive (GPU-id tokens) at 100 / 250 / 1000 training allocations.
 
 Targets (not timed tests): R² >= 0.97, MAPE <= 4 %, train <= 60 s, predict(1000) <= 20 ms.
+The median APE column is the typical error: on the real H100 table MAPE is dominated by a few
+outlier measurements that disagree with every neighbouring count pattern.
 Nothing here writes into the repository; shared data is only read.
 """
 
@@ -107,15 +109,23 @@ def ridge_baseline(ds, params: TrainParams) -> dict[str, float]:
     y = np.log(pool.busbw)
     tr, te = split_pool(pool, params)
     w = np.linalg.solve(X[tr].T @ X[tr] + 0.1 * np.eye(X.shape[1]), X[tr].T @ y[tr])
-    ev = evaluate_predictions(pool.busbw[te], np.exp(X[te] @ w))
+    yh = np.exp(X[te] @ w)
+    ev = evaluate_predictions(pool.busbw[te], yh)
+    ev["medape"] = median_ape(pool.busbw[te], yh)
     return ev
+
+
+def median_ape(y: np.ndarray, yhat: np.ndarray) -> float:
+    """Median absolute percentage error: the typical error, without the few outlier measurements
+    (e.g. 8+7+4+2 = 35 GB/s where its neighbours give ~60) that no model can predict and that dominate MAPE."""
+    return 100.0 * float(np.median(np.abs(np.asarray(yhat) - y) / y))
 
 
 def fmt_row(name: str, rows: list[dict[str, float]]) -> str:
     a = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
     s = {k: float(np.std([r[k] for r in rows])) for k in rows[0]}
     return (f"| {name} | {len(rows)} | {a['r2']:.4f} ± {s['r2']:.3f} | {a['mape']:.2f} ± {s['mape']:.2f} | "
-            f"{a['max_err']:.1f} | {a['spearman']:.4f} | {a.get('train_s', float('nan')):.1f} | "
+            f"{a.get('medape', float('nan')):.2f} | {a['max_err']:.1f} | {a['spearman']:.4f} | {a.get('train_s', float('nan')):.1f} | "
             f"{a.get('predict_ms', float('nan')):.1f} |")
 
 
@@ -124,7 +134,8 @@ def run_seeds(ds, params: dict, seeds: int, bench_masks: np.ndarray) -> list[dic
     for seed in range(seeds):
         res = train(ds, {**params, "seed": seed}, plots=False)
         m = res.metrics
-        rows.append({"r2": m["test_r2"], "mape": m["test_mape"], "max_err": m["test_max_err"],
+        rows.append({"r2": m["test_r2"], "mape": m["test_mape"], "medape": median_ape(res.test["y"], res.test["yhat"]),
+                     "max_err": m["test_max_err"],
                      "spearman": m["test_spearman"], "train_s": res.train_seconds,
                      "predict_ms": predict_ms(res.surrogate, bench_masks)})
         print(f"  seed {seed}: R2 {m['test_r2']:.4f} MAPE {m['test_mape']:.2f}% train {res.train_seconds:.1f}s "
@@ -146,8 +157,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = TrainParams.load(args.params if args.params.is_file() else None, {"threads": args.threads}).as_dict()
     seeds = 1 if args.quick else args.seeds
-    header = ("| model / data | seeds | R² | MAPE % | max err GB/s | Spearman | train s | predict-1000 ms |\n"
-              "|---|---|---|---|---|---|---|---|")
+    header = ("| model / data | seeds | R² | MAPE % | median APE % | max err GB/s | Spearman | train s | predict-1000 ms |\n"
+              "|---|---|---|---|---|---|---|---|---|")
     out = [f"Load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; torch threads {args.threads}.", ""]
 
     ds, h_src = h100_dataset()
