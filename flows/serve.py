@@ -22,6 +22,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     P = load_params(params_file)
     sched = P.get("schedules") or {}
     cron = str(sched.get("retrain_cron", "0 2 * * *"))
+    ingest_cron = str(sched.get("ingest_cron", "0 1 * * *"))
     every = int(sched.get("dispatch_interval_s", 60))
     prof, ev, disp, sweep = P["profile"], P["evaluate"], P["dispatch"], P.get("sweep") or {}
     data_root = str(P.get("data_root", "."))
@@ -29,7 +30,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     for cluster in P["clusters"]:
         name = load_cluster(resolve(cluster)).name
         out.append(ingest_flow.to_deployment(
-            name=f"ingest-{name}", cron=cron, tags=["bandpilot", name],
+            name=f"ingest-{name}", cron=ingest_cron, tags=["bandpilot", name],
             parameters={"cluster": cluster, "data_root": data_root, "samples": int(prof.get("samples", 600)),
                         "seed": int(prof.get("seed", 0)), "runner": str(prof.get("runner", "emulator"))},
         ))
