@@ -266,11 +266,6 @@ class ClusterSpec:
                 out.extend(f"{name}:{i}" for i in range(self.hosts[h].n_gpus) if (m >> i) & 1)
         return out
 
-    def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
-        """Lowest-index subsets with the given per-host counts (for count-only inter patterns)."""
-        counts = np.asarray(counts, dtype=np.int64)
-        return (np.int64(1) << counts) - 1
-
     # ---- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Self-contained dict (topologies inline, no paths) for embedding in model artifacts."""

@@ -46,8 +46,3 @@ class PlacementError(RequestError):
 
 class ModelError(BandPilotError):
     """A model URI cannot be resolved or does not fit the cluster."""
-
-
-def where(path: object, line: int | None = None) -> str:
-    """Format a ``file:line`` location for error messages."""
-    return f"{path}:{line}" if line is not None else str(path)

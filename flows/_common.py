@@ -42,13 +42,10 @@ def resolve(path: str | Path) -> Path:
 
 
 def content_hash(*parts: Any) -> str:
-    """Stable hash of JSON-able parts (params, file contents) for skip-if-unchanged checks."""
+    """Stable hash of JSON-able parts (dataset hash, params) for skip-if-unchanged checks."""
     h = hashlib.sha256()
     for part in parts:
-        if isinstance(part, Path):
-            h.update(part.read_bytes() if part.is_file() else str(part).encode())
-        else:
-            h.update(json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(json.dumps(part, sort_keys=True, default=str).encode())
     return h.hexdigest()[:16]
 
 

@@ -52,21 +52,14 @@ def prepare_queue_task(cluster_spec: str, store_url: str, count: int) -> dict[st
     with q.Store(store_url) as store:
         if not store.initialized:
             store.init_cluster(spec)
-        st = q.status(store)
-        if not store_has_requests(store):
+        if not q.list_requests(store):
             rep = q.submit(store, demo_requests(spec.name, spec.n_gpus, count))
             return {"submitted": rep.to_dict(), "released": []}
         jobs = q.export_state(store)["jobs"]
         released = [j["id"] for j in jobs[: len(jobs) // 2]]
         for jid in released:
             q.release(store, jid)
-        return {"submitted": None, "released": released, "status": st}
-
-
-def store_has_requests(store) -> bool:
-    from bandpilot import queue as q
-
-    return bool(q.list_requests(store))
+        return {"submitted": None, "released": released}
 
 
 @flow(name="bandpilot-pipeline", log_prints=True)

@@ -97,7 +97,7 @@ def decision_markdown(name: str, version: str, gate: dict[str, Any]) -> str:
     lines = [f"# Retrain {name} v{version}: {gate.get('action')}", ""]
     dec = gate.get("decision") or {}
     cand = (dec.get("candidate") or {}).get("gbe") or {}
-    champ = ((dec.get("champion") or {}) or {}).get("gbe") or {}
+    champ = (dec.get("champion") or {}).get("gbe") or {}
     if cand:
         lines += ["| profile | candidate GBE % | champion GBE % |", "|---|---:|---:|"]
         for prof, v in cand.items():
