@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast bench install clean-state help
+.PHONY: run test test-fast lint bench install clean-state help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -21,11 +21,16 @@ install: $(STAMP)  ## create .venv and install pinned dependencies
 run: $(STAMP)  ## main job: emulated H100 + Het-4Mix -> profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch
 	$(BIN)/bandpilot pipeline
 
-test: $(STAMP)  ## full test suite (includes the slow end-to-end tests)
+test: $(STAMP)  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP)  ## test suite without the slow end-to-end tests
+test-fast: $(STAMP)  ## layer contracts + test suite without the slow end-to-end tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
+
+lint: $(STAMP)  ## layer contracts only (import-linter, config in pyproject.toml)
+	$(BIN)/lint-imports
 
 bench: $(STAMP)  ## speed and accuracy benchmarks (figures quoted in the README)
 	$(BIN)/python -m benchmarks

@@ -11,15 +11,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ClusterSpec": "bandpilot.cluster",
-    "load_cluster": "bandpilot.cluster",
-    "State": "bandpilot.state",
-    "Dispatcher": "bandpilot.dispatcher",
-    "Selection": "bandpilot.dispatcher",
-    "Surrogate": "bandpilot.surrogate",
-    "make_fabric": "bandpilot.fabric",
-    "TraceFabric": "bandpilot.fabric",
-    "EmulatorFabric": "bandpilot.fabric",
+    "ClusterSpec": "bandpilot.topology.cluster",
+    "load_cluster": "bandpilot.topology.cluster",
+    "State": "bandpilot.dispatch.state",
+    "Dispatcher": "bandpilot.dispatch.dispatcher",
+    "Selection": "bandpilot.dispatch.dispatcher",
+    "Surrogate": "bandpilot.model.surrogate",
+    "make_fabric": "bandpilot.fabric.emulator",
+    "TraceFabric": "bandpilot.fabric.emulator",
+    "EmulatorFabric": "bandpilot.fabric.emulator",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

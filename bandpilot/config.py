@@ -24,6 +24,10 @@ QUIET_ENV = {
 }
 
 
+# The checkout (or installed tree) this package lives in: shipped params/ are found here too.
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+
+
 def project_root() -> Path:
     """The project directory: ``$BANDPILOT_HOME`` or the current directory."""
     return Path(os.environ.get("BANDPILOT_HOME", os.getcwd())).resolve()

@@ -3,7 +3,7 @@
     python benchmarks/bench_calibration.py
 
 For each real directory in ../shared/data/measurements (h100-16m, het4mix-16m) runs
-``bandpilot.calibrate.calibrate`` and prints, per table, the per-pattern MAPE, Spearman rank
+``bandpilot.fabric.calibration.calibrate`` and prints, per table, the per-pattern MAPE, Spearman rank
 correlation and max error of the fitted emulator, plus the wall time; then the same figures for
 the committed specs in params/clusters (their stored ``emulator:`` parameters, no re-fit).
 Targets (issue): H100 inter table MAPE <= 15 % and Spearman >= 0.9; every Het-4Mix host's intra
@@ -26,10 +26,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot.calibrate import calibrate, spearman  # noqa: E402
-from bandpilot.cluster import load_cluster, popcount  # noqa: E402
-from bandpilot.dataset import intra_lookup, read_inter_table, read_intra_table  # noqa: E402
-from bandpilot.fabric import make_fabric  # noqa: E402
+from bandpilot.fabric.calibration import calibrate, spearman  # noqa: E402
+from bandpilot.topology.cluster import load_cluster, popcount  # noqa: E402
+from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
 
 MEAS = ROOT.parent / "shared" / "data" / "measurements"
 TARGETS = {("h100-16m", "inter"): (15.0, 0.9), ("het4mix-16m", "intra"): (None, 0.8)}

@@ -38,11 +38,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
-from bandpilot.contention import ContentionPredictor
-from bandpilot.dispatcher import Dispatcher
-from bandpilot.fabric import make_fabric
-from bandpilot.state import State
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.state import State
 
 PROFILES = ("idle", "moderate", "heavy")
 
@@ -177,7 +177,7 @@ def bench_latency(cluster: str, states_per_k: int, seed: int, algos: list[str]) 
 def trained_surrogate(fab, seed: int):
     """The real product path: a surrogate trained (default params/train.yaml) on 250 noisy
     cross-host measurements of the emulated cluster plus its stage-1 tables."""
-    from bandpilot.training import TrainParams, fabric_dataset, train
+    from bandpilot.model.training import TrainParams, fabric_dataset, train
 
     params = TrainParams.load(ROOT / "params" / "train.yaml", {"seed": seed})
     return train(fabric_dataset(fab, n_cross=400, seed=seed), params, plots=False).surrogate

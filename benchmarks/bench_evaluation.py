@@ -10,7 +10,7 @@ Per cluster (``params/clusters/h100.yaml`` and ``het4mix.yaml``, emulated):
 2. train the hierarchical surrogate on 250 cross-host allocations (the paper's data budget); the
    model is cached under ``<out>/models/<cluster>`` and reused unless ``--retrain`` (training is
    not part of the timed evaluation);
-3. evaluate (``bandpilot.evaluation.evaluate``): k = 1..32 x ``--repeats`` scenarios x idle /
+3. evaluate (``bandpilot.evaluation.core.evaluate``): k = 1..32 x ``--repeats`` scenarios x idle /
    moderate / heavy, every algorithm, GBE vs the exact optimum, in a ``--workers`` process pool.
 
 Targets (printed as PASS/FAIL; ``--strict`` turns a miss into exit code 1):
@@ -48,8 +48,8 @@ TARGET_SECONDS = 600.0
 
 def build_dataset(spec, fabric, samples: int, seed: int):
     """Emulated profiling run: all intra-host subsets + a stratified cross-host sample."""
-    from bandpilot.dataset import Dataset, frame_from_masks
-    from bandpilot.profiling import plan
+    from bandpilot.data.dataset import Dataset, frame_from_masks
+    from bandpilot.data.profiling import plan
 
     pl = plan(spec, cross_host_samples=samples, seed=seed)
     masks = np.array([m.masks for m in pl], dtype=np.int64)
@@ -60,8 +60,8 @@ def build_dataset(spec, fabric, samples: int, seed: int):
 
 def get_model(name: str, spec, fabric, out: Path, args) -> tuple[object, dict]:
     from bandpilot.errors import BandPilotError
-    from bandpilot.surrogate import Surrogate
-    from bandpilot.training import train
+    from bandpilot.model.surrogate import Surrogate
+    from bandpilot.model.training import train
 
     cache = out / "models" / name
     if cache.is_dir() and not args.retrain:
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from bandpilot.evaluation import LABELS, PROFILES, evaluate, resolve_cluster, rich_table
-    from bandpilot.fabric import make_fabric
+    from bandpilot.evaluation.core import LABELS, PROFILES, evaluate, resolve_cluster, rich_table
+    from bandpilot.fabric.emulator import make_fabric
 
     con = Console()
     out = args.out

@@ -29,8 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot import queue as q
-from bandpilot.cluster import ClusterSpec, load_cluster, spec_from_dict
+from bandpilot.queue import core as q
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict
 from bandpilot.config import setup_env
 
 TARGETS = {"small": 30.0, "large": 300.0}
@@ -75,11 +75,11 @@ def workload(spec: ClusterSpec, n: int, seed: int) -> str:
 
 
 def make_dispatcher(spec: ClusterSpec, model: str | None):
-    from bandpilot.dispatcher import Dispatcher
+    from bandpilot.dispatch.dispatcher import Dispatcher
 
     if model:
         return Dispatcher.load(model), model
-    from bandpilot.fabric import make_fabric
+    from bandpilot.fabric.emulator import make_fabric
 
     return Dispatcher(make_fabric(spec)), "fabric (perfect predictor)"
 

@@ -30,10 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bandpilot.cluster import load_cluster  # noqa: E402
-from bandpilot.dataset import Dataset  # noqa: E402
-from bandpilot.fabric import EmulatorFabric, TraceFabric  # noqa: E402
-from bandpilot.training import (  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+from bandpilot.data.dataset import Dataset  # noqa: E402
+from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric  # noqa: E402
+from bandpilot.model.training import (  # noqa: E402
     TrainParams,
     cross_pool,
     evaluate_predictions,
@@ -65,7 +65,7 @@ def _with_measured(fab, masks, bw):
     """Stage-1 rows + the measured cross-host rows with their measured values (repeats kept)."""
     import pandas as pd
 
-    from bandpilot.dataset import frame_from_masks
+    from bandpilot.data.dataset import frame_from_masks
 
     base = fabric_dataset(fab, cross_masks=masks[:0], noisy=False).frame
     spec = fab.spec
@@ -189,7 +189,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     res.surrogate.save(Path(os.environ.get("TMPDIR", "/tmp")) / "bench-surrogate-model")
-    from bandpilot.surrogate import Surrogate
+    from bandpilot.model.surrogate import Surrogate
 
     t0 = time.perf_counter()
     Surrogate.load(Path(os.environ.get("TMPDIR", "/tmp")) / "bench-surrogate-model")

@@ -25,14 +25,14 @@ def store_url_for(cluster: str, url: str | None = None) -> str:
 @task(retries=2, retry_delay_seconds=3, cache_policy=NONE)
 def load_dispatcher_task(model_uri: str):
     """Resolve the registry alias now, so a missing/unpromoted model fails before any assignment."""
-    from bandpilot.dispatcher import Dispatcher
+    from bandpilot.dispatch.dispatcher import Dispatcher
 
     return Dispatcher.load(model_uri)
 
 
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str) -> dict[str, Any]:
-    from bandpilot import queue as q
+    from bandpilot.queue import core as q
 
     with q.Store(store_url) as store:
         rep = q.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri)

@@ -23,7 +23,7 @@ from flows._common import prepare, resolve, task_runner
 def evaluate_chunk_task(model_uri: str, cluster: str | None, truth: str | None, profiles: list[str], repeats: int,
                         seed: int, ks: list[int]):
     """One k-chunk, in-process (the task runner provides the parallelism)."""
-    from bandpilot import evaluation as ev
+    from bandpilot.evaluation import core as ev
 
     model = ev.load_model(model_uri)
     fabric = ev.resolve_truth(model.spec, truth=resolve(truth) if truth else None, cluster=resolve(cluster) if cluster else None)
@@ -49,7 +49,7 @@ def evaluate_flow(
     log_mlflow: bool = True,
 ) -> dict[str, Any]:
     prepare()
-    from bandpilot import evaluation as ev
+    from bandpilot.evaluation import core as ev
 
     model = ev.load_model(model_uri)
     futures = [

@@ -14,8 +14,8 @@ from flows._common import prepare, resolve
 @task(retries=2, retry_delay_seconds=5, cache_policy=NONE)
 def profile_task(cluster: str, data_root: str, samples: int, seed: int, runner: str) -> dict[str, Any]:
     """Run the measurement plan; resumable, so a retry only re-measures what is missing."""
-    from bandpilot.cluster import load_cluster
-    from bandpilot.profiling import run
+    from bandpilot.topology.cluster import load_cluster
+    from bandpilot.data.profiling import run
 
     spec = load_cluster(resolve(cluster))
     rep = run(spec, resolve(data_root), runner=runner, cross_host_samples=samples, seed=seed, progress=False)
@@ -27,7 +27,7 @@ def profile_task(cluster: str, data_root: str, samples: int, seed: int, runner: 
 @task(cache_policy=NONE)
 def ingest_task(source_dir: str, out: str) -> dict[str, Any]:
     """Measured tables or nccl-tests logs -> canonical Parquet dataset (atomic)."""
-    from bandpilot.dataset import ingest
+    from bandpilot.data.dataset import ingest
 
     rep = ingest(resolve(source_dir), resolve(out))
     return {"cluster": rep.cluster if hasattr(rep, "cluster") else None, "dataset": str(resolve(out)), "summary": rep.summary()}
@@ -36,7 +36,7 @@ def ingest_task(source_dir: str, out: str) -> dict[str, Any]:
 @task(retries=3, retry_delay_seconds=2, cache_policy=NONE)
 def dvc_track_task(data_root: str, push: bool = True) -> str:
     """``dvc add data`` (idempotent: unchanged data -> same md5, no new version) and push."""
-    from bandpilot import dvc
+    from bandpilot.data import dvc
 
     root = resolve(data_root)
     md5 = dvc.track(root / "data", root)
@@ -63,7 +63,7 @@ def ingest_flow(
     if cluster is not None:
         out = profile_task(cluster, data_root, samples, seed, runner)
     else:
-        from bandpilot.cluster import load_cluster
+        from bandpilot.topology.cluster import load_cluster
 
         name = load_cluster(resolve(source_dir)).name
         out = ingest_task(source_dir, str(Path(data_root) / "data" / name))

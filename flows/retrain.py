@@ -35,8 +35,8 @@ def find_version(name: str, key: str) -> str | None:
 
 @task(cache_policy=NONE)
 def fingerprint_task(data_dir: str, params_file: str, sweep_trials: int) -> dict[str, Any]:
-    from bandpilot.dataset import dataset_hash, load_dataset
-    from bandpilot.training import TrainParams
+    from bandpilot.data.dataset import dataset_hash, load_dataset
+    from bandpilot.model.training import TrainParams
 
     ds = load_dataset(resolve(data_dir))
     params = TrainParams.load(resolve(params_file), {})
@@ -48,9 +48,9 @@ def fingerprint_task(data_dir: str, params_file: str, sweep_trials: int) -> dict
 @task(retries=1, retry_delay_seconds=5, cache_policy=NONE)
 def train_task(data_dir: str, params_file: str, sweep_trials: int, sweep_timeout: float | None, key: str) -> str:
     """Sweep (optional) then train and register; returns the new model version."""
-    from bandpilot import registry
-    from bandpilot.dataset import load_dataset
-    from bandpilot.training import TrainParams, sweep, train
+    from bandpilot.model import registry
+    from bandpilot.data.dataset import load_dataset
+    from bandpilot.model.training import TrainParams, sweep, train
 
     registry.tracking_setup()
     ds = load_dataset(resolve(data_dir))
@@ -69,8 +69,8 @@ def gate_task(name: str, version: str, cluster_spec: str | None, policy: str, ev
     """Evaluate + promotion gate; skipped when this version already has a decision."""
     from mlflow import MlflowClient
 
-    from bandpilot import registry
-    from bandpilot.promotion import promote
+    from bandpilot.model import registry
+    from bandpilot.evaluation.gate import promote
 
     registry.tracking_setup()
     tags = MlflowClient().get_model_version(name, version).tags
@@ -126,7 +126,7 @@ def retrain_flow(
 ) -> dict[str, Any]:
     """Retrain when the dataset or params changed, then gate the new version for promotion."""
     prepare()
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     registry.tracking_setup()
     log = get_run_logger()

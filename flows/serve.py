@@ -13,7 +13,7 @@ from flows._common import load_params, prepare, resolve
 
 def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     """The RunnerDeployments the pipeline params describe (built, not yet served)."""
-    from bandpilot.cluster import load_cluster
+    from bandpilot.topology.cluster import load_cluster
     from flows.dispatch import dispatch_flow
     from flows.ingest import ingest_flow
     from flows.retrain import retrain_flow

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bandpilot.cluster import load_cluster, spec_from_dict
-from bandpilot.contention import ContentionPredictor, unique_rows
-from bandpilot.fabric import make_fabric
-from bandpilot.state import State
+from bandpilot.topology.cluster import load_cluster, spec_from_dict
+from bandpilot.dispatch.contention import ContentionPredictor, unique_rows
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.state import State
 
 ROW = ["X NV1 NV1 NV1", "NV1 X NV1 NV1", "NV1 NV1 X NV1", "NV1 NV1 NV1 X"]
 

@@ -12,16 +12,16 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bandpilot.cluster import load_cluster, spec_from_dict
-from bandpilot.dataset import (
+from bandpilot.topology.cluster import load_cluster, spec_from_dict
+from bandpilot.data.dataset import (
     DATASET_FILE,
     dataset_hash,
     ingest,
     load_dataset,
-    parse_mapping,
 )
+from bandpilot.fabric.tables import parse_mapping
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric import EmulatorFabric, TraceFabric
+from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric
 
 TOPO4 = ["X NV2 PXB PXB", "NV2 X PXB PXB", "PXB PXB X NV2", "PXB PXB NV2 X"]
 TINY = {
@@ -273,7 +273,7 @@ def test_ingest_refuses_to_overwrite_the_table_directory(csv_dir):
 
 @pytest.fixture(scope="module")
 def _profiled(tmp_path_factory) -> Path:
-    from bandpilot import profiling
+    from bandpilot.data import profiling
 
     spec = spec_from_dict(TINY)
     root = tmp_path_factory.mktemp("prof")

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bandpilot.cluster import load_cluster
-from bandpilot.dispatcher import ALGORITHMS, Dispatcher, PlacementError, Selection
-from bandpilot.fabric import make_fabric
-from bandpilot.state import State
+from bandpilot.topology.cluster import load_cluster
+from bandpilot.dispatch.dispatcher import ALGORITHMS, Dispatcher, PlacementError, Selection
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.state import State
 
 H100 = make_fabric(load_cluster("params/clusters/h100.yaml"))
 HET = make_fabric(load_cluster("params/clusters/het4mix.yaml"))
@@ -187,7 +187,7 @@ def test_model_error_still_valid_and_close():
     rng = np.random.default_rng(0)
     noisy = Dispatcher(Noisy(HET, 0.05))
     ideal = Dispatcher(HET)
-    from bandpilot.contention import ContentionPredictor
+    from bandpilot.dispatch.contention import ContentionPredictor
 
     ratios = []
     for _ in range(10):
@@ -205,7 +205,7 @@ def test_load_uses_surrogate(monkeypatch):
     import sys
     import types
 
-    fake = types.ModuleType("bandpilot.surrogate")
+    fake = types.ModuleType("bandpilot.model.surrogate")
 
     class Surrogate:
         @staticmethod
@@ -214,7 +214,7 @@ def test_load_uses_surrogate(monkeypatch):
             return H100
 
     fake.Surrogate = Surrogate
-    monkeypatch.setitem(sys.modules, "bandpilot.surrogate", fake)
+    monkeypatch.setitem(sys.modules, "bandpilot.model.surrogate", fake)
     d = Dispatcher.load("models:/bp@prod", seed=3)
     assert d.model is H100 and d.seed == 3
 

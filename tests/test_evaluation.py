@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bandpilot.cluster import popcount
+from bandpilot.topology.cluster import popcount
 from bandpilot.errors import BandPilotError, ModelError
-from bandpilot.evaluation import (
+from bandpilot.evaluation.core import (
     ALGORITHMS,
     EvaluationError,
     evaluate,
@@ -23,7 +23,7 @@ from bandpilot.evaluation import (
     resolve_cluster,
     resolve_truth,
 )
-from bandpilot.fabric import make_fabric
+from bandpilot.fabric.emulator import make_fabric
 
 KS = [1, 2, 3, 6, 9, 12, 17, 24, 31, 32]
 
@@ -179,7 +179,7 @@ def test_parallel_workers_match_in_process(het):
 
 
 def test_reference_reuse_and_rebase(het):
-    from bandpilot.evaluation import rebase
+    from bandpilot.evaluation.core import rebase
 
     kw = dict(repeats=1, seed=4, ks=[2, 7, 19], workers=1, figures=False)
     cand = evaluate(Noisy(het, sigma=0.3, seed=1), het, **kw)
@@ -212,7 +212,7 @@ def test_trace_truth_and_mismatch(shared_data, h100, tmp_path):
 def _tiny_surrogate(fabric):
     import torch
 
-    from bandpilot.surrogate import Surrogate, build_net
+    from bandpilot.model.surrogate import Surrogate, build_net
 
     torch.manual_seed(0)
     net = build_net("hierarchical", fabric.spec, layers=1, hidden=8, heads=2, head_layers=1)
@@ -255,7 +255,7 @@ def test_errors_are_bandpilot_errors():
 
 
 def test_worker_crash_propagates(het, monkeypatch):
-    import bandpilot.evaluation as ev
+    import bandpilot.evaluation.core as ev
 
     def boom(ctx, sc):
         if sc.k == 5:

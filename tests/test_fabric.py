@@ -18,10 +18,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bandpilot.cluster import load_cluster, popcount, spec_from_dict
-from bandpilot.dataset import intra_lookup, read_inter_table, read_intra_table
+from bandpilot.topology.cluster import load_cluster, popcount, spec_from_dict
+from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric import EmulatorFabric, TraceFabric, make_fabric
+from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric, make_fabric
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params" / "clusters"
@@ -280,7 +280,7 @@ def _synthetic_dir(tmp: Path, n_hosts: int = 3, rows=A6000_ROWS, gpu: str = "SYN
 
 
 def test_calibration_recovers_a_synthetic_cluster(tmp_path):
-    from bandpilot.calibrate import calibrate
+    from bandpilot.fabric.calibration import calibrate
 
     res = calibrate(_synthetic_dir(tmp_path))
     assert res.seconds < 60
@@ -297,7 +297,7 @@ def test_calibration_recovers_a_synthetic_cluster(tmp_path):
     doc.pop("inter")
     doc["emulator"] = block["emulator"]
     fab = EmulatorFabric(spec_from_dict(doc, tmp_path), noise=0)
-    from bandpilot.calibrate import spearman
+    from bandpilot.fabric.calibration import spearman
 
     measured = intra_lookup(read_intra_table(tmp_path / "intra" / "s0.csv", 8), 8, "")
     sel = np.bitwise_count(np.arange(256)) >= 2
@@ -306,7 +306,7 @@ def test_calibration_recovers_a_synthetic_cluster(tmp_path):
 
 def test_calibration_detects_staged_pcie(tmp_path):
     """Anti-locality (PXB pairs slower than SYS pairs) is fitted as no GPU peer-to-peer."""
-    from bandpilot.calibrate import calibrate
+    from bandpilot.fabric.calibration import calibrate
 
     rows = yaml.safe_load((PARAMS / "het4mix.yaml").read_text())["hosts"][0]["topology"]  # RTX 4090 host
     staged = {"link": {"PIX": 8.0, "PXB": 9.0, "SYS": 11.0}, "pcie": 11.0, "uplink": 14.0, "sys": 20.0, "p2p": False,
@@ -336,7 +336,7 @@ def test_calibrate_cli_writes_yaml_atomically(tmp_path):
 def real_fits():
     if not MEAS.is_dir():
         pytest.skip("../shared/data is not present")
-    from bandpilot.calibrate import calibrate
+    from bandpilot.fabric.calibration import calibrate
 
     return {c: calibrate(MEAS / c) for c in ("h100-16m", "het4mix-16m")}
 
@@ -361,7 +361,7 @@ def test_calibration_targets_on_real_tables(real_fits):
 @needs_data
 def test_committed_specs_carry_the_calibration():
     """params/clusters/*.yaml reproduce the targets without re-fitting."""
-    from bandpilot.calibrate import spearman
+    from bandpilot.fabric.calibration import spearman
 
     het = make_fabric(load_cluster(PARAMS / "het4mix.yaml"))
     meas = load_cluster(MEAS / "het4mix-16m")

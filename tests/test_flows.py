@@ -96,7 +96,7 @@ def test_ingest_flow_needs_exactly_one_source(harness, project):
 
 
 def test_retrain_flow_registers_once_and_gates(harness, project):
-    from bandpilot import registry
+    from bandpilot.model import registry
     from flows.ingest import ingest_flow
     from flows.retrain import retrain_flow
 
@@ -117,7 +117,7 @@ def test_retrain_flow_registers_once_and_gates(harness, project):
 
 
 def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
-    from bandpilot import queue as q
+    from bandpilot.queue import core as q
     from flows.pipeline import pipeline_flow, summary_lines
 
     res = pipeline_flow(params_file="params/pipeline-tiny.yaml")
@@ -142,8 +142,8 @@ def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
 
 
 def test_dispatch_flow_without_champion_assigns_nothing(harness, project):
-    from bandpilot import queue as q
-    from bandpilot.cluster import load_cluster
+    from bandpilot.queue import core as q
+    from bandpilot.topology.cluster import load_cluster
     from bandpilot.errors import ModelError
     from flows.dispatch import dispatch_flow, store_url_for
 
@@ -180,9 +180,9 @@ def test_deployments_declare_schedules(project):
 def test_evaluate_flow_same_on_threads_and_dask(harness, project):
     """Evaluation chunks as Prefect tasks: the Dask path (prefect-dask LocalCluster) and the
     default thread pool give the same merged result."""
-    from bandpilot import registry
-    from bandpilot.dataset import load_dataset
-    from bandpilot.training import TrainParams, train
+    from bandpilot.model import registry
+    from bandpilot.data.dataset import load_dataset
+    from bandpilot.model.training import TrainParams, train
     from flows._common import task_runner
     from flows.evaluate import evaluate_flow
     from flows.ingest import ingest_flow

@@ -1,4 +1,4 @@
-"""Tests for bandpilot.nccl: realistic nccl-tests logs, failure verdicts, writer/parser round trip."""
+"""Tests for bandpilot.topology.nccl: realistic nccl-tests logs, failure verdicts, writer/parser round trip."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bandpilot.nccl import (
+from bandpilot.topology.nccl import (
     NcclDevice,
     NcclMeasure,
     NcclParseError,

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bandpilot import profiling
-from bandpilot.cluster import load_cluster, spec_from_dict
-from bandpilot.dataset import DATASET_FILE, dataset_hash, load_dataset
+from bandpilot.data import profiling
+from bandpilot.topology.cluster import load_cluster, spec_from_dict
+from bandpilot.data.dataset import DATASET_FILE, dataset_hash, load_dataset
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric import EmulatorFabric
-from bandpilot.nccl import parse
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.topology.nccl import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 HET4MIX = ROOT / "params" / "clusters" / "het4mix.yaml"
@@ -378,7 +378,7 @@ def _git(cwd: Path, *args: str) -> str:
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_dvc_tracking_is_idempotent(tiny, tmp_path):
-    from bandpilot import dvc
+    from bandpilot.data import dvc
 
     repo = tmp_path / "repo"
     repo.mkdir()

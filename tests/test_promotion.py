@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bandpilot.errors import BandPilotError, ModelError, SpecError
-from bandpilot.evaluation import resolve_cluster
-from bandpilot.fabric import make_fabric
-from bandpilot.promotion import (
+from bandpilot.evaluation.core import resolve_cluster
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.evaluation.gate import (
     PromotionError,
     PromotionPolicy,
     Side,
@@ -37,7 +37,7 @@ def het():
 def _surrogate(fabric, stage1=None):
     import torch
 
-    from bandpilot.surrogate import Surrogate, build_net
+    from bandpilot.model.surrogate import Surrogate, build_net
 
     torch.manual_seed(0)
     net = build_net("hierarchical", fabric.spec, layers=1, hidden=8, heads=2, head_layers=1)
@@ -52,8 +52,8 @@ def _bad_stage1(fabric):
 
 
 def _register(sur) -> str:
-    from bandpilot import registry
-    from bandpilot.training import TrainParams, TrainResult
+    from bandpilot.model import registry
+    from bandpilot.model.training import TrainParams, TrainResult
 
     res = TrainResult(surrogate=sur, metrics={"test_mape": 1.0}, details={}, history=[], plots={},
                       params=TrainParams(), data={"cluster": sur.spec.name, "split": "test"}, train_seconds=0.0)
@@ -77,7 +77,7 @@ def reg(_template_db, tmp_path, monkeypatch):
     """A fresh registry per test: a copy of the template store, selected via MLFLOW_TRACKING_URI."""
     import shutil
 
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     db = tmp_path / "mlflow.db"
     shutil.copy(_template_db, db)
@@ -131,8 +131,8 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
     assert min(dec.candidate.gbe.values()) > 0.95
     mv = _version(NAME, v1)
     assert "PASS" in mv.description and "first champion" in mv.description
-    assert mv.tags["bandpilot.promotion.passed"] == "true"
-    assert mv.tags["bandpilot.promotion.report_dir"] == str(tmp_path / "p1")
+    assert mv.tags["bandpilot.evaluation.gate.passed"] == "true"
+    assert mv.tags["bandpilot.evaluation.gate.report_dir"] == str(tmp_path / "p1")
     out = tmp_path / "p1"
     doc = json.loads((out / "decision.json").read_text())
     assert doc["action"] == "promoted" and doc["aliases"] == {"champion": v1}
@@ -155,8 +155,8 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
     assert reg.get_alias(NAME, "champion") == v1 and reg.get_alias(NAME, "challenger") == v2
     mv2 = _version(NAME, v2)
     assert "FAIL" in mv2.description and f"champion v{v1}" in mv2.description
-    assert mv2.tags["bandpilot.promotion.passed"] == "false" and mv2.tags["bandpilot.promotion.champion_version"] == v1
-    assert float(mv2.tags["bandpilot.promotion.champion_gbe_heavy"]) > float(mv2.tags["bandpilot.promotion.gbe_heavy"])
+    assert mv2.tags["bandpilot.evaluation.gate.passed"] == "false" and mv2.tags["bandpilot.evaluation.gate.champion_version"] == v1
+    assert float(mv2.tags["bandpilot.evaluation.gate.champion_gbe_heavy"]) > float(mv2.tags["bandpilot.evaluation.gate.gbe_heavy"])
     cand = json.loads((tmp_path / "p2" / "decision.json").read_text())
     assert cand["scenarios"] == dec.scenarios  # same scenario set on both sides
     assert (tmp_path / "p2" / "champion" / "report.md").is_file()
@@ -181,7 +181,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
     assert got["previous"] is None and reg.get_alias(NAME, "champion") == v1
     assert reg.get_alias(NAME, "challenger") is None
     mv = _version(NAME, v1)
-    assert mv.tags["bandpilot.promotion.approved_by"] == "alice" and "Approved by alice" in mv.description
+    assert mv.tags["bandpilot.evaluation.gate.approved_by"] == "alice" and "Approved by alice" in mv.description
 
     v2 = _register(_surrogate(het, _bad_stage1(het)))
     promote(f"models:/{NAME}/{v2}", manual=True, out_dir=tmp_path / "m2", **FAST)
@@ -199,7 +199,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
 
 
 def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
-    import bandpilot.evaluation as ev
+    import bandpilot.evaluation.core as ev
 
     v1 = _register(_surrogate(het))
     promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "ok", **FAST)
@@ -218,7 +218,7 @@ def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
     with pytest.raises(PromotionError, match="not a registered model version"):
         promote(str(tmp_path), out_dir=tmp_path / "x5", **FAST)
     # a holdout dataset of another cluster
-    from bandpilot.dataset import Dataset, frame_from_masks, save_dataset
+    from bandpilot.data.dataset import Dataset, frame_from_masks, save_dataset
 
     h100 = make_fabric(resolve_cluster("h100"))
     masks = np.array([[3, 3, 0, 0], [15, 1, 0, 0]], dtype=np.int64)
@@ -244,12 +244,12 @@ def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
     monkeypatch.setattr(ev, "evaluate_scenario", real)
     assert {a: reg.get_alias(NAME, a) for a in ("champion", "challenger", "previous")} == before
     assert _version(NAME, v2).description == desc
-    assert "bandpilot.promotion.passed" not in _version(NAME, v2).tags
+    assert "bandpilot.evaluation.gate.passed" not in _version(NAME, v2).tags
 
 
 def test_holdout_mape_check(reg, het, tmp_path):
-    from bandpilot.dataset import Dataset, frame_from_masks, save_dataset
-    from bandpilot.profiling import plan
+    from bandpilot.data.dataset import Dataset, frame_from_masks, save_dataset
+    from bandpilot.data.profiling import plan
 
     pl = [m for m in plan(het.spec, cross_host_samples=60, seed=3, intra=False)]
     masks = np.array([m.masks for m in pl], dtype=np.int64)

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from bandpilot import queue as q
-from bandpilot.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
-from bandpilot.dispatcher import Dispatcher, PlacementError
+from bandpilot.queue import core as q
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
+from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import ModelError, RequestError, StateError
-from bandpilot.fabric import make_fabric
-from bandpilot.state import State
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.state import State
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -148,10 +148,10 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
 # Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy
 RUNNER = r"""
 import sys
-from bandpilot.cluster import load_cluster
-from bandpilot.fabric import make_fabric
-from bandpilot.dispatcher import Dispatcher
-from bandpilot.queue import Store, run_batch
+from bandpilot.topology.cluster import load_cluster
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.queue.core import Store, run_batch
 url, schema, spec_path, commit, policy = sys.argv[1:6]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
@@ -783,7 +783,7 @@ def test_cli_errors(cli, capsys, tmp_path):
 
 
 def test_non_promoted_model_is_a_clear_error(request):
-    pytest.importorskip("bandpilot.registry", reason="the model registry module is not in the tree yet")
+    pytest.importorskip("bandpilot.model.registry", reason="the model registry module is not in the tree yet")
     request.getfixturevalue("mlflow_uri")  # an empty registry: nothing promoted
     with pytest.raises(ModelError):
         Dispatcher.load("models:/bandpilot-h100@champion")

@@ -12,9 +12,9 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from bandpilot import queue as q
-from bandpilot.dispatcher import Dispatcher
-from bandpilot.fabric import make_fabric
+from bandpilot.queue import core as q
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.fabric.emulator import make_fabric
 
 from test_queue import (  # pytest puts tests/ on sys.path
     GreedyDispatcher,

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bandpilot.cluster import load_cluster
-from bandpilot.dataset import load_dataset, save_dataset
+from bandpilot.topology.cluster import load_cluster
+from bandpilot.data.dataset import load_dataset, save_dataset
 from bandpilot.errors import ModelError
-from bandpilot.fabric import EmulatorFabric
-from bandpilot.surrogate import Surrogate
-from bandpilot.training import fabric_dataset, random_cross_masks, train
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.model.surrogate import Surrogate
+from bandpilot.model.training import fabric_dataset, random_cross_masks, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 6, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 40, "n_train": 120, "threads": 1,
@@ -33,7 +33,7 @@ def ds_dir(het, tmp_path_factory):
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -46,7 +46,7 @@ def store(tmp_path, monkeypatch):
 def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
     import mlflow
 
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     res = train(load_dataset(ds_dir), TINY)
     mv = registry.log_and_register(res, alias="champion")
@@ -56,7 +56,9 @@ def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
     assert mv.tags["dataset_hash"] == res.data["dataset_hash"]
     assert registry.get_alias(name, "champion") == "1"
     assert registry.get_alias(name, "challenger") is None
-    assert registry.resolve(f"models:/{name}@champion") == (name, "1", mv.run_id)
+    from bandpilot.model.artifacts import resolve
+
+    assert resolve(f"models:/{name}@champion") == (name, "1", mv.run_id)
 
     masks = random_cross_masks(het.spec, 300, seed=11)
     want = res.surrogate.predict_masks(masks)
@@ -91,7 +93,7 @@ def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
 
 
 def test_unknown_alias_version_model_are_model_errors(store):
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     for uri, pat in (("models:/bandpilot-none@champion", "no registered model"),
                      ("models:/bandpilot-none/1", "no registered model"),

@@ -7,13 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from bandpilot import search
-from bandpilot.cluster import load_cluster, popcount, spec_from_dict
-from bandpilot.contention import ContentionPredictor
-from bandpilot.dispatcher import Dispatcher, IntractableError, PlacementError
-from bandpilot.fabric import make_fabric
-from bandpilot.search import SearchContext, partition_counts, partitions
-from bandpilot.state import State
+from bandpilot.dispatch import search
+from bandpilot.topology.cluster import load_cluster, popcount, spec_from_dict
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.dispatcher import Dispatcher, IntractableError, PlacementError
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.dispatch.search import SearchContext, partition_counts, partitions
+from bandpilot.dispatch.state import State
 
 # Three heterogeneous 4-GPU hosts: subsets differ in stage-1, unions with busy GPUs matter.
 TOPO_A = ["X NV2 PIX SYS", "NV2 X SYS PIX", "PIX SYS X NV1", "SYS PIX NV1 X"]

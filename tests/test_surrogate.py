@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from bandpilot.cluster import load_cluster
+from bandpilot.topology.cluster import load_cluster
 from bandpilot.errors import BandPilotError, ModelError
-from bandpilot.fabric import EmulatorFabric
-from bandpilot.surrogate import Surrogate, build_net, host_arrays, host_tokens, to_torch
-from bandpilot.training import fabric_dataset, random_cross_masks, train
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.model.surrogate import Surrogate, build_net, host_arrays, host_tokens, to_torch
+from bandpilot.model.training import fabric_dataset, random_cross_masks, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 8, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 40, "n_train": 120, "threads": 1,
@@ -134,6 +134,6 @@ def test_naive_ablation_trains_and_predicts(het):
 
 
 def test_surrogate_import_does_not_load_lightning_or_mlflow():
-    code = "import sys, bandpilot.surrogate; print('lightning' in sys.modules, 'mlflow' in sys.modules)"
+    code = "import sys, bandpilot.model.surrogate; print('lightning' in sys.modules, 'mlflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "False False", out.stderr

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bandpilot.cluster import load_cluster
-from bandpilot.dataset import Dataset, load_dataset, save_dataset
+from bandpilot.topology.cluster import load_cluster
+from bandpilot.data.dataset import Dataset, load_dataset, save_dataset
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric import EmulatorFabric
-from bandpilot.training import (
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.model.training import (
     TrainParams,
     cross_pool,
     evaluate_predictions,

@@ -19,7 +19,7 @@ def calibrate(
     gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="fit only these GPU types (repeatable; skips the network)"),
 ) -> None:
     """Fit emulator parameters to measured tables; print per-table MAPE / Spearman / max error."""
-    from bandpilot.calibrate import calibrate as run
+    from bandpilot.fabric.calibration import calibrate as run
 
     res = run(directory, gpu_types=gpu or None)
     table = Table(title=f"calibration of {res.cluster} ({res.seconds:.1f} s)")

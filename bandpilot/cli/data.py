@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
-from bandpilot.cluster import resolve_spec
+from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import SpecError
 
 
@@ -28,8 +28,8 @@ def profile_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Measure every intra-host GPU subset and a stratified cross-host sample; build the dataset."""
-    from bandpilot import profiling
-    from bandpilot.cluster import load_cluster
+    from bandpilot.data import profiling
+    from bandpilot.topology.cluster import load_cluster
 
     if runner not in profiling.RUNNERS:
         raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(profiling.RUNNERS)}")
@@ -51,7 +51,7 @@ def profile_cmd(
         measurements=measurements, binary=binary,
     )
     if track and report.ingest is not None:
-        from bandpilot import dvc
+        from bandpilot.data import dvc
 
         report.dvc_md5 = dvc.track(Path(out) / "data", Path(out))
         dvc.push(Path(out))
@@ -66,7 +66,7 @@ def ingest_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to write (measurements.parquet + cluster.yaml)."),
 ) -> None:
     """Validate a measurement directory and write it as a dataset."""
-    from bandpilot.dataset import ingest
+    from bandpilot.data.dataset import ingest
 
     rep = ingest(directory, out)
     typer.echo(

@@ -1,5 +1,5 @@
 """``bandpilot evaluate`` and ``bandpilot promote``: thin wrappers over
-:func:`bandpilot.evaluation.evaluate` and :func:`bandpilot.promotion.promote` / :func:`~bandpilot.promotion.approve`."""
+:func:`bandpilot.evaluation.core.evaluate` and :func:`bandpilot.evaluation.gate.promote` / :func:`~bandpilot.evaluation.gate.approve`."""
 
 from __future__ import annotations
 
@@ -59,14 +59,14 @@ def evaluate_cmd(
     """Paper Sec. V evaluation: GBE vs the exact optimum, bandwidth loss, search latency -> report."""
     from bandpilot.cli.common import console
     from bandpilot.config import project_root
-    from bandpilot.evaluation import evaluate, evaluate_defaults, resolve_truth, rich_table
-    from bandpilot.surrogate import Surrogate
+    from bandpilot.evaluation.core import evaluate, evaluate_defaults, resolve_truth, rich_table
+    from bandpilot.model.surrogate import Surrogate
 
     d = evaluate_defaults()
     if repeats is not None and repeats < 1:
         raise BandPilotError(f"zero scenarios: --repeats must be >= 1 (got {repeats})")
     if log:
-        from bandpilot import registry
+        from bandpilot.model import registry
 
         registry.tracking_setup()
     m = Surrogate.load(model)
@@ -96,11 +96,11 @@ def evaluate_cmd(
 
         write_json_atomic(metrics_out, res.metrics())
     if log:
-        from bandpilot import registry
+        from bandpilot.model.artifacts import resolve
 
         run_id = None
         if model.startswith(("models:/", "runs:/")):
-            _, _, run_id = registry.resolve(model)
+            _, _, run_id = resolve(model)
         used = res.log_to_mlflow(run_id)
         console.print(f"logged to MLflow run {used}")
 
@@ -126,8 +126,8 @@ def promote_cmd(
 ) -> None:
     """Gate a candidate against the champion on the same scenarios; move registry aliases."""
     from bandpilot.cli.common import console
-    from bandpilot.promotion import approve as approve_fn
-    from bandpilot.promotion import promote, rich_decision
+    from bandpilot.evaluation.gate import approve as approve_fn
+    from bandpilot.evaluation.gate import promote, rich_decision
 
     if approve is not None:
         if candidate is not None:

@@ -32,6 +32,12 @@ def _load_commands() -> None:
     for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
         if mod not in _SKIP:
             importlib.import_module(f"bandpilot.cli.{mod}")
+    # Command groups contributed by other installed packages (the Prefect flows add
+    # ``pipeline`` and ``serve``): the library never imports its orchestration layer.
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="bandpilot.commands"):
+        ep.load()(app)
 
 
 def main(argv: list[str] | None = None) -> int:

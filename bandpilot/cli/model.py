@@ -1,6 +1,6 @@
 """``bandpilot train | sweep | finetune``: learn the bandwidth surrogate, log to MLflow, register it.
 
-Thin wrappers over :mod:`bandpilot.training` and :mod:`bandpilot.registry`. Parameters come from
+Thin wrappers over :mod:`bandpilot.model.training` and :mod:`bandpilot.model.registry`. Parameters come from
 ``params/train.yaml`` / ``params/sweep.yaml`` (project root) and are overridden by flags.
 """
 
@@ -73,7 +73,7 @@ def _register(result: Any, name: Optional[str], alias: Optional[str], tracking_u
               tags: dict[str, str]) -> tuple[str, Any]:
     import mlflow
 
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     registry.tracking_setup(tracking_uri)
     with mlflow.start_run(run_name=f"{tags.get('bandpilot.command', 'train')}-{result.surrogate.spec.name}") as run:
@@ -104,8 +104,8 @@ def train_cmd(
     metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the test metrics as JSON (DVC metrics file)."),
 ) -> None:
     """Train the bandwidth surrogate on a dataset, log the run to MLflow and register the model."""
-    from bandpilot.dataset import load_dataset
-    from bandpilot.training import TrainParams, train
+    from bandpilot.data.dataset import load_dataset
+    from bandpilot.model.training import TrainParams, train
 
     over = dict(model=model, n_train=n_train, split=split, epochs=epochs, layers=layers, hidden=hidden, lr=lr,
                 seed=seed, threads=threads, train_data=str(train_data) if train_data else None)
@@ -155,9 +155,9 @@ def sweep_cmd(
     the best model is registered."""
     import mlflow
 
-    from bandpilot import registry
-    from bandpilot.dataset import load_dataset
-    from bandpilot.training import TrainParams, sweep
+    from bandpilot.model import registry
+    from bandpilot.data.dataset import load_dataset
+    from bandpilot.model.training import TrainParams, sweep
 
     cfg = _load_yaml(_params_path(params, "params/sweep.yaml"), "sweep")
     base = TrainParams.load(_params_path(train_params, "params/train.yaml"), {"epochs": epochs})
@@ -199,10 +199,10 @@ def finetune_cmd(
 ) -> None:
     """Continue training a registered model on new measurements (replaying stored originals) and
     register the result as a new version."""
-    from bandpilot import registry
-    from bandpilot.dataset import load_dataset
-    from bandpilot.surrogate import Surrogate
-    from bandpilot.training import TrainParams, finetune
+    from bandpilot.model import registry
+    from bandpilot.data.dataset import load_dataset
+    from bandpilot.model.surrogate import Surrogate
+    from bandpilot.model.training import TrainParams, finetune
 
     p = TrainParams.load(_params_path(params, "params/train.yaml"), {"finetune_epochs": epochs, "finetune_lr": lr, "seed": seed})
     registry.tracking_setup(tracking_uri)

@@ -33,16 +33,16 @@ def select_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the selection as JSON.")] = False,
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
-    from bandpilot.contention import ContentionPredictor
-    from bandpilot.dispatcher import Dispatcher
-    from bandpilot.state import State
+    from bandpilot.dispatch.contention import ContentionPredictor
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.dispatch.state import State
 
     if model is None and cluster is None:
         raise RequestError("give --model URI or --cluster SPEC")
     fabric = None
     if cluster is not None:
-        from bandpilot.cluster import load_cluster
-        from bandpilot.fabric import make_fabric
+        from bandpilot.topology.cluster import load_cluster
+        from bandpilot.fabric.emulator import make_fabric
 
         fabric = make_fabric(load_cluster(cluster))
     disp = Dispatcher.load(model, seed=seed) if model is not None else Dispatcher(fabric, seed=seed)

@@ -6,11 +6,11 @@ the per-host count pattern (what the network term depends on), with random GPU s
 hosts. Runs are resumable: each log is written atomically and ``manifest.jsonl`` records what is
 done, so an interrupted profile continues where it stopped, and a deleted log is re-measured.
 
-Both runners produce nccl-tests stdout that goes through :func:`bandpilot.nccl.parse` and the same
-checks as :func:`bandpilot.dataset.ingest` (device table vs plan), so emulated and real profiling
+Both runners produce nccl-tests stdout that goes through :func:`bandpilot.topology.nccl.parse` and the same
+checks as :func:`bandpilot.data.dataset.ingest` (device table vs plan), so emulated and real profiling
 cannot drift apart:
 
-* ``emulator`` - writes logs with :func:`bandpilot.nccl.format_log` from the cluster's fabric
+* ``emulator`` - writes logs with :func:`bandpilot.topology.nccl.format_log` from the cluster's fabric
   (``Fabric.measure`` noise), several message sizes, a realistic device table and NCCL INFO noise;
 * ``ssh`` - runs the real command lines (``ssh <host> CUDA_VISIBLE_DEVICES=... all_gather_perf``
   for one host, ``mpirun ... all_gather_perf_mpi`` across hosts) and captures stdout.
@@ -20,7 +20,7 @@ Layout under ``out_dir``::
     data/<cluster>/cluster.yaml          self-contained spec
     data/<cluster>/manifest.jsonl        one JSON line per planned measurement (status: planned/done/failed)
     data/<cluster>/raw/<id>.log          nccl-tests stdout per measurement
-    data/<cluster>/measurements.parquet  the dataset (:func:`bandpilot.dataset.ingest`)
+    data/<cluster>/measurements.parquet  the dataset (:func:`bandpilot.data.dataset.ingest`)
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec
-from bandpilot.dataset import (
+from bandpilot.topology.cluster import ClusterSpec
+from bandpilot.data.dataset import (
     MANIFEST_FILE,
     SPEC_FILE,
     IngestReport,
@@ -372,7 +372,7 @@ class EmulatorRunner:
     """Writes what nccl-tests would print for a measurement on the cluster's fabric."""
 
     def __init__(self, spec: ClusterSpec, fabric: Any | None = None, binary: str | None = None, nccl_version: str = "2.21.5") -> None:
-        from bandpilot.fabric import make_fabric
+        from bandpilot.fabric.emulator import make_fabric
 
         self.spec = spec
         self.fabric = fabric if fabric is not None else make_fabric(spec)
@@ -398,7 +398,7 @@ class EmulatorRunner:
         self._values.update(self._measure(ms))
 
     def _devices(self, m: PlannedMeasurement) -> list[Any]:
-        from bandpilot.nccl import NcclDevice
+        from bandpilot.topology.nccl import NcclDevice
 
         devices = []
         rank = 0
@@ -412,7 +412,7 @@ class EmulatorRunner:
         return devices
 
     def _rows(self, m: PlannedMeasurement) -> list[Any]:
-        from bandpilot.nccl import NcclMeasure, busbw_factor, make_row, time_for
+        from bandpilot.topology.nccl import NcclMeasure, busbw_factor, make_row, time_for
 
         n = m.n_gpus
         coll = m.collective
@@ -463,7 +463,7 @@ class EmulatorRunner:
         return out
 
     def __call__(self, m: PlannedMeasurement) -> str:
-        from bandpilot.nccl import format_log
+        from bandpilot.topology.nccl import format_log
 
         devices = self._devices(m)
         binary = os.path.basename(self.binary or m.collective)
@@ -606,7 +606,7 @@ def _prepare_dir(cdir: Path, spec: ClusterSpec, resume: bool) -> dict[str, dict]
     """Create the layout, check a resumed directory belongs to this cluster, load its manifest."""
     import yaml
 
-    from bandpilot.cluster import load_cluster
+    from bandpilot.topology.cluster import load_cluster
 
     (cdir / RAW_DIR).mkdir(parents=True, exist_ok=True)
     spec_file = cdir / SPEC_FILE

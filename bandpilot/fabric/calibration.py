@@ -3,7 +3,7 @@
 ``calibrate(dir)`` reads ``cluster.yaml`` + its intra tables (and the inter table when there is
 one) and fits, per GPU type, the ring model's link-class capacities, PCIe port / uplink /
 inter-socket capacities, host cap, hop penalty and per-rank-count efficiency (see
-:class:`bandpilot.fabric.RingModel`), and the network's rail efficiency, switch cap and count
+:class:`bandpilot.fabric.emulator.RingModel`), and the network's rail efficiency, switch cap and count
 terms. The result carries the fitted parameters, accuracy figures per table (per-pattern MAPE,
 Spearman, max error) and :meth:`CalibrationResult.to_yaml`, an ``emulator:`` block for a spec.
 
@@ -24,10 +24,10 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import yaml
 
-from bandpilot.cluster import ClusterSpec, Topology, load_cluster, popcount
-from bandpilot.dataset import intra_lookup, read_inter_table, read_intra_table
+from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
+from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric import EmulatorFabric, _switch_group_of, ring_model
+from bandpilot.fabric.emulator import EmulatorFabric, _switch_group_of, ring_model
 
 #: weight of the rank term in the objective (the dispatcher needs the ordering most)
 RANK_WEIGHT = 0.5

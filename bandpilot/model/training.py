@@ -10,7 +10,7 @@ cross-host allocations only, disjoint from training. Splits over the cross-host 
   homogeneous cluster, where the pattern decides the bandwidth);
 * ``explicit``   - train on every cross-host row of a given dataset, test on the rest of the pool.
 
-Lightning and MLflow are imported inside functions so ``import bandpilot.training`` stays light.
+Lightning and MLflow are imported inside functions so ``import bandpilot.model.training`` stays light.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import hashlib
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,141 +28,18 @@ import numpy as np
 import torch
 
 from bandpilot.errors import DataError, ModelError, SpecError
-from bandpilot.surrogate import Surrogate, build_net, to_torch
+from bandpilot.model.params import TrainParams
+from bandpilot.model.result import TrainResult
+from bandpilot.model.surrogate import Surrogate, build_net, to_torch
 
 if TYPE_CHECKING:
-    from bandpilot.dataset import Dataset
+    from bandpilot.data.dataset import Dataset
 
-SPLITS = ("random", "stratified", "pattern", "explicit")
 MIN_POOL = 10
 TRIM_FLOOR = 0.1  # loss=trimmed never leaves out a row whose log residual is below this
 
 
 # ------------------------------------------------------------------------------------------
-@dataclass
-class TrainParams:
-    """Hyper-parameters (``params/train.yaml``); every field can be overridden from the CLI."""
-
-    model: str = "hierarchical"  # or "naive" (Table III ablation)
-    layers: int = 1  # paper: 6; on the real H100 data 1 layer generalises best (less overfitting) and is 4x faster
-    hidden: int = 32
-    heads: int = 4
-    head_layers: int = 3
-    members: int = 1  # hierarchical: > 1 = an ensemble of independently initialised nets, averaged in log space
-    dropout: float = 0.0
-    prior_imbalance: bool = False  # hierarchical: learnable count-imbalance term in the prior's switch cap
-    min_intra: str = "auto"  # auto | true | false: final min with stage-1 bandwidth of hosts with >= 2 GPUs
-    lr: float = 3e-3
-    prior_lr_mult: float = 0.3
-    prior_steps: int = 0  # > 0: full-batch steps fitting the physics prior alone first (far-off clusters)
-    weight_decay: float = 0.1
-    epochs: int = 150
-    batch_size: int = 256
-    loss: str = "l1"  # l1 | huber | mse | cauchy | trimmed, all on log bandwidth
-    huber_delta: float = 0.05
-    swa: float = 0.0  # > 0: average the weights over this final fraction of epochs (no validation split)
-    trim: float = 0.1  # loss=trimmed: fraction of each batch's largest residuals left out (outlier runs)
-    warmup: float = 0.05
-    n_train: int = 250
-    split: str = "pattern"
-    test_size: int = 0  # 0: every remaining pool row, at most 5 x n_train (paper)
-    val_fraction: float = 0.0  # > 0: hold out part of train for early stopping / sweeps
-    patience: int = 0  # epochs without val improvement before stopping (0: never)
-    seed: int = 0
-    threads: int = 1  # tiny batches gain nothing from intra-op threads; 2 threads on shared cores can be 5x slower
-    replay_size: int = 512  # training rows stored in the artifact for fine-tuning replay
-    finetune_epochs: int = 150
-    finetune_lr: float = 1e-3
-    finetune_replay_weight: float = 1.0
-    train_data: str = ""  # split=explicit: dataset directory whose cross-host rows are the training set
-
-    @classmethod
-    def from_dict(cls, doc: dict[str, Any] | None, source: str = "params") -> "TrainParams":
-        doc = dict(doc or {})
-        if "train" in doc and isinstance(doc["train"], dict):
-            doc = doc["train"]
-        names = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(doc) - set(names))
-        if unknown:
-            raise SpecError(f"{source}: unknown training parameters {unknown}")
-        out = cls()
-        for k, v in doc.items():
-            if v is None:
-                continue
-            default = getattr(out, k)
-            try:
-                if isinstance(default, bool):
-                    v = v.strip().lower() in ("1", "true", "yes", "on") if isinstance(v, str) else bool(v)
-                elif isinstance(default, int):
-                    if isinstance(v, float) and not v.is_integer():
-                        raise ValueError
-                    v = int(v)
-                elif isinstance(default, float):
-                    v = float(v)
-                else:
-                    v = str(v).lower() if k == "min_intra" else str(v)
-            except (TypeError, ValueError):
-                raise SpecError(f"{source}: parameter {k}={v!r} has the wrong type") from None
-            setattr(out, k, v)
-        out.validate(source)
-        return out
-
-    @classmethod
-    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> "TrainParams":
-        import yaml
-
-        doc: dict[str, Any] = {}
-        src = "params"
-        if path is not None:
-            p = Path(path)
-            if not p.is_file():
-                raise SpecError(f"params file not found: {p}")
-            try:
-                doc = yaml.safe_load(p.read_text()) or {}
-            except yaml.YAMLError as exc:
-                raise SpecError(f"{p}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-            if "train" in doc:
-                doc = doc["train"] or {}
-            src = str(p)
-        doc.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        return cls.from_dict(doc, src)
-
-    def validate(self, source: str = "params") -> None:
-        if self.model not in ("hierarchical", "naive"):
-            raise SpecError(f"{source}: model must be 'hierarchical' or 'naive', got {self.model!r}")
-        if self.split not in SPLITS:
-            raise SpecError(f"{source}: split must be one of {SPLITS}, got {self.split!r}")
-        if self.loss not in ("huber", "mse", "l1", "cauchy", "trimmed"):
-            raise SpecError(f"{source}: loss must be huber, mse, l1, cauchy or trimmed, got {self.loss!r}")
-        if not 0.0 <= self.trim < 0.5:
-            raise SpecError(f"{source}: trim must be in [0, 0.5)")
-        if self.min_intra not in ("auto", "true", "false"):
-            raise SpecError(f"{source}: min_intra must be auto, true or false")
-        if self.hidden % max(self.heads, 1) or self.heads < 1:
-            raise SpecError(f"{source}: hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-        for k in ("n_train", "epochs", "batch_size", "hidden", "head_layers", "threads", "members"):
-            if getattr(self, k) < 1:
-                raise SpecError(f"{source}: {k} must be >= 1")
-        if self.layers < 0 or self.replay_size < 0 or self.test_size < 0:
-            raise SpecError(f"{source}: layers, replay_size and test_size must be >= 0")
-        if not 0.0 <= self.val_fraction < 0.9:
-            raise SpecError(f"{source}: val_fraction must be in [0, 0.9)")
-        if self.lr <= 0 or self.finetune_lr <= 0:
-            raise SpecError(f"{source}: learning rates must be positive")
-
-    def net_config(self) -> dict[str, Any]:
-        cfg = dict(hidden=self.hidden, layers=self.layers, heads=self.heads, head_layers=self.head_layers,
-                   dropout=self.dropout)
-        if self.model == "hierarchical" and self.prior_imbalance:
-            cfg["imbalance"] = True
-        if self.model == "hierarchical" and self.members > 1:
-            cfg["members"] = self.members
-        return cfg
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # ------------------------------------------------------------------------------------------
 @dataclass
 class Pool:
@@ -370,29 +247,13 @@ def make_plots(y: np.ndarray, yhat: np.ndarray, n_hosts: np.ndarray, out_dir: Pa
 
 
 # ------------------------------------------------------------------------------------------
-@dataclass
-class TrainResult:
-    surrogate: Surrogate
-    metrics: dict[str, float]
-    details: dict[str, Any]
-    history: list[dict[str, float]]
-    plots: dict[str, Path]
-    params: TrainParams
-    data: dict[str, Any]
-    train_seconds: float
-    notes: list[str] = field(default_factory=list)
-    test: dict[str, np.ndarray] = field(default_factory=dict)
-    pruned: bool = False
-    best_val_mape: float = float("nan")
-
-
 def dataset_fingerprint(ds: "Dataset") -> str:
-    """Dataset hash: ``bandpilot.dataset.dataset_hash`` when available, else sha256 of the Parquet file."""
+    """Dataset hash: ``bandpilot.data.dataset.dataset_hash`` when available, else sha256 of the Parquet file."""
     from bandpilot.errors import BandPilotError
 
     if ds.path is not None:
         try:
-            from bandpilot.dataset import dataset_hash  # type: ignore[attr-defined]
+            from bandpilot.data.dataset import dataset_hash  # type: ignore[attr-defined]
 
             return str(dataset_hash(ds.path))
         except (ImportError, BandPilotError, TypeError, ValueError, OSError):
@@ -414,8 +275,10 @@ def dataset_fingerprint(ds: "Dataset") -> str:
 def git_commit(root: Path | None = None) -> str | None:
     import subprocess
 
+    from bandpilot.config import SOURCE_ROOT
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or SOURCE_ROOT, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
@@ -631,7 +494,7 @@ def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, 
     exp_pool = None
     if p.split == "explicit":
         if explicit is None and p.train_data:
-            from bandpilot.dataset import load_dataset
+            from bandpilot.data.dataset import load_dataset
 
             explicit = load_dataset(p.train_data)
         if explicit is None:
@@ -889,7 +752,7 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
     if log_mlflow:
         import mlflow
 
-        from bandpilot import registry
+        from bandpilot.model import registry
 
         mlf = mlflow
         registry.tracking_setup(tracking_uri)
@@ -910,7 +773,7 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
             trial.set_user_attr("test_mape", res.metrics["test_mape"])
             trial.set_user_attr("test_r2", res.metrics["test_r2"])
             if ctx:
-                from bandpilot.registry import log_history
+                from bandpilot.model.registry import log_history
 
                 log_history(res.history)
                 mlf.log_metrics({k: v for k, v in res.metrics.items() if math.isfinite(v)})
@@ -1007,7 +870,7 @@ def fabric_dataset(fabric: Any, n_cross: int = 400, seed: int = 0, cross_masks: 
     random cross-host allocations (``fabric.measure`` when ``noisy``, else the truth)."""
     import pandas as pd
 
-    from bandpilot.dataset import Dataset, frame_from_masks
+    from bandpilot.data.dataset import Dataset, frame_from_masks
 
     spec = fabric.spec
     s1 = stage1_masks(spec)

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec, Topology, popcount
+from bandpilot.topology.cluster import ClusterSpec, Topology, popcount
 
 #: Slurm-style link weights (lower is better / more compact).
 LINK_WEIGHT = {"X": 0.0, "NV": 1.0, "PIX": 2.0, "PXB": 3.0, "PHB": 4.0, "NODE": 4.0, "SYS": 5.0}

@@ -1,16 +1,16 @@
 """The dispatcher: given free GPUs, running jobs and ``k``, return the ``k`` GPUs with the highest
 contention-aware bandwidth ``B̂(S, τ)`` (paper Sec. III, IV-C, IV-D).
 
-    from bandpilot.dispatcher import Dispatcher
+    from bandpilot.dispatch.dispatcher import Dispatcher
     d = Dispatcher(model)                       # a Surrogate, or a fabric (perfect predictor)
     sel = d.select(8, state)                    # algorithm="bandpilot"
     sel.gpus, sel.predicted_gbps, sel.to_dict()
 
 ``model`` is any object with ``spec``, ``stage1`` and ``predict_masks`` (see
-:mod:`bandpilot.contention`). Algorithms:
+:mod:`bandpilot.dispatch.contention`). Algorithms:
 
 ===========  ================================================================================
-bandpilot    count-vector search when tractable, else EHA + PTS + local search (:mod:`~bandpilot.search`)
+bandpilot    count-vector search when tractable, else EHA + PTS + local search (:mod:`~bandpilot.dispatch.search`)
 eha, pts     the paper's two search components on their own
 topo         Slurm-like compactness (fewest hosts, best fit, best link classes)
 default      proximity: host order, then NUMA/index order
@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.baselines import default_select, random_select, topo_select
-from bandpilot.cluster import ClusterSpec, popcount
-from bandpilot.contention import ContentionPredictor
+from bandpilot.dispatch.baselines import default_select, random_select, topo_select
+from bandpilot.topology.cluster import ClusterSpec, popcount
+from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.errors import ModelError, SpecError, StateError
-from bandpilot.search import (
+from bandpilot.dispatch.search import (
     IntractableError,
     PlacementError,
     SearchContext,
@@ -52,7 +52,7 @@ from bandpilot.search import (
     pts,
     single_host,
 )
-from bandpilot.state import State
+from bandpilot.dispatch.state import State
 
 __all__ = ["ALGORITHMS", "Constraints", "Dispatcher", "IntractableError", "PlacementError", "Selection"]
 
@@ -154,7 +154,7 @@ class Dispatcher:
     @classmethod
     def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
         """A dispatcher for a stored surrogate (``models:/name@alias``, ``runs:/...``, a path)."""
-        from bandpilot.surrogate import Surrogate  # lazy: pulls in torch
+        from bandpilot.model.surrogate import Surrogate  # lazy: pulls in torch
 
         return cls(Surrogate.load(model_uri), seed=seed)
 
@@ -200,7 +200,7 @@ class Dispatcher:
     def _oracle(self, fabric: Any, algorithm: str) -> Any:
         guide = fabric
         if guide is None:
-            from bandpilot.fabric import Fabric
+            from bandpilot.fabric.emulator import Fabric
 
             if isinstance(self.model, Fabric):
                 guide = self.model

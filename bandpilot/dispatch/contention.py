@@ -2,7 +2,7 @@
 
 A *model* is any object with ``spec``, ``stage1`` (``(n_hosts, 2**max_gpus)`` stage-1 table) and
 ``predict_masks(masks) -> (n,)`` standalone bandwidth ``B̂(S)`` of per-host mask rows (fabrics are
-perfect models; :class:`bandpilot.surrogate.Surrogate` is the learned one).
+perfect models; :class:`bandpilot.model.surrogate.Surrogate` is the learned one).
 
 For a candidate ``S`` and the traffic profile ``τ = {(S_j, d_j)}`` of the active jobs:
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.state import State
+from bandpilot.dispatch.state import State
 
 #: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
 MAX_BATCH_ROWS = 262_144

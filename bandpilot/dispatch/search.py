@@ -46,10 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.cluster import popcount
-from bandpilot.contention import ContentionPredictor, Prediction
+from bandpilot.topology.cluster import popcount
+from bandpilot.dispatch.contention import ContentionPredictor, Prediction
 from bandpilot.errors import PlacementError
-from bandpilot.state import State
+from bandpilot.dispatch.state import State
 
 #: Count vectors (after symmetry reduction) the ``bandpilot`` algorithm evaluates exhaustively.
 COUNT_SEARCH_LIMIT = 20_000

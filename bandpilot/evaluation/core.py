@@ -20,7 +20,7 @@ cluster telemetry would report. Scenarios (including the demands) are written to
 Ground truth
 ------------
 Every dispatcher returns a GPU set ``S``; its value is the TRUE contention-degraded bandwidth
-``B(S, τ)``: the contention formula of :mod:`bandpilot.contention` evaluated with the truth fabric as
+``B(S, τ)``: the contention formula of :mod:`bandpilot.dispatch.contention` evaluated with the truth fabric as
 the (perfect) model. ``B*(A, k, τ)`` is the optimum of the same objective, computed ONCE per
 scenario and profile with the dispatcher's ``exact`` algorithm on the truth fabric and shared by all
 algorithms. Where ``exact`` is not tractable the reference falls back to the best allocation found
@@ -57,9 +57,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec, load_cluster, resolve_spec
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, resolve_spec
 from bandpilot.errors import BandPilotError, ModelError, SpecError
-from bandpilot.state import Job, State
+from bandpilot.dispatch.state import Job, State
 
 PROFILES = ("idle", "moderate", "heavy")
 #: Every algorithm an evaluation can run, in report order.
@@ -96,9 +96,9 @@ class EvaluationError(BandPilotError):
 # ------------------------------------------------------------------------------------------
 # configuration
 def _params_dirs() -> list[Path]:
-    from bandpilot.config import project_root
+    from bandpilot.config import SOURCE_ROOT, project_root
 
-    out = [project_root() / "params", Path(__file__).resolve().parents[1] / "params"]
+    out = [project_root() / "params", SOURCE_ROOT / "params"]
     return [p for i, p in enumerate(out) if p not in out[:i]]
 
 
@@ -172,7 +172,7 @@ def resolve_truth(model_spec: Any, *, truth: Any = None, cluster: Any = None) ->
     """The ground-truth fabric: ``truth`` (a measurement directory / spec / fabric), else the
     ``cluster`` spec's fabric, else the embedded default of the model's cluster name, else the
     emulator of the spec embedded in the model. Every one must match the model's hosts."""
-    from bandpilot.fabric import Fabric, make_fabric
+    from bandpilot.fabric.emulator import Fabric, make_fabric
 
     if cluster is not None:
         cspec = resolve_cluster(cluster)
@@ -438,7 +438,7 @@ class _Ctx:
         if self.dispatcher is None:
             self.dispatcher = _make_dispatcher(self.model, self.seed)
         if self.oracle is None:
-            from bandpilot.dispatcher import Dispatcher
+            from bandpilot.dispatch.dispatcher import Dispatcher
 
             self.oracle = Dispatcher(self.truth, seed=self.seed)
 
@@ -449,7 +449,7 @@ _CTX: _Ctx | None = None
 def load_model(model: Any) -> Any:
     """A model object (spec / stage1 / predict_masks), a Dispatcher (its model), or a URI / path."""
     if isinstance(model, (str, Path)):
-        from bandpilot.surrogate import Surrogate
+        from bandpilot.model.surrogate import Surrogate
 
         return Surrogate.load(str(model))
     if hasattr(model, "select") and hasattr(model, "model"):
@@ -461,7 +461,7 @@ def load_model(model: Any) -> Any:
 
 
 def _make_dispatcher(model: Any, seed: int) -> Any:
-    from bandpilot.dispatcher import Dispatcher
+    from bandpilot.dispatch.dispatcher import Dispatcher
 
     return Dispatcher(TimedModel(model), seed=seed)
 
@@ -494,7 +494,7 @@ def _select(ctx: _Ctx, k: int, state: State, algorithm: str, seed: int = 0) -> A
         # Topo / Default / Random never consult the model to choose; the dispatcher only predicts
         # the chosen set for its report, so run them on the truth fabric (a cheap numpy predictor).
         # Random is seeded by the scenario, so a replayed scenarios.jsonl gives the same draw.
-        from bandpilot.dispatcher import Dispatcher
+        from bandpilot.dispatch.dispatcher import Dispatcher
 
         d = Dispatcher(ctx.truth, seed=seed) if algorithm == "random" else ctx.oracle
         return d.select(k, state, algorithm=algorithm)
@@ -543,8 +543,8 @@ def _sel_fields(sel: Any) -> dict[str, Any]:
 
 def evaluate_scenario(ctx: _Ctx, sc: Scenario) -> list[dict[str, Any]]:
     """Every algorithm (and the exact reference) on one scenario under every profile -> rows."""
-    from bandpilot.contention import ContentionPredictor
-    from bandpilot.dispatcher import IntractableError
+    from bandpilot.dispatch.contention import ContentionPredictor
+    from bandpilot.dispatch.dispatcher import IntractableError
 
     spec = ctx.spec
     k = sc.k
@@ -836,7 +836,7 @@ def evaluate(
     """
     import pandas as pd
 
-    from bandpilot.fabric import make_fabric
+    from bandpilot.fabric.emulator import make_fabric
 
     t0 = time.perf_counter()
     uri = str(model) if isinstance(model, (str, Path)) else getattr(model, "uri", None)
@@ -905,8 +905,8 @@ def evaluate(
         else:
             import multiprocessing as mp
 
-            import bandpilot.contention  # noqa: F401 - imported before forking: workers import nothing
-            import bandpilot.dispatcher  # noqa: F401
+            import bandpilot.dispatch.contention  # noqa: F401 - imported before forking: workers import nothing
+            import bandpilot.dispatch.dispatcher  # noqa: F401
 
             n_chunks = min(len(scen), max(n_workers * 16, math.ceil(len(scen) / 32)))  # <= 32 scenarios a chunk
             order = sorted(scen, key=lambda s: (-s.k, s.id))  # big k first: better load balance
@@ -1310,7 +1310,7 @@ def log_to_mlflow(res: EvaluationResult, run_id: str | None = None, *, artifact_
     if run_id is None:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
-            from bandpilot.registry import artifact_root_for
+            from bandpilot.model.registry import artifact_root_for
 
             exp_id = client.create_experiment(experiment, artifact_location=artifact_root_for(mlflow.get_tracking_uri()))
         else:
@@ -1324,11 +1324,11 @@ def log_to_mlflow(res: EvaluationResult, run_id: str | None = None, *, artifact_
     dest = artifact_path or f"evaluation/{res.out_dir.name}"
     client.log_artifacts(run_id, str(res.out_dir), dest)
     tags = {
-        "bandpilot.evaluation.path": dest,
-        "bandpilot.evaluation.truth": res.truth[:250],
-        "bandpilot.evaluation.scenarios": str(res.n_scenarios),
-        "bandpilot.evaluation.seed": str(res.seed),
-        "bandpilot.evaluation.reference": "exact" if res.exact_everywhere else "best-found (partial)",
+        "bandpilot.evaluation.core.path": dest,
+        "bandpilot.evaluation.core.truth": res.truth[:250],
+        "bandpilot.evaluation.core.scenarios": str(res.n_scenarios),
+        "bandpilot.evaluation.core.seed": str(res.seed),
+        "bandpilot.evaluation.core.reference": "exact" if res.exact_everywhere else "best-found (partial)",
     }
     for k, v in tags.items():
         client.set_tag(run_id, k, v)

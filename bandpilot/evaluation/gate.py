@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from bandpilot.errors import BandPilotError, ModelError, SpecError
-from bandpilot.evaluation import (
+from bandpilot.evaluation.core import (
     PROFILES,
     EvaluationResult,
     LABELS,
@@ -55,7 +55,7 @@ CHALLENGER = "challenger"
 PREVIOUS = "previous"
 DECISION_FILE = "decision.json"
 PROMOTION_REPORT = "promotion.md"
-TAG_PREFIX = "bandpilot.promotion."
+TAG_PREFIX = "bandpilot.evaluation.gate."
 #: What the gate runs by default: the gated dispatcher, the oracle and the baselines (the EHA/PTS
 #: ablation is for ``bandpilot evaluate``; PTS is the slowest search and does not decide anything).
 GATE_ALGORITHMS = ("bandpilot", "ideal", "topo", "default", "random")
@@ -314,8 +314,8 @@ def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profil
 
 def holdout_metrics(model: Any, holdout: Any) -> dict[str, Any]:
     """Accuracy of ``model`` on a held-out dataset: cross-host rows (stage 1 is a lookup), repeats averaged."""
-    from bandpilot.dataset import Dataset, load_dataset
-    from bandpilot.training import evaluate_predictions
+    from bandpilot.data.dataset import Dataset, load_dataset
+    from bandpilot.model.training import evaluate_predictions
 
     ds = holdout if isinstance(holdout, Dataset) else load_dataset(holdout)
     check_same_cluster(model.spec, ds.spec, "held-out dataset of cluster")
@@ -346,14 +346,15 @@ def _default_out(name: str, version: str) -> Path:
 # ------------------------------------------------------------------------------------------
 # registry access (kept in one place)
 def _registry() -> Any:
-    from bandpilot import registry
+    from bandpilot.model import registry
 
     return registry
 
 
 def _resolve(uri: str) -> tuple[str, str | None, str | None]:
-    reg = _registry()
-    name, version, run_id = reg.resolve(uri)
+    from bandpilot.model.artifacts import resolve
+
+    name, version, run_id = resolve(uri)
     return name, (str(version) if version is not None else None), run_id
 
 
@@ -497,7 +498,7 @@ def promote(
     Scenario settings default to the policy's ``evaluation`` block. Raises
     :class:`~bandpilot.errors.BandPilotError` subclasses on bad input, before any alias moves.
     """
-    from bandpilot.surrogate import Surrogate
+    from bandpilot.model.surrogate import Surrogate
 
     reg = _registry()
     if hasattr(reg, "tracking_setup"):
@@ -536,7 +537,7 @@ def promote(
             raise PromotionError(f"the champion v{champ_version} does not fit the cluster of the candidate: {exc}") from None
     ho = None
     if holdout is not None:
-        from bandpilot.dataset import load_dataset
+        from bandpilot.data.dataset import load_dataset
 
         ho = load_dataset(holdout)
         check_same_cluster(cand_model.spec, ho.spec, "held-out dataset of cluster")

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec, popcount
+from bandpilot.topology.cluster import ClusterSpec, popcount
 from bandpilot.errors import SpecError, StateError
 
 

@@ -1,4 +1,7 @@
-"""``bandpilot pipeline`` (the main job) and ``bandpilot serve`` (scheduled deployments)."""
+"""``bandpilot pipeline`` (the main job) and ``bandpilot serve`` (scheduled deployments).
+
+The orchestration layer adds these commands to the library's CLI through the
+``bandpilot.commands`` entry point (``pyproject.toml``), so nothing in ``bandpilot`` imports ``flows``."""
 
 from __future__ import annotations
 
@@ -9,10 +12,14 @@ from typing import Optional
 
 import typer
 
-from bandpilot.cli.main import app
 
 
-@app.command("pipeline")
+def register(app: typer.Typer) -> None:
+    """Add ``pipeline`` and ``serve`` to the ``bandpilot`` command group."""
+    app.command("pipeline")(pipeline_cmd)
+    app.command("serve")(serve_cmd)
+
+
 def pipeline_cmd(
     params: Path = typer.Option(Path("params/pipeline.yaml"), "--params", help="Pipeline parameters (clusters, sampling, gate)."),
     task_runner: Optional[str] = typer.Option(None, "--task-runner", help="thread | dask (default from params)."),
@@ -31,7 +38,6 @@ def pipeline_cmd(
     typer.echo(f"\npipeline finished in {time.perf_counter() - t0:.0f} s")
 
 
-@app.command("serve")
 def serve_cmd(
     params: Path = typer.Option(Path("params/pipeline.yaml"), "--params", help="Pipeline parameters and schedules."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the deployments and schedules without serving."),

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bandpilot.cluster import ClusterSpec, spec_from_dict
+from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 
 FORMAT_VERSION = 1
@@ -629,7 +629,7 @@ class Surrogate:
         """Load from ``models:/NAME@alias``, ``models:/NAME/VERSION``, ``runs:/ID/model`` or a local path."""
         s = str(uri)
         if s.startswith(("models:/", "runs:/")):
-            from bandpilot.registry import fetch_model_dir  # imports mlflow only for registry URIs
+            from bandpilot.model.artifacts import fetch_model_dir  # imports mlflow only for registry URIs
 
             t0 = time.perf_counter()
             local, name, version = fetch_model_dir(s)

@@ -9,7 +9,7 @@ One interface, vectorised over many allocations given as per-host mask rows:
   ports, switch uplinks, the inter-socket link), NIC rails per host (so cross-host bandwidth
   follows the smallest per-host GPU count), a switch cap that falls with the number of hosts, an
   optional domain (rack) level, and seeded measurement noise for profiling. Its parameters are
-  fitted to measurement tables by :mod:`bandpilot.calibrate`.
+  fitted to measurement tables by :mod:`bandpilot.fabric.calibration`.
 
 Both share the hierarchy the dispatcher exploits: a cross-host allocation's bandwidth depends on
 per-host counts and, through ``min``, on each host's stage-1 (intra) bandwidth - so within a host
@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from bandpilot.cluster import ClusterSpec, Topology, load_cluster, popcount
+from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.errors import DataError, SpecError
 
 # Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
@@ -214,7 +214,7 @@ class TraceFabric(Fabric):
 
     def __init__(self, spec: ClusterSpec) -> None:
         super().__init__(spec)
-        from bandpilot.dataset import intra_lookup, read_inter_table, read_intra_table
+        from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table
 
         if spec.source != "trace":
             raise SpecError(f"cluster {spec.name!r} has no measured tables (intra per host + inter)")

@@ -408,13 +408,13 @@ def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = 
 def resolve_spec(value: str | Path) -> Path:
     """A spec file, a measurement directory, or the name of a spec in ``params/clusters``
     (looked up in the project root, then beside the installed package)."""
-    from bandpilot.config import project_root
+    from bandpilot.config import SOURCE_ROOT, project_root
 
     p = Path(value)
     if p.exists():
         return p
     if not p.suffix and "/" not in str(value):
-        for base in (project_root(), Path(__file__).resolve().parents[1]):
+        for base in (project_root(), SOURCE_ROOT):
             cand = base / "params" / "clusters" / f"{value}.yaml"
             if cand.is_file():
                 return cand

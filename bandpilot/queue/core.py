@@ -1,7 +1,7 @@
 """GPU request queue: a transactional store, admission policies and the batch run.
 
 Tenants submit gang (all-or-nothing) GPU requests; :func:`run_batch` assigns the pending ones with a
-:class:`~bandpilot.dispatcher.Dispatcher` (the promoted model). Everything lives in one database
+:class:`~bandpilot.dispatch.dispatcher.Dispatcher` (the promoted model). Everything lives in one database
 through SQLAlchemy 2.0 Core - a SQLite file by default (WAL), any PostgreSQL URL at scale:
 
 ========================  ==================================================================
@@ -60,10 +60,10 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy import event
 
-from bandpilot.cluster import ClusterSpec, popcount, spec_from_dict
+from bandpilot.topology.cluster import ClusterSpec, popcount, spec_from_dict
 from bandpilot.config import project_root
 from bandpilot.errors import BandPilotError, ModelError, RequestError, SpecError, StateError
-from bandpilot.state import Job, State
+from bandpilot.dispatch.state import Job, State
 
 POLICIES = ("fifo", "priority", "utility")
 COMMIT_MODES = ("batch", "request")
@@ -1093,7 +1093,7 @@ class _Conflict(Exception):
 
 def _placement_error_type() -> type[BaseException]:
     try:
-        from bandpilot.dispatcher import PlacementError
+        from bandpilot.dispatch.dispatcher import PlacementError
 
         return PlacementError
     except ImportError:  # pragma: no cover - the dispatcher module is part of the package

@@ -1,0 +1,86 @@
+"""Where a stored model lives: a registry or run URI (``models:/NAME@alias``, ``models:/NAME/3``,
+``runs:/ID/...``) resolved to the local, self-contained surrogate directory, without
+``mlflow.pyfunc.load_model`` (fast: no Lightning, no environment checks)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from bandpilot.errors import ModelError
+
+_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>[^/]+))?/?$")
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = getattr(exc, "message", None) or str(exc)
+    return " ".join(str(msg).split())[:200]
+
+
+def _client() -> MlflowClient:
+    return MlflowClient()
+
+
+def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
+    """``models:/NAME@alias`` | ``models:/NAME/VERSION`` | ``runs:/ID/...`` -> (name, version, run_id)."""
+    uri = str(uri)
+    m = _URI.match(uri)
+    if m:
+        name, alias, version = m.group("name"), m.group("alias"), m.group("version")
+        client = _client()
+        if alias is None and version is None:
+            raise ModelError(f"model URI {uri!r} names no version or alias (use models:/{name}@champion or models:/{name}/1)")
+        try:
+            client.get_registered_model(name)
+        except MlflowException:
+            raise ModelError(f"no registered model {name!r} in {mlflow.get_registry_uri()}") from None
+        try:
+            mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+        except MlflowException:
+            what = f"alias {alias!r}" if alias else f"version {version!r}"
+            raise ModelError(f"model {name!r} has no {what}") from None
+        return name, str(mv.version), mv.run_id
+    if uri.startswith("runs:/"):
+        parts = uri.removeprefix("runs:/").split("/", 1)
+        if not parts[0]:
+            raise ModelError(f"malformed run URI {uri!r}: expected runs:/<run id>/model")
+        try:
+            _client().get_run(parts[0])
+        except MlflowException:
+            raise ModelError(f"no MLflow run {parts[0]!r}") from None
+        return None, None, parts[0]
+    return None, None, None
+
+
+def fetch_model_dir(uri: str) -> tuple[Path, str | None, str | None]:
+    """Local directory holding the surrogate artifact of a registry/run URI, plus (name, version)."""
+    name, version, run_id = resolve(uri)
+    client = _client()
+    if name is not None and version is not None:
+        src = client.get_model_version_download_uri(name, version)
+        local = _local_path(src)
+        if local is not None and local.exists():
+            return local, name, version
+        try:
+            return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}")), name, version
+        except MlflowException as exc:
+            raise ModelError(f"cannot download model {name!r} version {version}: {_one_line(exc)}") from None
+    try:
+        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+    except (MlflowException, OSError) as exc:
+        raise ModelError(f"cannot fetch model {uri!r}: {_one_line(exc)}") from None
+    return path, None, None
+
+
+def _local_path(uri: str) -> Path | None:
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    if "://" not in uri and not uri.startswith(("models:", "runs:")):
+        return Path(uri)
+    return None
