@@ -18,7 +18,7 @@ _LAZY = {
     "Selection": "bandpilot.dispatch.dispatcher",
     "Surrogate": "bandpilot.model.surrogate",
     "make_fabric": "bandpilot.fabric.emulator",
-    "TraceFabric": "bandpilot.fabric.emulator",
+    "TraceFabric": "bandpilot.fabric.trace",
     "EmulatorFabric": "bandpilot.fabric.emulator",
 }
 

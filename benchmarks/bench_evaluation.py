@@ -49,7 +49,7 @@ TARGET_SECONDS = 600.0
 def build_dataset(spec, fabric, samples: int, seed: int):
     """Emulated profiling run: all intra-host subsets + a stratified cross-host sample."""
     from bandpilot.data.dataset import Dataset, frame_from_masks
-    from bandpilot.data.profiling import plan
+    from bandpilot.data.planning import plan
 
     pl = plan(spec, cross_host_samples=samples, seed=seed)
     masks = np.array([m.masks for m in pl], dtype=np.int64)

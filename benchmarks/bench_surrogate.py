@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 from bandpilot.data.dataset import Dataset  # noqa: E402
-from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric  # noqa: E402
+from bandpilot.fabric.emulator import EmulatorFabric  # noqa: E402
+from bandpilot.fabric.trace import TraceFabric  # noqa: E402
 from bandpilot.model.training import (  # noqa: E402
     TrainParams,
     cross_pool,

@@ -27,7 +27,7 @@ def profile_task(cluster: str, data_root: str, samples: int, seed: int, runner: 
 @task(cache_policy=NONE)
 def ingest_task(source_dir: str, out: str) -> dict[str, Any]:
     """Measured tables or nccl-tests logs -> canonical Parquet dataset (atomic)."""
-    from bandpilot.data.dataset import ingest
+    from bandpilot.data.ingest import ingest
 
     rep = ingest(resolve(source_dir), resolve(out))
     return {"cluster": rep.cluster if hasattr(rep, "cluster") else None, "dataset": str(resolve(out)), "summary": rep.summary()}

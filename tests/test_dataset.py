@@ -16,12 +16,13 @@ from bandpilot.topology.cluster import load_cluster, spec_from_dict
 from bandpilot.data.dataset import (
     DATASET_FILE,
     dataset_hash,
-    ingest,
     load_dataset,
 )
+from bandpilot.data.ingest import ingest
 from bandpilot.fabric.tables import parse_mapping
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.fabric.trace import TraceFabric
 
 TOPO4 = ["X NV2 PXB PXB", "NV2 X PXB PXB", "PXB PXB X NV2", "PXB PXB NV2 X"]
 TINY = {
@@ -273,11 +274,11 @@ def test_ingest_refuses_to_overwrite_the_table_directory(csv_dir):
 
 @pytest.fixture(scope="module")
 def _profiled(tmp_path_factory) -> Path:
-    from bandpilot.data import profiling
+    from bandpilot.data import planning, profiling
 
     spec = spec_from_dict(TINY)
     root = tmp_path_factory.mktemp("prof")
-    plan = profiling.plan(spec, cross_host_samples=6, seed=1)
+    plan = planning.plan(spec, cross_host_samples=6, seed=1)
     profiling.run(spec, root, measurements=plan, progress=False, jobs=1, do_ingest=False)
     return root / "data" / "tiny"
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from bandpilot.topology.cluster import load_cluster, popcount, spec_from_dict
 from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric.emulator import EmulatorFabric, TraceFabric, make_fabric
+from bandpilot.fabric.emulator import EmulatorFabric, make_fabric
+from bandpilot.fabric.trace import TraceFabric
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params" / "clusters"

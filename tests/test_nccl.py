@@ -1,4 +1,4 @@
-"""Tests for bandpilot.topology.nccl: realistic nccl-tests logs, failure verdicts, writer/parser round trip."""
+"""Tests for bandpilot.topology.nccl_log and nccl_format: realistic nccl-tests logs, failure verdicts, writer/parser round trip."""
 
 from __future__ import annotations
 
@@ -15,16 +15,13 @@ try:
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bandpilot.topology.nccl import (
+from bandpilot.topology.nccl_format import busbw_factor, format_log, make_row, time_for
+from bandpilot.topology.nccl_log import (
     NcclDevice,
     NcclMeasure,
     NcclParseError,
     NcclResult,
-    busbw_factor,
-    format_log,
-    make_row,
     parse,
-    time_for,
 )
 
 # ------------------------------------------------------------------------------------------------

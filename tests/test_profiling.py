@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bandpilot.data import profiling
+from bandpilot.data import planning, profiling, runners
 from bandpilot.topology.cluster import load_cluster, spec_from_dict
 from bandpilot.data.dataset import DATASET_FILE, dataset_hash, load_dataset
 from bandpilot.errors import DataError, SpecError
 from bandpilot.fabric.emulator import EmulatorFabric
-from bandpilot.topology.nccl import parse
+from bandpilot.topology.nccl_log import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 HET4MIX = ROOT / "params" / "clusters" / "het4mix.yaml"
@@ -70,7 +70,7 @@ class Counting:
 
 
 def test_plan_covers_every_intra_subset_and_samples_cross_host(het4mix):
-    plan = profiling.plan(het4mix, cross_host_samples=60, seed=5)
+    plan = planning.plan(het4mix, cross_host_samples=60, seed=5)
     intra = [m for m in plan if not m.cross_host]
     cross = [m for m in plan if m.cross_host]
     assert len(intra) == 4 * 255
@@ -92,15 +92,15 @@ def test_plan_covers_every_intra_subset_and_samples_cross_host(het4mix):
 
 
 def test_plan_is_deterministic_by_seed(het4mix):
-    a = profiling.plan(het4mix, cross_host_samples=30, seed=1)
-    b = profiling.plan(het4mix, cross_host_samples=30, seed=1)
-    c = profiling.plan(het4mix, cross_host_samples=30, seed=2)
+    a = planning.plan(het4mix, cross_host_samples=30, seed=1)
+    b = planning.plan(het4mix, cross_host_samples=30, seed=1)
+    c = planning.plan(het4mix, cross_host_samples=30, seed=2)
     assert [m.id for m in a] == [m.id for m in b]
     assert [m.id for m in a] != [m.id for m in c]
 
 
 def test_plan_covers_all_strata_when_the_sample_is_large(tiny):
-    plan = profiling.plan(tiny, cross_host_samples=120, seed=0)
+    plan = planning.plan(tiny, cross_host_samples=120, seed=0)
     cross = [m for m in plan if m.cross_host]
     # 2 hosts: patterns over {1..4}x{1..4} feasible with one 2-GPU host; 3 hosts: one count <= 2
     strata = {m.stratum for m in cross}
@@ -112,15 +112,15 @@ def test_plan_covers_all_strata_when_the_sample_is_large(tiny):
 
 def test_plan_argument_checks(tiny):
     with pytest.raises(SpecError, match="must include the cluster's message size"):
-        profiling.plan(tiny, sizes=[1 << 20])
+        planning.plan(tiny, sizes=[1 << 20])
     with pytest.raises(SpecError, match="factor-2 ladder"):
-        profiling.plan(tiny, sizes=[MIB16, 3 * MIB16])
+        planning.plan(tiny, sizes=[MIB16, 3 * MIB16])
     with pytest.raises(SpecError, match="cross_host_samples"):
-        profiling.plan(tiny, cross_host_samples=-1)
+        planning.plan(tiny, cross_host_samples=-1)
 
 
 def test_repeats_get_their_own_ids(tiny):
-    plan = profiling.plan(tiny, cross_host_samples=2, repeats=2)
+    plan = planning.plan(tiny, cross_host_samples=2, repeats=2)
     assert len(plan) == 2 * (33 + 2)
     assert sum(m.id.endswith("@r1") for m in plan) == 35
 
@@ -134,19 +134,19 @@ def _find(plan, gpus):
 
 
 def test_command_lines(het4mix):
-    plan = profiling.plan(het4mix, cross_host_samples=0, sizes=[MIB16])
+    plan = planning.plan(het4mix, cross_host_samples=0, sizes=[MIB16])
     m = _find(plan, ["v100:0", "v100:1", "v100:3"])
-    assert profiling.command_lines(m, het4mix) == ["CUDA_VISIBLE_DEVICES=0,1,3 all_gather_perf -b 16M -e 16M -f 2 -g 3"]
+    assert runners.command_lines(m, het4mix) == ["CUDA_VISIBLE_DEVICES=0,1,3 all_gather_perf -b 16M -e 16M -f 2 -g 3"]
     masks = het4mix.to_mask(["v100:0", "v100:3", "a800:5"])
-    cross = profiling._measurement(het4mix, masks, (MIB16 // 2, MIB16, MIB16 * 2), "2h:2+1", 0)
-    assert isinstance(cross, profiling.PlannedMeasurement) and cross.id == "x-v100-03+a800-5"
-    (line,) = profiling.command_lines(cross, het4mix, mpirun="/opt/ompi/bin/mpirun")
+    cross = planning._measurement(het4mix, masks, (MIB16 // 2, MIB16, MIB16 * 2), "2h:2+1", 0)
+    assert isinstance(cross, planning.PlannedMeasurement) and cross.id == "x-v100-03+a800-5"
+    (line,) = runners.command_lines(cross, het4mix, mpirun="/opt/ompi/bin/mpirun")
     assert line == (
         "/opt/ompi/bin/mpirun --tag-output "
         "-np 2 -H v100:2 -x CUDA_VISIBLE_DEVICES=0,3 all_gather_perf_mpi -b 8M -e 32M -f 2 -g 1 : "
         "-np 1 -H a800:1 -x CUDA_VISIBLE_DEVICES=5 all_gather_perf_mpi -b 8M -e 32M -f 2 -g 1"
     )
-    assert profiling.command_lines(m, het4mix, binary="/nccl-tests/build/all_gather_perf")[0].startswith(
+    assert runners.command_lines(m, het4mix, binary="/nccl-tests/build/all_gather_perf")[0].startswith(
         "CUDA_VISIBLE_DEVICES=0,1,3 /nccl-tests/build/all_gather_perf "
     )
 
@@ -157,8 +157,8 @@ def test_command_lines(het4mix):
 
 def test_emulated_logs_parse_back(het4mix):
     fab = EmulatorFabric(het4mix)
-    run = profiling.EmulatorRunner(het4mix, fab)
-    plan = profiling.plan(het4mix, cross_host_samples=12, seed=3)
+    run = runners.EmulatorRunner(het4mix, fab)
+    plan = planning.plan(het4mix, cross_host_samples=12, seed=3)
     for m in [plan[0], _find(plan, ["a6000:0", "a6000:1", "a6000:5"]), *[p for p in plan if p.cross_host][:6]]:
         text = run(m)
         res = parse(text, source=m.log)
@@ -184,7 +184,7 @@ def test_emulated_logs_parse_back(het4mix):
 @pytest.fixture(scope="module")
 def het4mix_profile(het4mix, tmp_path_factory):
     out = tmp_path_factory.mktemp("het4mix")
-    counting = Counting(profiling.EmulatorRunner(het4mix))
+    counting = Counting(runners.EmulatorRunner(het4mix))
     t0 = time.perf_counter()
     rep = profiling.run(het4mix, out, runner=counting, cross_host_samples=8, seed=0, progress=False)
     return out, rep, counting, time.perf_counter() - t0
@@ -213,8 +213,8 @@ def test_profile_het4mix(het4mix, het4mix_profile):
 def test_resume_does_no_work_and_remeasures_a_deleted_log(het4mix, het4mix_profile, tmp_path):
     src, _, _, _ = het4mix_profile
     shutil.copytree(src / "data", tmp_path / "data")
-    plan = profiling.plan(het4mix, cross_host_samples=8, seed=0)
-    counting = Counting(profiling.EmulatorRunner(het4mix))
+    plan = planning.plan(het4mix, cross_host_samples=8, seed=0)
+    counting = Counting(runners.EmulatorRunner(het4mix))
     rep = profiling.run(het4mix, tmp_path, runner=counting, measurements=plan, progress=False, do_ingest=False)
     assert counting.ids == [] and (rep.measured, rep.skipped) == (0, 1028)
 
@@ -227,7 +227,7 @@ def test_resume_does_no_work_and_remeasures_a_deleted_log(het4mix, het4mix_profi
 
 
 def test_log_written_before_an_interruption_is_recovered(tiny, tmp_path):
-    plan = profiling.plan(tiny, cross_host_samples=3)
+    plan = planning.plan(tiny, cross_host_samples=3)
     profiling.run(tiny, tmp_path, measurements=plan, progress=False, do_ingest=False, jobs=1)
     d = tmp_path / "data" / "tiny"
     entries = [json.loads(x) for x in (d / "manifest.jsonl").read_text().splitlines()]
@@ -235,7 +235,7 @@ def test_log_written_before_an_interruption_is_recovered(tiny, tmp_path):
     entries[5]["status"] = "planned"
     (d / entries[5]["log"]).write_text("garbage\n")  # half a log cannot happen, but a bad one may
     (d / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
-    counting = Counting(profiling.EmulatorRunner(tiny))
+    counting = Counting(runners.EmulatorRunner(tiny))
     rep = profiling.run(tiny, tmp_path, runner=counting, measurements=plan, progress=False, do_ingest=False)
     assert counting.ids == [entries[5]["id"]] and rep.skipped == len(plan) - 1
 
@@ -251,7 +251,7 @@ def test_parallel_runs_never_share_a_host(tiny, tmp_path):
     active: Counter = Counter()
     lock = threading.Lock()
     peak = [0]
-    inner = profiling.EmulatorRunner(tiny)
+    inner = runners.EmulatorRunner(tiny)
 
     def runner(m):
         with lock:
@@ -271,13 +271,13 @@ def test_parallel_runs_never_share_a_host(tiny, tmp_path):
 
 
 def test_failed_runs_are_recorded_and_retried(tiny, tmp_path):
-    inner = profiling.EmulatorRunner(tiny)
-    plan = profiling.plan(tiny, cross_host_samples=2)
+    inner = runners.EmulatorRunner(tiny)
+    plan = planning.plan(tiny, cross_host_samples=2)
     bad_exit, bad_log = plan[7].id, plan[9].id
 
     def flaky(m):
         if m.id == bad_exit:
-            raise profiling.RunFailed(f"{m.id}: exit status 1: NCCL error")
+            raise runners.RunFailed(f"{m.id}: exit status 1: NCCL error")
         text = inner(m)
         if m.id == bad_log:  # a rank missing from the output
             text = "\n".join(s for s in text.splitlines() if "Rank  1 " not in s)
@@ -300,10 +300,10 @@ def test_failed_runs_are_recorded_and_retried(tiny, tmp_path):
 
 def test_ssh_runner_runs_the_command_lines(tiny, tmp_path):
     """The real path with stand-ins for ssh and mpirun that print prepared nccl-tests output."""
-    plan = profiling.plan(tiny, cross_host_samples=1)
+    plan = planning.plan(tiny, cross_host_samples=1)
     single = next(m for m in plan if m.n_gpus == 3)
     cross = next(m for m in plan if m.cross_host)
-    emu = profiling.EmulatorRunner(tiny)
+    emu = runners.EmulatorRunner(tiny)
     seen = tmp_path / "argv.txt"
     fake = tmp_path / "fake.py"
     fake.write_text(
@@ -318,14 +318,14 @@ def test_ssh_runner_runs_the_command_lines(tiny, tmp_path):
     mpirun = tmp_path / "mpirun"
     mpirun.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
     mpirun.chmod(0o755)
-    ssh = profiling.SshRunner(tiny, ssh=(sys.executable, str(fake)), mpirun=str(mpirun))
+    ssh = runners.SshRunner(tiny, ssh=(sys.executable, str(fake)), mpirun=str(mpirun))
     rep = profiling.run(tiny, tmp_path / "out", runner=ssh, measurements=[single, cross], progress=False, jobs=1)
     assert rep.failed == 0 and rep.ingest.rows == 2
     calls = seen.read_text().splitlines()
     assert "'t" in calls[0] and "CUDA_VISIBLE_DEVICES=" in calls[0]  # ssh <host> <line>
     assert "'--tag-output'" in calls[1] and "'-H'" in calls[1]
 
-    broken = profiling.SshRunner(tiny, ssh=("sh", "-c", "echo boom >&2; exit 3", "sh"))
+    broken = runners.SshRunner(tiny, ssh=("sh", "-c", "echo boom >&2; exit 3", "sh"))
     rep = profiling.run(tiny, tmp_path / "out2", runner=broken, measurements=[single], progress=False)
     assert rep.failed == 1 and "exit status 3: boom" in rep.failures[0][1] and rep.ingest is None
 

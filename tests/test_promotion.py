@@ -249,7 +249,7 @@ def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
 
 def test_holdout_mape_check(reg, het, tmp_path):
     from bandpilot.data.dataset import Dataset, frame_from_masks, save_dataset
-    from bandpilot.data.profiling import plan
+    from bandpilot.data.planning import plan
 
     pl = [m for m in plan(het.spec, cross_host_samples=60, seed=3, intra=False)]
     masks = np.array([m.masks for m in pl], dtype=np.int64)

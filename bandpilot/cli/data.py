@@ -28,17 +28,17 @@ def profile_cmd(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
 ) -> None:
     """Measure every intra-host GPU subset and a stratified cross-host sample; build the dataset."""
-    from bandpilot.data import profiling
+    from bandpilot.data import planning, profiling, runners
     from bandpilot.topology.cluster import load_cluster
 
-    if runner not in profiling.RUNNERS:
-        raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(profiling.RUNNERS)}")
+    if runner not in runners.RUNNERS:
+        raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(runners.RUNNERS)}")
     spec = load_cluster(resolve_spec(cluster))
-    measurements = profiling.plan(spec, cross_host_samples=samples, seed=seed)
+    measurements = planning.plan(spec, cross_host_samples=samples, seed=seed)
     if dry_run:
         for m in measurements:
             where = f"{m.hosts[0]}$" if not m.cross_host else "launcher$"
-            for line in profiling.command_lines(m, spec, binary):
+            for line in runners.command_lines(m, spec, binary):
                 typer.echo(f"{where} {line}")
         n_cross = sum(m.cross_host for m in measurements)
         typer.echo(
@@ -66,7 +66,7 @@ def ingest_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Dataset directory to write (measurements.parquet + cluster.yaml)."),
 ) -> None:
     """Validate a measurement directory and write it as a dataset."""
-    from bandpilot.data.dataset import ingest
+    from bandpilot.data.ingest import ingest
 
     rep = ingest(directory, out)
     typer.echo(

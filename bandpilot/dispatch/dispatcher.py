@@ -200,7 +200,7 @@ class Dispatcher:
     def _oracle(self, fabric: Any, algorithm: str) -> Any:
         guide = fabric
         if guide is None:
-            from bandpilot.fabric.emulator import Fabric
+            from bandpilot.fabric.base import Fabric
 
             if isinstance(self.model, Fabric):
                 guide = self.model

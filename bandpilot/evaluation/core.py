@@ -172,7 +172,8 @@ def resolve_truth(model_spec: Any, *, truth: Any = None, cluster: Any = None) ->
     """The ground-truth fabric: ``truth`` (a measurement directory / spec / fabric), else the
     ``cluster`` spec's fabric, else the embedded default of the model's cluster name, else the
     emulator of the spec embedded in the model. Every one must match the model's hosts."""
-    from bandpilot.fabric.emulator import Fabric, make_fabric
+    from bandpilot.fabric.base import Fabric
+    from bandpilot.fabric.emulator import make_fabric
 
     if cluster is not None:
         cspec = resolve_cluster(cluster)

@@ -3,7 +3,7 @@
 ``calibrate(dir)`` reads ``cluster.yaml`` + its intra tables (and the inter table when there is
 one) and fits, per GPU type, the ring model's link-class capacities, PCIe port / uplink /
 inter-socket capacities, host cap, hop penalty and per-rank-count efficiency (see
-:class:`bandpilot.fabric.emulator.RingModel`), and the network's rail efficiency, switch cap and count
+:class:`bandpilot.fabric.rings.RingModel`), and the network's rail efficiency, switch cap and count
 terms. The result carries the fitted parameters, accuracy figures per table (per-pattern MAPE,
 Spearman, max error) and :meth:`CalibrationResult.to_yaml`, an ``emulator:`` block for a spec.
 
@@ -27,7 +27,8 @@ import yaml
 from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.fabric.tables import intra_lookup, read_inter_table, read_intra_table
 from bandpilot.errors import DataError, SpecError
-from bandpilot.fabric.emulator import EmulatorFabric, _switch_group_of, ring_model
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.fabric.rings import ring_model, switch_group_of
 
 #: weight of the rank term in the objective (the dispatcher needs the ordering most)
 RANK_WEIGHT = 0.5
@@ -198,7 +199,7 @@ def _pattern_search(obj: Callable[[np.ndarray], float], x0: np.ndarray, lo: np.n
 # Intra-host: one GPU type, one or more host tables
 def _pair_stats(topo: Topology, table: np.ndarray) -> dict[str, list[float]]:
     """2-GPU bandwidths by link class (NV per link), and non-NVLink pairs split by PCIe switch group."""
-    grp = _switch_group_of(topo)
+    grp = switch_group_of(topo)
     out: dict[str, list[float]] = {"same": [], "cross": []}
     for i in range(topo.n):
         for j in range(i + 1, topo.n):

@@ -2,7 +2,7 @@
 inter-host ``GPU_Mapping_Across_Nodes`` tables (list-of-lists or binary-mask form).
 
 Every malformed row is reported as ``file:line: what``. :class:`~bandpilot.fabric.trace.TraceFabric`
-serves these tables as ground truth; :mod:`bandpilot.data.dataset` ingests them.
+serves these tables as ground truth; :mod:`bandpilot.data.ingest` ingests them.
 """
 
 from __future__ import annotations
