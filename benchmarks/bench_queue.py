@@ -29,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot.queue import core as q
+from bandpilot import queue as q
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict
 from bandpilot.config import setup_env
 

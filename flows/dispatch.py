@@ -32,7 +32,7 @@ def load_dispatcher_task(model_uri: str):
 
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str) -> dict[str, Any]:
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     with q.Store(store_url) as store:
         rep = q.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri)

@@ -45,7 +45,7 @@ def demo_requests(spec_name: str, n_gpus: int, count: int, seed: int = 0) -> lis
 def prepare_queue_task(cluster_spec: str, store_url: str, count: int) -> dict[str, Any]:
     """First run: init the queue and submit the demo requests. Later runs: the oldest half of the
     running jobs finish (their GPUs are released), so deferred requests can be placed."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
     from bandpilot.topology.cluster import load_cluster
 
     spec = load_cluster(resolve(cluster_spec))

@@ -49,7 +49,7 @@ def test_legacy_pickled_pyfunc_wrapper_still_unpickles_and_serves():
 def test_legacy_queue_store_opens_reports_and_runs(tmp_path):
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.fabric.emulator import make_fabric
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     db = tmp_path / "queue.db"
     shutil.copy(FIX / "queue.db", db)

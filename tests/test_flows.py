@@ -117,7 +117,7 @@ def test_retrain_flow_registers_once_and_gates(harness, project):
 
 
 def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
     from flows.pipeline import pipeline_flow, summary_lines
 
     res = pipeline_flow(params_file="params/pipeline-tiny.yaml")
@@ -142,7 +142,7 @@ def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
 
 
 def test_dispatch_flow_without_champion_assigns_nothing(harness, project):
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
     from bandpilot.topology.cluster import load_cluster
     from bandpilot.errors import ModelError
     from flows.dispatch import dispatch_flow, store_url_for

@@ -25,7 +25,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from bandpilot.queue import core as q
+from bandpilot import queue as q
+from bandpilot.queue import schema as q_schema
+from bandpilot.queue.batch import _load_pending
+from bandpilot.queue.policies import _Pending
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
 from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import ModelError, RequestError, StateError
@@ -151,7 +154,7 @@ import sys
 from bandpilot.topology.cluster import load_cluster
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.queue.core import Store, run_batch
+from bandpilot.queue import Store, run_batch
 url, schema, spec_path, commit, policy = sys.argv[1:6]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
@@ -304,7 +307,7 @@ def test_migrations_ordered_once_and_newer_schema_refused(tmp_path, monkeypatch,
         calls.append(1)
         q.alembic_ops(conn).add_column("bp_requests", sa.Column("note2", sa.Text, nullable=True))
 
-    monkeypatch.setattr(q, "MIGRATIONS", q.MIGRATIONS + [(2, "add note2", m2)])
+    monkeypatch.setattr(q_schema, "MIGRATIONS", q_schema.MIGRATIONS + [(2, "add note2", m2)])
     s = q.Store(url)
     q.Store(url)
     assert calls == [1]
@@ -312,7 +315,7 @@ def test_migrations_ordered_once_and_newer_schema_refused(tmp_path, monkeypatch,
         cols = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
         assert "note2" in cols
         assert [r.version for r in conn.execute(sa.select(q.T_SCHEMA)).all()] == [1, 2]
-    monkeypatch.setattr(q, "MIGRATIONS", q.MIGRATIONS[:1])
+    monkeypatch.setattr(q_schema, "MIGRATIONS", q_schema.MIGRATIONS[:1])
     with pytest.raises(q.StoreError, match="newer than this BandPilot"):
         q.Store(url)
 
@@ -424,7 +427,7 @@ def test_priority_and_utility_order(store, spec):
         {"id": "mid", "k": 16, "priority": 1, "utility": 0.5},
     ])
     with store.read() as conn:
-        pend, _ = q._load_pending(conn)
+        pend, _ = _load_pending(conn)
     assert [p.req.id for p in q.order_pending(pend, "fifo")] == ["low", "high", "mid"]
     assert [p.req.id for p in q.order_pending(pend, "priority")] == ["high", "mid", "low"]
     assert [p.req.id for p in q.order_pending(pend, "utility")] == ["low", "mid", "high"]
@@ -464,7 +467,7 @@ def test_quota_apportionment_sums_to_free():
 
     def pend(t, u, k=1):
         i = next(counter)
-        return q._Pending(q.Request(f"p{i}", k, t, 0, u), i, float(i))
+        return _Pending(q.Request(f"p{i}", k, t, 0, u), i, float(i))
 
     ps = [pend("a", 1.0, 5), pend("b", 1.0, 5), pend("c", 1.0, 5)]
     quotas = q.utility_quotas(ps, 10)

@@ -12,7 +12,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from bandpilot.queue import core as q
+from bandpilot import queue as q
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
 

@@ -1,6 +1,6 @@
 """``bandpilot queue ...``, ``bandpilot cluster ...`` and ``bandpilot dispatch --batch``.
 
-Thin wrappers over :mod:`bandpilot.queue.core`. Every command takes ``--store URL`` (default
+Thin wrappers over :mod:`bandpilot.queue`. Every command takes ``--store URL`` (default
 ``$BANDPILOT_STORE`` or ``sqlite:///<project>/.bandpilot/queue.db``); ``cluster init`` records the
 cluster spec in the store so later commands need no ``--cluster``.
 """
@@ -28,7 +28,7 @@ JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
 def _store(url: Optional[str]):
-    from bandpilot.queue.core import Store
+    from bandpilot.queue import Store
 
     return Store(url)
 
@@ -79,7 +79,7 @@ def submit_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Queue requests from a JSONL file (one object per line) or from the flags."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     flags_used = k is not None or req_id is not None
     if file is not None and flags_used:
@@ -135,7 +135,7 @@ def submit_cmd(
 @queue_app.command("status")
 def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Request counts, GPU pool, tenants and the last batch."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     s = q.status(_store(store))
     if as_json:
@@ -167,7 +167,7 @@ def list_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """List requests (oldest first) with their assignment or last deferral reason."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     rows = q.list_requests(_store(store), status=status, tenant=tenant, limit=limit)
     if as_json:
@@ -188,7 +188,7 @@ def release_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """End jobs: their GPUs go back to the free pool (drained ones become unavailable)."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     st = _store(store)
     res = q.release_many(st, jobs)
@@ -203,7 +203,7 @@ def release_cmd(
 @queue_app.command("cancel")
 def cancel_cmd(requests: List[str] = typer.Argument(..., help="Pending request ids."), store: Optional[str] = STORE_OPT) -> None:
     """Withdraw pending requests."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     st = _store(store)
     for r in requests:
@@ -237,7 +237,7 @@ def drain_cmd(
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """Take hardware out of the free pool; busy GPUs follow when their job is released."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     st = _store(store)
     for t in targets:
@@ -251,7 +251,7 @@ def undrain_cmd(
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """Return drained hardware to the free pool."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     st = _store(store)
     for t in targets:
@@ -262,7 +262,7 @@ def undrain_cmd(
 @cluster_app.command("state")
 def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """The state in the dispatcher's format ({"free": [...], "jobs": [...]}) with --json."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     doc = q.export_state(_store(store))
     if as_json:
@@ -276,7 +276,7 @@ def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> Non
 @cluster_app.command("fragmentation")
 def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Free GPUs stranded per host (and domain) and the largest request that still fits."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     f = q.fragmentation(_store(store))
     if as_json:
@@ -311,7 +311,7 @@ def dispatch_cmd(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Run one batch: assign pending requests with the promoted model, in policy order."""
-    from bandpilot.queue import core as q
+    from bandpilot import queue as q
 
     if not batch:
         raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")

@@ -1,2 +1,49 @@
 """Stage 5b, assignment: the durable request queue (SQLite/PostgreSQL), policies and quotas, batch
-runs that call the dispatcher inside one transaction, release/drain, and invariant checks."""
+runs that call the dispatcher inside one transaction, release/drain, and invariant checks. It hands
+on assigned jobs (GPU lists per request) and the cluster state in the dispatcher's JSON format."""
+
+from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
+from bandpilot.queue.clock import iso
+from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
+from bandpilot.queue.invariants import check_invariants
+from bandpilot.queue.lifecycle import drain, release, release_many, resolve_targets, undrain
+from bandpilot.queue.outcomes import BatchReport, Outcome
+from bandpilot.queue.policies import POLICIES, order_pending, utility_prior, utility_quotas
+from bandpilot.queue.requests import Constraints, ParsedRequests, Request, new_request_id, parse_jsonl, validate_request
+from bandpilot.queue.schema import (
+    GPU_STATES,
+    MIGRATIONS,
+    REASONS,
+    REQUEST_STATUSES,
+    T_ASSIGN,
+    T_BATCH,
+    T_CLUSTER,
+    T_GPUS,
+    T_JOBS,
+    T_REQ,
+    T_SCHEMA,
+    alembic_ops,
+    metadata,
+    schema_version,
+)
+from bandpilot.queue.store import STORE_ENV, Store, StoreError, default_store_url, open_store
+from bandpilot.queue.views import current_state, export_state, format_gpus, fragmentation, list_requests, status
+
+__all__ = [
+    # requests
+    "Constraints", "ParsedRequests", "Request", "new_request_id", "parse_jsonl", "validate_request",
+    # store and schema
+    "GPU_STATES", "MIGRATIONS", "REASONS", "REQUEST_STATUSES", "STORE_ENV", "Store", "StoreError",
+    "T_ASSIGN", "T_BATCH", "T_CLUSTER", "T_GPUS", "T_JOBS", "T_REQ", "T_SCHEMA",
+    "alembic_ops", "default_store_url", "metadata", "open_store", "schema_version",
+    # intake
+    "SubmitError", "SubmitReport", "cancel", "submit",
+    # policies and batch runs
+    "BatchReport", "COMMIT_MODES", "Outcome", "POLICIES", "SLEEP_ENV", "check_model", "model_version_of",
+    "order_pending", "run_batch", "utility_prior", "utility_quotas",
+    # lifecycle
+    "drain", "release", "release_many", "resolve_targets", "undrain",
+    # views and checks
+    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
+    "list_requests", "status",
+]

@@ -1,0 +1,357 @@
+"""How does a batch assign the pending requests? :func:`run_batch` orders them by policy, places
+each with the dispatcher and writes the assignment with guarded compare-and-set statements.
+
+Safety rests on three layers, so no single one has to be perfect:
+
+1. *The schema.* A GPU row holds at most one ``job_id`` and a CHECK ties ``busy`` to it, so a GPU
+   cannot be in two jobs; ``bp_assignments`` is keyed by request id, so a request cannot be
+   assigned twice.
+2. *Compare-and-set writes.* Assigning flips the request ``pending -> assigned`` and the GPUs
+   ``free -> busy`` with guarded ``UPDATE ... WHERE status/state = ...`` and checks the row counts;
+   a mismatch rolls back that request's savepoint.
+3. *Locks.* A write transaction is ``BEGIN IMMEDIATE`` on SQLite (the pysqlite event-hook recipe,
+   so two batch runs serialise) and takes ``SELECT ... FOR UPDATE`` row locks on the GPU rows on
+   PostgreSQL, always in id order so writers cannot deadlock.
+
+A batch is one transaction by default (``commit="batch"``): a crash (even ``kill -9``) leaves every
+request untouched; ``commit="request"`` commits each request on its own, so a crash leaves each
+request either untouched or fully assigned and a long batch never blocks other writers for long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import sqlalchemy as sa
+
+from bandpilot.dispatch.state import State
+from bandpilot.errors import ModelError, RequestError
+from bandpilot.queue.clock import _now
+from bandpilot.queue.outcomes import BatchReport, Outcome
+from bandpilot.queue.placer import _Deferred, _Placer
+from bandpilot.queue.policies import POLICIES, _PENDING_STMT, _Pending, _row_to_pending, order_pending, utility_quotas
+from bandpilot.queue.requests import Request
+from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.store import Store
+
+COMMIT_MODES = ("batch", "request")
+#: Test hook: seconds to sleep after each request of a batch (lets a test ``kill -9`` mid-batch).
+SLEEP_ENV = "BANDPILOT_TEST_BATCH_SLEEP"
+
+
+class _Conflict(Exception):
+    pass
+
+
+def model_version_of(dispatcher: Any) -> str | None:
+    """Best-effort model version label of a dispatcher (registry version, else URI, else class)."""
+    for obj in (dispatcher, getattr(dispatcher, "model", None)):
+        if obj is None:
+            continue
+        for attr in ("model_version", "version"):
+            v = getattr(obj, attr, None)
+            if v is not None and not callable(v):
+                return str(v)
+    for attr in ("model_uri", "uri"):
+        v = getattr(dispatcher, attr, None)
+        if isinstance(v, str):
+            return v
+    model = getattr(dispatcher, "model", None)
+    return type(model).__name__ if model is not None else None
+
+
+def check_model(store: Store, dispatcher: Any) -> None:
+    """The model must describe the store's cluster (same hosts, GPU types, topologies)."""
+    spec = store.spec
+    mspec = getattr(getattr(dispatcher, "model", None), "spec", None)
+    if mspec is None:
+        raise ModelError("the dispatcher's model has no cluster spec")
+    if mspec.fingerprint() != spec.fingerprint():
+        raise ModelError(
+            f"the model was built for cluster {mspec.name!r} ({mspec.n_gpus} GPUs, fingerprint {mspec.fingerprint()}), "
+            f"but the store holds {spec.name!r} ({spec.n_gpus} GPUs, fingerprint {spec.fingerprint()})"
+        )
+
+
+_ASSIGN_REQ = (
+    sa.update(T_REQ)
+    .where(T_REQ.c.id == sa.bindparam("b_id"), T_REQ.c.status == "pending")
+    .values(status="assigned", reason=None, detail=None, attempts=T_REQ.c.attempts + 1,
+            last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
+)
+_TAKE_GPUS = (
+    sa.update(T_GPUS)
+    .where(T_GPUS.c.id.in_(sa.bindparam("b_gpus", expanding=True)), T_GPUS.c.state == "free")
+    .values(state="busy", job_id=sa.bindparam("b_job"), updated_at=sa.bindparam("b_now"))
+)
+_INS_JOB = sa.insert(T_JOBS)
+_INS_ASSIGN = sa.insert(T_ASSIGN)
+
+
+def _write_assignment(
+    conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, now: float,
+    model_uri: str | None, model_version: str | None, algorithm: str,
+) -> str:
+    """Assign inside a savepoint: 'assigned', 'skipped' (no longer pending) or raise _Conflict.
+    Order matters: request CAS first (nothing touched if it lost), the job row before the GPUs
+    that reference it, then the GPU CAS whose row count must equal k."""
+    gpus = list(sel.gpus)
+    with conn.begin_nested():
+        if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": now}).rowcount != 1:
+            return "skipped"
+        standalone = float(getattr(sel, "standalone_gbps", None) or 0.0)
+        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": standalone,
+                                "status": "active", "started_at": now, "ended_at": None})
+        n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": now}).rowcount
+        if n != len(gpus):
+            raise _Conflict(f"only {n} of {len(gpus)} GPUs were still free")
+        conn.execute(_INS_ASSIGN, {
+            "request_id": req.id, "batch_id": batch_id, "gpus": json.dumps(gpus),
+            "predicted_gbps": _f(getattr(sel, "predicted_gbps", None)), "standalone_gbps": standalone,
+            "algorithm": str(getattr(sel, "algorithm", None) or algorithm), "model_uri": model_uri,
+            "model_version": model_version, "search_ms": _f(getattr(sel, "search_ms", None)),
+            "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": now,
+        })
+    return "assigned"
+
+
+def _f(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _i(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+_TOUCH_ALL = (
+    sa.update(T_REQ)
+    .where(T_REQ.c.status == "pending", T_REQ.c.seq <= sa.bindparam("b_max"))
+    .values(attempts=T_REQ.c.attempts + 1, last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
+)
+_TOUCH_IDS = (
+    sa.update(T_REQ)
+    .where(T_REQ.c.id.in_(sa.bindparam("b_ids", expanding=True)), T_REQ.c.status == "pending")
+    .values(attempts=T_REQ.c.attempts + 1, last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
+)
+_NOTE = (
+    sa.update(T_REQ)
+    .where(T_REQ.c.id == sa.bindparam("b_id"), T_REQ.c.status == "pending")
+    .values(status=sa.bindparam("b_status"), reason=sa.bindparam("b_reason"), detail=sa.bindparam("b_detail"))
+)
+
+
+def _chunks(seq: list[str], n: int = 500) -> Iterator[list[str]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
+
+
+@dataclass
+class _Plan:
+    queue: list["_Pending"]
+    quotas: dict[str, int] | None
+    notes: dict[str, tuple[str | None, str | None]]  # stored (reason, detail) per pending id
+    max_seq: int
+    whole: bool  # every pending request (as of the snapshot) is in the queue
+
+
+def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | None, plan: _Plan) -> None:
+    """Record deferrals and rejections on the request rows, set-based so a long queue costs a few
+    statements per batch: one ``attempts + 1`` over every request tried and left pending, then a
+    note (reason, detail) only where it changed. Every statement is guarded by ``status = 'pending'``
+    so a concurrent assignment is never undone."""
+    outs = [o for o in outs if o.status in ("deferred", "rejected")]
+    if not outs:
+        return
+    now = _now()
+    if plan.whole:
+        conn.execute(_TOUCH_ALL, {"b_max": plan.max_seq, "b_batch": batch_id, "b_now": now})
+    else:
+        for ids in _chunks([o.request_id for o in outs]):
+            conn.execute(_TOUCH_IDS, {"b_ids": ids, "b_batch": batch_id, "b_now": now})
+    rows = [
+        {"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
+         "b_reason": o.reason, "b_detail": o.detail}
+        for o in outs
+        if o.status == "rejected" or plan.notes.get(o.request_id) != (o.reason, o.detail)
+    ]
+    if rows:
+        conn.execute(_NOTE, rows)
+
+
+def _load_pending(conn: sa.Connection) -> tuple[list[_Pending], dict[str, tuple[str | None, str | None]]]:
+    """Pending requests (parsed once per process and row version) and their stored notes."""
+    out, notes = [], {}
+    for r in conn.execute(_PENDING_STMT):
+        t = tuple(r)
+        out.append(_row_to_pending(t[:8]))
+        notes[t[1]] = (t[8], t[9])
+    return out, notes
+
+
+def run_batch(
+    store: Store,
+    dispatcher: Any,
+    policy: str = "fifo",
+    limit: int | None = None,
+    *,
+    commit: str = "batch",
+    algorithm: str = "bandpilot",
+    model_uri: str | None = None,
+) -> BatchReport:
+    """Assign pending requests with ``dispatcher``, in ``policy`` order.
+
+    Each request is tried once (twice for a utility request held back by its tenant's quota): an
+    assigned one becomes an active job whose demand is its predicted standalone bandwidth, so later
+    requests see its contention; one that cannot be placed now is deferred with the reason and
+    retried next batch; an invalid one is rejected. ``limit`` caps the requests considered.
+    ``commit="batch"`` is one transaction; ``"request"`` one per request (state re-read each time).
+    """
+    if policy not in POLICIES:
+        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    if commit not in COMMIT_MODES:
+        raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(COMMIT_MODES)}")
+    if limit is not None and limit < 1:
+        raise RequestError(f"limit must be >= 1, got {limit}")
+    store.refresh()
+    check_model(store, dispatcher)
+    version = model_version_of(dispatcher)
+    uri = model_uri or getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
+    mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
+    sleep = float(os.environ.get(SLEEP_ENV, "0") or 0)
+    placer = _Placer(mspec, dispatcher, algorithm)
+    report = BatchReport(None, policy, commit, uri, version, _now())
+
+    def new_batch(conn: sa.Connection) -> int:
+        return int(
+            conn.execute(
+                sa.insert(T_BATCH)
+                .values(policy=policy, commit_mode=commit, model_uri=uri, model_version=version, pid=os.getpid(), started_at=report.started_at)
+                .returning(T_BATCH.c.id)
+            ).scalar_one()
+        )
+
+    def plan(loaded: tuple[list[_Pending], dict], state: State) -> _Plan:
+        pending, notes = loaded
+        report.pending_before = len(pending)
+        queue = order_pending(pending, policy)
+        whole = limit is None or limit >= len(queue)
+        if not whole:
+            queue = queue[:limit]
+        quotas = utility_quotas(queue, state.n_free) if policy == "utility" else None
+        report.quotas = quotas
+        return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
+
+    def attempt(conn: sa.Connection, p: _Pending, batch_id: int) -> Outcome:
+        req = p.req
+        now = _now()
+        out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=now)
+        try:
+            sel = placer.place(req)
+        except _Deferred as d:
+            out.status, out.reason, out.detail = d.status, d.reason, d.detail
+            return out
+        try:
+            res = _write_assignment(conn, req, sel, batch_id, now, uri, version, algorithm)
+        except _Conflict as exc:
+            out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
+            placer.set_state(store.load_state(conn, mspec))
+            return out
+        if res == "skipped":
+            out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
+            return out
+        gpus = list(sel.gpus)
+        placer.commit_to_state(req, gpus, float(getattr(sel, "standalone_gbps", None) or 0.0))
+        out.status = "assigned"
+        out.gpus = gpus
+        out.predicted_gbps = _f(sel.predicted_gbps)
+        out.standalone_gbps = _f(getattr(sel, "standalone_gbps", None))
+        out.algorithm = str(getattr(sel, "algorithm", None) or algorithm)
+        out.search_ms = _f(getattr(sel, "search_ms", None))
+        return out
+
+    def run(conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Outcome]:
+        queue, quotas = pl.queue, pl.quotas
+        used: dict[str, int] = {}
+        held: list[_Pending] = []
+        to_flush: list[Outcome] = []
+
+        def one(p: _Pending, second_pass: bool) -> None:
+            o = placer.quick_deferral(p.req, version)
+            if o is None:
+                with conn_for() as conn:
+                    o = attempt(conn, p, batch_id)
+            if o.status in ("deferred", "rejected"):
+                if second_pass and o.status == "deferred":
+                    o.detail = f"{o.detail}; held back by its tenant's utility quota"
+                to_flush.append(o)
+            elif o.status == "assigned":
+                used[p.req.tenant] = used.get(p.req.tenant, 0) + p.req.k
+            report.outcomes.append(o)
+            if sleep:
+                time.sleep(sleep)
+
+        for p in queue:
+            if quotas is not None and used.get(p.req.tenant, 0) + p.req.k > quotas.get(p.req.tenant, 0):
+                held.append(p)  # over its tenant's quota: only gets GPUs nobody within quota took
+                continue
+            one(p, False)
+        for p in held:
+            one(p, True)
+        return to_flush
+
+    if commit == "batch":
+        with store.write() as conn:
+            store.lock_gpus(conn)
+            state = store.load_state(conn, mspec)
+            placer.set_state(state)
+            pl = plan(_load_pending(conn), state)
+            batch_id = new_batch(conn)
+            report.batch_id = batch_id
+
+            @contextmanager
+            def same_conn() -> Iterator[sa.Connection]:
+                yield conn
+
+            to_flush = run(same_conn, pl, batch_id)
+            _flush_outcomes(conn, to_flush, batch_id, pl)
+            report.finished_at = _now()
+            _finish_batch(conn, batch_id, report)
+    else:
+        with store.write() as conn:
+            batch_id = new_batch(conn)
+        report.batch_id = batch_id
+        with store.read() as conn:
+            state = store.load_state(conn, mspec)
+            pl = plan(_load_pending(conn), state)
+
+        @contextmanager
+        def fresh_conn() -> Iterator[sa.Connection]:
+            with store.write() as conn:
+                store.lock_gpus(conn)
+                placer.set_state(store.load_state(conn, mspec))
+                yield conn
+
+        placer.set_state(state)
+        to_flush = run(fresh_conn, pl, batch_id)
+        report.finished_at = _now()
+        with store.write() as conn:  # deferral notes are informational: one write at the end
+            _flush_outcomes(conn, to_flush, batch_id, pl)
+            _finish_batch(conn, batch_id, report)
+    return report
+
+
+def _finish_batch(conn: sa.Connection, batch_id: int, report: BatchReport) -> None:
+    c = report.counts()
+    conn.execute(
+        sa.update(T_BATCH)
+        .where(T_BATCH.c.id == batch_id)
+        .values(
+            finished_at=report.finished_at, n_considered=len(report.outcomes), n_assigned=c["assigned"],
+            n_deferred=c["deferred"], n_rejected=c["rejected"],
+        )
+    )

@@ -1,0 +1,113 @@
+"""How do requests enter the queue, and leave it before they are assigned? :func:`submit` and
+:func:`cancel`, each one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import sqlalchemy as sa
+
+from bandpilot.errors import RequestError
+from bandpilot.queue.clock import _now
+from bandpilot.queue.requests import Request, _coerce, validate_request
+from bandpilot.queue.schema import T_REQ
+from bandpilot.queue.store import Store
+
+
+@dataclass
+class SubmitReport:
+    submitted: list[str]
+    errors: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"submitted": len(self.submitted), "ids": self.submitted, "errors": self.errors}
+
+
+class SubmitError(RequestError):
+    """Some requests are invalid and nothing was submitted; ``errors`` lists every problem."""
+
+    def __init__(self, errors: Sequence[str], n_valid: int) -> None:
+        self.errors = list(errors)
+        self.n_valid = n_valid
+        more = f"{len(self.errors)} invalid request(s), first: " if len(self.errors) > 1 else ""
+        hint = f" (submit with partial / --partial to queue the {n_valid} valid ones)" if n_valid else ""
+        super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}")
+
+
+def submit(
+    store: Store,
+    requests: Iterable[Request | Mapping[str, Any]],
+    *,
+    partial: bool = False,
+    errors: Sequence[str] = (),
+    labels: Sequence[str] | None = None,
+) -> SubmitReport:
+    """Queue requests in one transaction.
+
+    Each is validated against the store's cluster (:func:`validate_request`); a bad one, an id
+    repeated or already in the store, or any ``errors`` passed in from parsing make the call raise
+    :class:`SubmitError` with nothing queued - unless ``partial``, which queues the valid ones and
+    reports the rest. ``labels`` (e.g. ``file:line``) prefix each request's error messages.
+    """
+    spec = store.spec
+    errs = list(errors)
+    good: list[Request] = []
+    where: dict[str, str] = {}
+    for n, item in enumerate(requests):
+        w = labels[n] if labels is not None else f"request[{n}]"
+        try:
+            req = _coerce(item, w)
+            validate_request(req, spec, w)
+        except RequestError as exc:
+            errs.append(str(exc))
+            continue
+        if req.id in where:
+            errs.append(f"{w}: duplicate request id {req.id!r} (also at {where[req.id]})")
+            continue
+        where[req.id] = w
+        good.append(req)
+    now = _now()
+    with store.write() as conn:
+        existing: set[str] = set()
+        ids = [r.id for r in good]
+        for i in range(0, len(ids), 500):
+            existing.update(conn.execute(sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(ids[i : i + 500]))).scalars())
+        if existing:
+            errs.extend(f"{where[rid]}: request id {rid!r} already exists in the store" for rid in ids if rid in existing)
+            good = [r for r in good if r.id not in existing]
+        if errs and not partial:
+            raise SubmitError(errs, len(good))
+        rows = [
+            {
+                "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
+                "constraints": r.constraints.key if r.constraints.to_dict() else None,
+                "submitted_at": r.submitted_at if r.submitted_at is not None else now,
+                "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
+                "updated_at": now,
+            }
+            for r in good
+        ]
+        if rows:
+            try:
+                conn.execute(sa.insert(T_REQ), rows)
+            except sa.exc.IntegrityError:
+                raise RequestError("a request id was submitted concurrently by another process; nothing submitted") from None
+    return SubmitReport([r.id for r in good], errs)
+
+
+def cancel(store: Store, request_id: str) -> None:
+    """Withdraw a pending request (an assigned one must be released instead)."""
+    with store.write() as conn:
+        r = conn.execute(
+            sa.update(T_REQ)
+            .where(T_REQ.c.id == request_id, T_REQ.c.status == "pending")
+            .values(status="cancelled", updated_at=_now())
+        )
+        if r.rowcount == 1:
+            return
+        st = conn.execute(sa.select(T_REQ.c.status).where(T_REQ.c.id == request_id)).scalar()
+    if st is None:
+        raise RequestError(f"no request {request_id!r}")
+    hint = "; release the job instead" if st == "assigned" else ""
+    raise RequestError(f"request {request_id!r} is {st}, not pending{hint}")

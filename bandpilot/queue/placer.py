@@ -1,0 +1,214 @@
+"""Where would one request go right now? The placer asks the dispatcher on an in-memory state,
+applies the constraints the queue owns and checks what comes back; it never writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bandpilot.dispatch.state import State
+from bandpilot.errors import BandPilotError, ModelError, RequestError, SpecError
+from bandpilot.queue.clock import _now
+from bandpilot.queue.outcomes import Outcome
+from bandpilot.queue.requests import Constraints, Request, _domain_ids, validate_request
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+
+class _Deferred(Exception):
+    def __init__(self, status: str, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+
+
+def _placement_error_type() -> type[BaseException]:
+    try:
+        from bandpilot.dispatch.dispatcher import PlacementError
+
+        return PlacementError
+    except ImportError:  # pragma: no cover - the dispatcher module is part of the package
+        return RequestError
+
+
+class _Placer:
+    """Tries one request against an in-memory state with the dispatcher; never writes."""
+
+    def __init__(self, spec: ClusterSpec, dispatcher: Any, algorithm: str) -> None:
+        self.spec = spec
+        self.dispatcher = dispatcher
+        self.algorithm = algorithm
+        self.state: State | None = None
+        self._n_free = 0
+        self.dom_ids, self.dom_names = _domain_ids(spec)
+        self._allowed: dict[str, np.ndarray | None] = {}
+        self._fail: dict[tuple[int, str], tuple[str, str]] = {}
+        self._never: dict[tuple[int, str], str | None] = {}
+        self._valid: set[tuple[int, str]] = set()
+        self.PlacementError = _placement_error_type()
+
+    def set_state(self, state: State) -> None:
+        if self.state is not None and np.any(state.free & ~self.state.free):
+            self._fail.clear()  # GPUs came back (another process released): earlier failures are stale
+        self.state = state
+        self._n_free = state.n_free
+
+    def allowed_mask(self, c: Constraints) -> np.ndarray | None:
+        key = c.key
+        if key not in self._allowed:
+            mask = None
+            if c.allowed_hosts is not None:
+                mask = np.zeros(self.spec.n_hosts, dtype=np.int64)
+                for h in c.allowed_hosts:
+                    i = self.spec.host_index[h]
+                    mask[i] = self.spec.full_masks[i]
+            if c.allowed_gpus is not None:
+                g = self.spec.to_mask(c.allowed_gpus)
+                mask = g if mask is None else (mask & g)
+            self._allowed[key] = mask
+        return self._allowed[key]
+
+    def quick_deferral(self, req: Request, version: str | None) -> "Outcome | None":
+        """Per-request commits: a request that cannot fit even the last state seen (GPUs only
+        leave the pool within our run) is deferred without opening a transaction."""
+        st = self.state
+        if st is not None and self._n_free < req.k and (req.k, req.constraints.key) in self._valid:
+            return Outcome(req.id, req.tenant, req.k, "deferred", "insufficient_gpus",
+                           f"needs {req.k} GPUs, fewer are free", model_version=version, at=_now())
+        return None
+
+    def place(self, req: Request) -> Any:
+        """A validated Selection, or raise :class:`_Deferred`."""
+        st = self.state
+        assert st is not None
+        k, c = req.k, req.constraints
+        vkey = (k, c.key)
+        if vkey not in self._valid:
+            try:
+                validate_request(req, self.spec)
+            except RequestError as exc:
+                raise _Deferred("rejected", "invalid_request", str(exc)) from None
+            self._valid.add(vkey)
+        n_free = st.n_free
+        if n_free < k:
+            raise _Deferred("deferred", "insufficient_gpus", f"needs {k} GPUs, fewer are free")
+        allowed = self.allowed_mask(c)
+        elig = st.free if allowed is None else (st.free & allowed)
+        per_host = popcount(elig)
+        n_elig = int(per_host.sum())
+        if n_elig < k:
+            raise _Deferred("deferred", "constraint_unmet", f"needs {k} GPUs among the allowed ones, fewer of them are free")
+        if c.single_host and int(per_host.max()) < k:
+            raise _Deferred(
+                "deferred", "constraint_unmet", f"needs {k} GPUs on one host, no allowed host has that many free"
+            )
+        per_dom = np.bincount(self.dom_ids, weights=per_host, minlength=len(self.dom_names)).astype(np.int64)
+        if c.single_domain and int(per_dom.max()) < k:
+            raise _Deferred(
+                "deferred", "constraint_unmet", f"needs {k} GPUs in one domain, no domain has that many free"
+            )
+        key = (k, c.key)
+        if key in self._fail:
+            reason, detail = self._fail[key]
+            raise _Deferred("deferred", reason, detail)
+        try:
+            sel = self._select(req, st, elig, per_dom)
+        except _Deferred as d:
+            if d.status == "deferred" and d.reason == "constraint_unmet" and c.min_gbps is not None:
+                never = self._never_satisfiable(req)
+                if never:
+                    raise _Deferred("rejected", "constraint_unmet", never) from None
+            if d.status == "deferred" and d.reason in ("insufficient_gpus", "constraint_unmet"):
+                self._fail[key] = (d.reason, d.detail)
+            raise
+        self._check_selection(req, sel, elig)
+        return sel
+
+    def _select(self, req: Request, st: State, elig: np.ndarray, per_dom: np.ndarray) -> Any:
+        c = req.constraints
+        view = st
+        if c.allowed_gpus is not None:
+            # Hide free GPUs outside the list: hidden free GPUs carry no traffic, so contention is unchanged.
+            view = State(st.spec, elig.copy(), st.jobs)
+        if not c.single_domain:
+            return self._call(req, view, list(c.allowed_hosts) if c.allowed_hosts is not None else None)
+        best, last = None, None
+        for d in np.argsort(-per_dom, kind="stable"):
+            if per_dom[d] < req.k:
+                break
+            hosts = [self.spec.hosts[h].name for h in np.flatnonzero(self.dom_ids == d)]
+            if c.allowed_hosts is not None:
+                hosts = [h for h in hosts if h in set(c.allowed_hosts)]
+            try:
+                sel = self._call(req, view, hosts)
+            except _Deferred as d_err:
+                if d_err.status == "rejected":
+                    raise
+                last = d_err
+                continue
+            if best is None or float(sel.predicted_gbps) > float(best.predicted_gbps):
+                best = sel
+        if best is None:
+            raise last or _Deferred("deferred", "constraint_unmet", f"no domain can host {req.k} GPUs")
+        return best
+
+    def _call(self, req: Request, view: State, allowed_hosts: list[str] | None) -> Any:
+        c = req.constraints
+        cons: dict[str, Any] = {}
+        if c.single_host:
+            cons["single_host"] = True
+        if allowed_hosts is not None:
+            cons["allowed_hosts"] = allowed_hosts
+        if c.min_gbps is not None:
+            cons["min_gbps"] = c.min_gbps
+        try:
+            return self.dispatcher.select(req.k, view, algorithm=self.algorithm, constraints=cons)
+        except self.PlacementError as exc:
+            reason = getattr(exc, "reason", None) or "invalid_request"
+            status = "rejected" if reason == "invalid_request" else "deferred"
+            raise _Deferred(status, reason, str(exc)) from None
+        except ModelError:
+            raise
+        except BandPilotError as exc:
+            raise _Deferred("deferred", "dispatcher_error", f"{type(exc).__name__}: {exc}") from None
+
+    def _never_satisfiable(self, req: Request) -> str | None:
+        """A min_gbps that even an idle cluster cannot meet will never be met: reject, don't starve."""
+        key = (req.k, req.constraints.key)
+        if key not in self._never:
+            idle = State.idle(self.spec)
+            elig = idle.free if self.allowed_mask(req.constraints) is None else idle.free & self.allowed_mask(req.constraints)
+            per_dom = np.bincount(self.dom_ids, weights=popcount(elig), minlength=len(self.dom_names)).astype(np.int64)
+            try:
+                self._select(req, idle, elig, per_dom)
+                self._never[key] = None
+            except _Deferred as d:
+                self._never[key] = (
+                    f"min_gbps {req.constraints.min_gbps:g} is unreachable for k={req.k} even on an idle cluster ({d.detail})"
+                    if d.reason == "constraint_unmet" else None
+                )
+        return self._never[key]
+
+    def _check_selection(self, req: Request, sel: Any, elig: np.ndarray) -> None:
+        gpus = list(getattr(sel, "gpus", []) or [])
+        bad = None
+        if len(gpus) != req.k or len(set(gpus)) != len(gpus):
+            bad = f"returned {len(gpus)} GPUs ({len(set(gpus))} distinct) for k={req.k}"
+        else:
+            try:
+                mask = self.spec.to_mask(gpus)
+            except SpecError as exc:
+                mask, bad = None, str(exc)
+            if mask is not None:
+                if np.any(mask & ~elig):
+                    bad = f"returned GPUs that are not free or not allowed: {self.spec.from_mask(mask & ~elig)[:4]}"
+                elif req.constraints.single_host and int((mask != 0).sum()) != 1:
+                    bad = "returned GPUs on several hosts for a single_host request"
+                elif req.constraints.single_domain and len(set(self.dom_ids[mask != 0].tolist())) != 1:
+                    bad = "returned GPUs in several domains for a single_domain request"
+        if bad:
+            raise _Deferred("deferred", "dispatcher_error", f"dispatcher {bad}")
+
+    def commit_to_state(self, req: Request, gpus: list[str], demand: float) -> None:
+        assert self.state is not None
+        self.state = self.state.with_job(req.id, gpus, demand)
+        self._n_free = self.state.n_free

@@ -1,0 +1,105 @@
+"""In which order are pending requests tried, and how many GPUs may each tenant take?
+
+Policies order the pending requests: ``fifo`` (submit time), ``priority`` (higher first, then FIFO)
+and ``utility`` (higher job utility first; when the queued demand exceeds the free GPUs, each
+tenant gets a GPU quota proportional to its requests' utility, seed 001 eq. 31, and requests over
+their tenant's quota only get what is left after everyone within quota). Every request in the
+order is tried (backfill): one that does not fit is deferred with its reason and a later, smaller
+one may still be placed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+import sqlalchemy as sa
+
+from bandpilot.errors import RequestError
+from bandpilot.queue.requests import Constraints, Request
+from bandpilot.queue.schema import T_REQ
+
+POLICIES = ("fifo", "priority", "utility")
+
+
+@dataclass(frozen=True)
+class _Pending:
+    req: Request
+    seq: int
+    submitted_at: float
+
+
+@lru_cache(maxsize=4096)
+def _stored_constraints(text: str | None) -> Constraints:
+    return Constraints.from_dict(json.loads(text)) if text else Constraints()
+
+
+_PENDING_COLS = (T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.tenant, T_REQ.c.priority, T_REQ.c.utility,
+                 T_REQ.c.submitted_at, T_REQ.c.constraints, T_REQ.c.reason, T_REQ.c.detail)
+_PENDING_STMT = sa.select(*_PENDING_COLS).where(T_REQ.c.status == "pending").order_by(T_REQ.c.submitted_at, T_REQ.c.seq)
+_pending_cache: dict[tuple, "_Pending"] = {}
+
+
+def _row_to_pending(row: tuple) -> _Pending:
+    p = _pending_cache.get(row)
+    if p is None:
+        seq, rid, k, tenant, prio, util, sub, cons = row
+        req = Request(rid, int(k), tenant, int(prio), util, float(sub), _stored_constraints(cons))
+        p = _Pending(req, int(seq), float(sub))
+        if len(_pending_cache) > 200_000:
+            _pending_cache.clear()
+        _pending_cache[row] = p  # keyed by the whole row: an edited row is parsed afresh
+    return p
+
+
+def utility_prior(pending: Sequence[_Pending]) -> float:
+    """Utility of a request that gives none: the mean of those that do (1.0 if none do) - a
+    neutral prior, as the seed's scheduler falls back to a default for jobs without a score."""
+    known = [p.req.utility for p in pending if p.req.utility is not None]
+    return float(np.mean(known)) if known else 1.0
+
+
+def order_pending(pending: Sequence[_Pending], policy: str) -> list[_Pending]:
+    """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
+    FIFO), ``utility`` (higher job utility first, then priority, then FIFO)."""
+    if policy == "fifo":
+        return sorted(pending, key=lambda p: (p.submitted_at, p.seq))
+    if policy == "priority":
+        return sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq))
+    if policy == "utility":
+        prior = utility_prior(pending)
+        return sorted(
+            pending,
+            key=lambda p: (-(p.req.utility if p.req.utility is not None else prior), -p.req.priority, p.submitted_at, p.seq),
+        )
+    raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+
+
+def utility_quotas(pending: Sequence[_Pending], n_free: int) -> dict[str, int] | None:
+    """Per-tenant GPU quotas proportional to utility when requests compete (seed 001, eq. 31).
+
+    Each request's share of the free GPUs is ``F * U_j / sum U``; a tenant's quota is the sum over
+    its requests, made integer by largest remainders so quotas add up to ``F`` exactly. ``None``
+    when the queued demand fits in the free GPUs (no competition, no quotas).
+    """
+    if not pending or sum(p.req.k for p in pending) <= n_free:
+        return None
+    prior = utility_prior(pending)
+    stake: dict[str, float] = {}
+    for p in pending:
+        u = p.req.utility if p.req.utility is not None else prior
+        stake[p.req.tenant] = stake.get(p.req.tenant, 0.0) + u
+    total = sum(stake.values())
+    if total <= 0:
+        stake = {t: 1.0 for t in stake}
+        total = float(len(stake))
+    exact = {t: n_free * s / total for t, s in stake.items()}
+    quota = {t: math.floor(x) for t, x in exact.items()}
+    left = n_free - sum(quota.values())
+    for t in sorted(exact, key=lambda t: (-(exact[t] - quota[t]), -stake[t], t))[:left]:
+        quota[t] += 1
+    return quota

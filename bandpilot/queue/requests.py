@@ -1,0 +1,288 @@
+"""What is a valid request? Gang requests and their placement constraints: shape checks, cluster
+checks and JSONL parsing.
+
+Tenants submit gang (all-or-nothing) GPU requests; :func:`~bandpilot.queue.batch.run_batch` assigns
+the pending ones with a :class:`~bandpilot.dispatch.dispatcher.Dispatcher` (the promoted model).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from bandpilot.errors import RequestError, SpecError
+from bandpilot.queue.clock import iso
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
+_CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps")
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints")
+
+
+def _parse_time(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise RequestError(f"{where}: 'submitted' must be an ISO time or epoch seconds")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise RequestError(f"{where}: 'submitted' {value!r} is not a valid epoch time")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            t = _dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise RequestError(f"{where}: 'submitted' {value!r} is not an ISO 8601 time") from None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=_dt.timezone.utc)
+        return t.timestamp()
+    raise RequestError(f"{where}: 'submitted' must be an ISO time or epoch seconds")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Placement constraints of a request. ``single_domain`` and ``allowed_gpus`` are applied by the
+    queue (one dispatcher call per candidate domain, best prediction wins / free GPUs outside the
+    list hidden from the dispatcher); the rest are passed to :meth:`Dispatcher.select`. Hosts
+    without a ``domain`` form one implicit domain, so ``single_domain`` on a cluster without
+    domains only requires ``k`` to fit the cluster."""
+
+    single_host: bool = False
+    single_domain: bool = False
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_gpus: tuple[str, ...] | None = None
+    min_gbps: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.single_host:
+            out["single_host"] = True
+        if self.single_domain:
+            out["single_domain"] = True
+        if self.allowed_hosts is not None:
+            out["allowed_hosts"] = list(self.allowed_hosts)
+        if self.allowed_gpus is not None:
+            out["allowed_gpus"] = list(self.allowed_gpus)
+        if self.min_gbps is not None:
+            out["min_gbps"] = self.min_gbps
+        return out
+
+    @cached_property
+    def key(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "constraints") -> "Constraints":
+        if doc is None:
+            return cls()
+        if not isinstance(doc, Mapping):
+            raise RequestError(f"{where}: 'constraints' must be an object")
+        unknown = sorted(set(doc) - set(_CONSTRAINT_KEYS))
+        if unknown:
+            raise RequestError(f"{where}: unknown constraint {unknown[0]!r} (known: {', '.join(_CONSTRAINT_KEYS)})")
+        flags = {}
+        for key in ("single_host", "single_domain"):
+            v = doc.get(key, False)
+            if not isinstance(v, bool):
+                raise RequestError(f"{where}: constraint {key!r} must be true or false, got {v!r}")
+            flags[key] = v
+        lists: dict[str, tuple[str, ...] | None] = {}
+        for key in ("allowed_hosts", "allowed_gpus"):
+            v = doc.get(key)
+            if v is None:
+                lists[key] = None
+                continue
+            if isinstance(v, str):
+                v = [x for x in v.split(",") if x.strip()]
+            if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
+                raise RequestError(f"{where}: constraint {key!r} must be a non-empty list of names")
+            vals = [x.strip() for x in v]
+            if len(set(vals)) != len(vals):
+                dup = next(x for x in vals if vals.count(x) > 1)
+                raise RequestError(f"{where}: constraint {key!r} lists {dup!r} twice")
+            lists[key] = tuple(vals)
+        mg = doc.get("min_gbps")
+        if mg is not None:
+            if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not math.isfinite(mg) or mg <= 0:
+                raise RequestError(f"{where}: constraint 'min_gbps' must be a positive number, got {mg!r}")
+            mg = float(mg)
+        return cls(flags["single_host"], flags["single_domain"], lists["allowed_hosts"], lists["allowed_gpus"], mg)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One gang request: ``k`` GPUs at once or nothing."""
+
+    id: str
+    k: int
+    tenant: str = "default"
+    priority: int = 0
+    utility: float | None = None
+    submitted_at: float | None = None  # epoch seconds; None = the submit time
+    constraints: Constraints = field(default_factory=Constraints)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "k": self.k, "tenant": self.tenant, "priority": self.priority}
+        if self.utility is not None:
+            out["utility"] = self.utility
+        if self.submitted_at is not None:
+            out["submitted"] = iso(self.submitted_at)
+        c = self.constraints.to_dict()
+        if c:
+            out["constraints"] = c
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "request") -> "Request":
+        """Validate the shape of one request (cluster-independent checks; see :func:`validate_request`)."""
+        if not isinstance(doc, Mapping):
+            raise RequestError(f"{where}: a request must be a JSON object")
+        unknown = sorted(set(doc) - set(_REQUEST_KEYS))
+        if unknown:
+            hint = " (constraints go under 'constraints')" if unknown[0] in _CONSTRAINT_KEYS else ""
+            raise RequestError(f"{where}: unknown key {unknown[0]!r}{hint}")
+        rid = doc.get("id")
+        if not isinstance(rid, str) or not _ID_RE.match(rid):
+            raise RequestError(
+                f"{where}: 'id' must be a string of 1-200 letters, digits or ._:@/+- (got {rid!r})"
+            )
+        where = f"{where} (request {rid!r})"
+        if "k" not in doc:
+            raise RequestError(f"{where}: missing 'k' (number of GPUs)")
+        k = doc["k"]
+        if isinstance(k, bool) or not isinstance(k, int):
+            if isinstance(k, float) and k.is_integer():
+                k = int(k)
+            else:
+                raise RequestError(f"{where}: 'k' must be an integer, got {k!r}")
+        if k <= 0:
+            raise RequestError(f"{where}: 'k' must be >= 1, got {k}")
+        tenant = doc.get("tenant", "default")
+        if not isinstance(tenant, str) or not tenant.strip() or len(tenant) > 200:
+            raise RequestError(f"{where}: 'tenant' must be a non-empty string")
+        prio = doc.get("priority", 0)
+        if isinstance(prio, bool) or not isinstance(prio, int):
+            raise RequestError(f"{where}: 'priority' must be an integer, got {prio!r}")
+        util = doc.get("utility")
+        if util is not None:
+            if isinstance(util, bool) or not isinstance(util, (int, float)) or not math.isfinite(util) or util < 0:
+                raise RequestError(f"{where}: 'utility' must be a finite number >= 0, got {util!r}")
+            util = float(util)
+        sub = doc.get("submitted", doc.get("submitted_at"))
+        sub_t = _parse_time(sub, where) if sub is not None else None
+        cons = Constraints.from_dict(doc.get("constraints"), where)
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons)
+
+
+def _coerce(req: Request | Mapping[str, Any], where: str) -> Request:
+    return req if isinstance(req, Request) else Request.from_dict(req, where)
+
+
+def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
+    """Cluster-dependent checks: ``k`` fits the cluster, constraint names exist, the constraints
+    leave at least ``k`` GPUs even on an idle cluster. Raises :class:`RequestError`."""
+    loc = f"{where}: " if where else ""
+    w = f"{loc}request {req.id!r}"
+    if req.k > spec.n_gpus:
+        raise RequestError(f"{w}: k={req.k} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
+    c = req.constraints
+    hosts = range(spec.n_hosts)
+    if c.allowed_hosts is not None:
+        idx = []
+        for h in c.allowed_hosts:
+            if h not in spec.host_index:
+                hint = " (GPU ids go in allowed_gpus)" if ":" in h else ""
+                raise RequestError(f"{w}: unknown host {h!r} in allowed_hosts{hint}")
+            idx.append(spec.host_index[h])
+        hosts = idx
+    per_host = np.zeros(spec.n_hosts, dtype=np.int64)
+    per_host[list(hosts)] = spec.gpus_per_host[list(hosts)]
+    if c.allowed_gpus is not None:
+        try:
+            mask = spec.to_mask(c.allowed_gpus, f"request {req.id!r} allowed_gpus")
+        except SpecError as exc:
+            raise RequestError(f"{loc}{exc}") from None
+        counts = popcount(mask)
+        per_host = np.minimum(per_host, counts) if c.allowed_hosts is not None else counts
+        if c.allowed_hosts is not None:
+            outside = [g for g in c.allowed_gpus if g.rpartition(":")[0] not in set(c.allowed_hosts)]
+            if outside:
+                raise RequestError(f"{w}: allowed_gpus {outside[0]!r} is not on an allowed host")
+    total = int(per_host.sum())
+    if total < req.k:
+        raise RequestError(f"{w}: k={req.k} but the constraints allow only {total} GPUs")
+    if c.single_host and int(per_host.max()) < req.k:
+        raise RequestError(f"{w}: k={req.k} cannot fit on a single host (largest allowed host has {int(per_host.max())})")
+    if c.single_domain:
+        dom = _domain_ids(spec)[0]
+        best = int(np.bincount(dom, weights=per_host).max())
+        if best < req.k:
+            raise RequestError(f"{w}: k={req.k} cannot fit in a single domain (largest allowed has {best} GPUs)")
+
+
+@dataclass
+class ParsedRequests:
+    requests: list[Request]
+    errors: list[str]  # one line each, "<file>:<line>: ..."
+    lines: list[int] = field(default_factory=list)  # source line of each request
+
+
+def parse_jsonl(source: str | Path | Iterable[str], name: str | None = None) -> ParsedRequests:
+    """Parse JSONL requests (one object per line; blank lines and ``#`` comments skipped).
+
+    Returns every valid request and one error per bad line (invalid JSON, bad shape, an id repeated
+    in the file) - the caller decides between all-or-nothing and ``partial``.
+    """
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and not source.lstrip().startswith("{")):
+        p = Path(source)
+        if not p.is_file():
+            raise RequestError(f"request file not found: {source}")
+        name = name or str(source)
+        lines: Iterable[str] = p.read_text().splitlines()
+    elif isinstance(source, str):
+        lines = source.splitlines()
+    else:
+        lines = source
+    name = name or "<requests>"
+    out = ParsedRequests([], [])
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            out.errors.append(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        try:
+            req = Request.from_dict(doc, where)
+        except RequestError as exc:
+            out.errors.append(str(exc))
+            continue
+        if req.id in seen:
+            out.errors.append(f"{where}: duplicate request id {req.id!r} (first on line {seen[req.id]})")
+            continue
+        seen[req.id] = lineno
+        out.requests.append(req)
+        out.lines.append(lineno)
+    return out
+
+
+def new_request_id() -> str:
+    return f"req-{uuid.uuid4().hex[:12]}"
+
+
+def _domain_ids(spec: ClusterSpec) -> tuple[np.ndarray, list[str | None]]:
+    """Domain index per host; hosts without a domain share one implicit domain (as the emulator does)."""
+    names: dict[str | None, int] = {}
+    ids = np.array([names.setdefault(h.domain, len(names)) for h in spec.hosts], dtype=np.int64)
+    return ids, list(names)

@@ -1,0 +1,164 @@
+"""Which tables hold the queue, and how does a store reach the current schema?
+
+Everything lives in one database through SQLAlchemy 2.0 Core - a SQLite file by default (WAL), any
+PostgreSQL URL at scale:
+
+========================  ==================================================================
+``bp_schema``             applied migrations (ordered functions in :data:`MIGRATIONS`)
+``bp_cluster``            the cluster spec (``spec.to_dict()`` as YAML) recorded by ``cluster init``
+``bp_requests``           every request and its status: pending / assigned / rejected / released
+                          / cancelled, with the last deferral reason
+``bp_assignments``        what a batch decided for a request (GPUs, predictions, model version)
+``bp_jobs``               active and finished jobs (one per assigned request, same id)
+``bp_gpus``               one row per GPU: free / busy (``job_id``) / unavailable, drain flag
+``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
+========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sqlalchemy as sa
+
+REQUEST_STATUSES = ("pending", "assigned", "rejected", "released", "cancelled")
+GPU_STATES = ("free", "busy", "unavailable")
+#: Deferral / rejection reasons (the dispatcher's PlacementError reasons plus the queue's own).
+REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request", "dispatcher_error", "conflict")
+
+
+metadata = sa.MetaData()
+
+T_SCHEMA = sa.Table(
+    "bp_schema",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("applied_at", sa.Double, nullable=False),
+)
+T_CLUSTER = sa.Table(
+    "bp_cluster",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("fingerprint", sa.String(64), nullable=False),
+    sa.Column("n_gpus", sa.Integer, nullable=False),
+    sa.Column("spec_yaml", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("id = 1", name="ck_bp_cluster_single"),
+)
+T_REQ = sa.Table(
+    "bp_requests",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(200), nullable=False, unique=True),
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("utility", sa.Double, nullable=True),
+    sa.Column("constraints", sa.Text, nullable=True),
+    sa.Column("submitted_at", sa.Double, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(32), nullable=True),
+    sa.Column("detail", sa.Text, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("last_batch", sa.Integer, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
+    sa.CheckConstraint(
+        "status IN ('pending','assigned','rejected','released','cancelled')", name="ck_bp_requests_status"
+    ),
+    sa.Index("ix_bp_requests_status_order", "status", "submitted_at", "seq"),
+)
+T_ASSIGN = sa.Table(
+    "bp_assignments",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("batch_id", sa.Integer, nullable=True),
+    sa.Column("gpus", sa.Text, nullable=False),
+    sa.Column("predicted_gbps", sa.Double, nullable=True),
+    sa.Column("standalone_gbps", sa.Double, nullable=True),
+    sa.Column("algorithm", sa.String(64), nullable=True),
+    sa.Column("model_uri", sa.Text, nullable=True),
+    sa.Column("model_version", sa.String(200), nullable=True),
+    sa.Column("search_ms", sa.Double, nullable=True),
+    sa.Column("evaluations", sa.Integer, nullable=True),
+    sa.Column("assigned_at", sa.Double, nullable=False),
+)
+T_JOBS = sa.Table(
+    "bp_jobs",
+    metadata,
+    sa.Column("id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("demand_gbps", sa.Double, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("ended_at", sa.Double, nullable=True),
+    sa.CheckConstraint("status IN ('active','released')", name="ck_bp_jobs_status"),
+    sa.Index("ix_bp_jobs_status", "status"),
+)
+T_GPUS = sa.Table(
+    "bp_gpus",
+    metadata,
+    sa.Column("id", sa.String(220), primary_key=True),
+    sa.Column("pos", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(200), nullable=False),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("domain", sa.String(200), nullable=True),
+    sa.Column("state", sa.String(12), nullable=False),
+    sa.Column("job_id", sa.String(200), sa.ForeignKey("bp_jobs.id"), nullable=True),
+    sa.Column("drain_pending", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("note", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.CheckConstraint("state IN ('free','busy','unavailable')", name="ck_bp_gpus_state"),
+    # The structural guarantee: busy <=> owned by exactly one job.
+    sa.CheckConstraint(
+        "(state = 'busy' AND job_id IS NOT NULL) OR (state <> 'busy' AND job_id IS NULL)", name="ck_bp_gpus_owner"
+    ),
+    sa.Index("ix_bp_gpus_job", "job_id"),
+)
+T_BATCH = sa.Table(
+    "bp_batches",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("policy", sa.String(16), nullable=False),
+    sa.Column("commit_mode", sa.String(16), nullable=False),
+    sa.Column("model_uri", sa.Text, nullable=True),
+    sa.Column("model_version", sa.String(200), nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("finished_at", sa.Double, nullable=True),
+    sa.Column("n_considered", sa.Integer, nullable=True),
+    sa.Column("n_assigned", sa.Integer, nullable=True),
+    sa.Column("n_deferred", sa.Integer, nullable=True),
+    sa.Column("n_rejected", sa.Integer, nullable=True),
+)
+
+_V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
+
+
+def _m1_initial(conn: sa.Connection) -> None:
+    # When the schema changes, freeze the v1 table definitions here and add an ALTER step
+    # (e.g. via :func:`alembic_ops`) instead of editing the tables above in place.
+    metadata.create_all(conn, tables=_V1_TABLES[1:], checkfirst=True)
+
+
+def alembic_ops(conn: sa.Connection):
+    """Alembic's portable DDL operations bound to ``conn`` (``op.add_column``, ``op.batch_alter_table``
+    for SQLite, ...), for migration functions; no Alembic env or script directory is needed."""
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
+    return Operations(MigrationContext.configure(conn))
+
+
+#: Ordered migrations ``(version, name, function(connection))``; append, never edit.
+MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
+    (1, "initial schema", _m1_initial),
+]
+
+
+def schema_version() -> int:
+    return MIGRATIONS[-1][0]

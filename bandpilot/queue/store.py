@@ -1,0 +1,323 @@
+"""Where does the queue live? :class:`Store` opens a SQLite or PostgreSQL database, migrates it,
+runs its transactions and row locks, records the cluster and loads the state the dispatcher sees."""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+import yaml
+from sqlalchemy import event
+
+from bandpilot.config import project_root
+from bandpilot.dispatch.state import Job, State
+from bandpilot.errors import BandPilotError
+from bandpilot.queue import schema as _schema  # MIGRATIONS read via the module: tests append a step
+from bandpilot.queue.clock import _now
+from bandpilot.queue.schema import T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
+from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
+
+STORE_ENV = "BANDPILOT_STORE"
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class StoreError(BandPilotError):
+    """The queue database cannot be opened, is not initialised, is busy or is from a newer version."""
+
+
+def default_store_url(root: Path | None = None) -> str:
+    """``$BANDPILOT_STORE`` or ``sqlite:///<project>/.bandpilot/queue.db``."""
+    env = os.environ.get(STORE_ENV)
+    if env:
+        return env
+    root = root or project_root()
+    return f"sqlite:///{root / '.bandpilot' / 'queue.db'}"
+
+
+class Store:
+    """The queue database. ``Store(url)`` opens (and migrates) it; ``url`` defaults to
+    :func:`default_store_url`. On PostgreSQL, ``schema`` puts every table in that schema
+    (created if missing) - tests use one per run."""
+
+    def __init__(self, url: str | None = None, *, schema: str | None = None, timeout: float = 120.0) -> None:
+        self.url = url or default_store_url()
+        try:
+            u = sa.engine.make_url(self.url)
+        except sa.exc.ArgumentError:
+            raise StoreError(f"invalid store URL {self.url!r}") from None
+        self.backend = u.get_backend_name()
+        self.schema = schema
+        self.timeout = float(timeout)
+        self.safe_url = u.render_as_string(hide_password=True)
+        if self.backend == "sqlite":
+            self.engine = self._sqlite_engine(u)
+        elif self.backend == "postgresql":
+            self.engine = self._pg_engine(u)
+        else:
+            raise StoreError(f"unsupported store URL {self.safe_url!r}: use sqlite:///FILE or postgresql://...")
+        self._spec: ClusterSpec | None = None
+        self._fingerprint: str | None = None
+        self._gpu_loc: dict[str, tuple[int, int]] = {}
+        self.migrate()
+
+    # -- engines --------------------------------------------------------------------------
+    def _sqlite_engine(self, u: sa.URL) -> sa.Engine:
+        if self.schema:
+            raise StoreError("schema= is for PostgreSQL stores only")
+        db = u.database
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": self.timeout}}
+        if db and db != ":memory:":
+            Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        else:
+            kwargs["poolclass"] = sa.pool.StaticPool
+            kwargs["connect_args"]["check_same_thread"] = False
+        engine = sa.create_engine(u, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _rec):  # pragma: no cover - exercised by every test
+            # Take transaction control away from pysqlite so the "begin" hook below decides.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            # Writers take the database write lock up front (no lock upgrade deadlocks between two
+            # batch runs); readers use a deferred transaction, which never blocks writers in WAL.
+            mode = "DEFERRED" if conn.get_execution_options().get("bp_readonly") else "IMMEDIATE"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+
+    def _pg_engine(self, u: sa.URL) -> sa.Engine:
+        connect_args: dict[str, Any] = {"connect_timeout": 5}
+        if self.schema:
+            if not _SCHEMA_RE.match(self.schema):
+                raise StoreError(f"invalid schema name {self.schema!r}")
+            connect_args["options"] = f"-csearch_path={self.schema}"
+        engine = sa.create_engine(u, connect_args=connect_args, pool_pre_ping=True)
+        if self.schema:
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+            except sa.exc.IntegrityError:  # two processes creating it at once
+                pass
+            except sa.exc.OperationalError as exc:
+                raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
+        return engine
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.safe_url!r}{', schema=' + repr(self.schema) if self.schema else ''})"
+
+    # -- transactions ---------------------------------------------------------------------
+    @contextmanager
+    def write(self) -> Iterator[sa.Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success, rolls back on error."""
+        try:
+            with self.engine.connect() as conn:
+                with conn.begin():
+                    yield conn
+        except sa.exc.OperationalError as exc:
+            msg = _dberr(exc)
+            if "locked" in msg or "busy" in msg:
+                raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s") from None
+            raise StoreError(f"store {self.safe_url}: {msg}") from None
+
+    @contextmanager
+    def read(self) -> Iterator[sa.Connection]:
+        """A read-only snapshot (deferred on SQLite, REPEATABLE READ on PostgreSQL)."""
+        try:
+            with self.engine.connect() as conn:
+                opts: dict[str, Any] = {"bp_readonly": True}
+                if self.backend == "postgresql":
+                    opts["isolation_level"] = "REPEATABLE READ"
+                conn.execution_options(**opts)
+                with conn.begin():
+                    yield conn
+        except sa.exc.OperationalError as exc:
+            raise StoreError(f"store {self.safe_url}: {_dberr(exc)}") from None
+
+    def lock_gpus(self, conn: sa.Connection, ids: Sequence[str] | None = None) -> None:
+        """Row-lock GPU rows (all, or ``ids``) in id order; a no-op on SQLite (BEGIN IMMEDIATE)."""
+        if self.backend != "postgresql":
+            return
+        q = sa.select(T_GPUS.c.id).order_by(T_GPUS.c.id).with_for_update()
+        if ids is not None:
+            q = q.where(T_GPUS.c.id.in_(list(ids)))
+        conn.execute(q).all()
+
+    # -- migrations -----------------------------------------------------------------------
+    def current_version(self, conn: sa.Connection) -> int:
+        if not sa.inspect(conn).has_table("bp_schema"):
+            return 0
+        v = conn.execute(sa.select(sa.func.max(T_SCHEMA.c.version))).scalar()
+        return int(v or 0)
+
+    def migrate(self) -> int:
+        """Apply pending migrations in order, each recorded in ``bp_schema``; returns the version."""
+        target = schema_version()
+        try:
+            with self.read() as conn:
+                cur = self.current_version(conn)
+        except StoreError:
+            raise
+        except sa.exc.DBAPIError as exc:
+            raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
+        if cur > target:
+            raise StoreError(f"store {self.safe_url} has schema v{cur}, newer than this BandPilot (v{target}); upgrade BandPilot")
+        if cur == target:
+            return cur
+        with self.write() as conn:
+            if self.backend == "postgresql":
+                key = zlib.crc32(f"bandpilot-queue:{self.schema or 'public'}".encode()) & 0x7FFFFFFF
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+            if not sa.inspect(conn).has_table("bp_schema"):
+                T_SCHEMA.create(conn, checkfirst=True)
+            cur = self.current_version(conn)  # re-read under the lock: another process may have won
+            for version, name, fn in _schema.MIGRATIONS:
+                if version > cur:
+                    fn(conn)
+                    conn.execute(sa.insert(T_SCHEMA).values(version=version, name=name, applied_at=_now()))
+                    cur = version
+        return cur
+
+    # -- cluster --------------------------------------------------------------------------
+    def init_cluster(self, spec: ClusterSpec, *, force: bool = False) -> bool:
+        """Record ``spec`` and create one free row per GPU. Idempotent for the same cluster; a
+        different cluster needs ``force`` and no active jobs. Returns True when something changed."""
+        doc = spec.to_dict()
+        spec_yaml = yaml.safe_dump(doc, sort_keys=False)
+        # What later commands rebuild must be the same cluster.
+        rebuilt = spec_from_dict(yaml.safe_load(spec_yaml), source="<store spec>")
+        fp = rebuilt.fingerprint()
+        now = _now()
+        with self.write() as conn:
+            row = conn.execute(sa.select(T_CLUSTER).with_for_update()).first()
+            if row is not None and row.fingerprint == fp:
+                return False
+            if row is not None:
+                if not force:
+                    raise StoreError(
+                        f"store {self.safe_url} already holds cluster {row.name!r} ({row.n_gpus} GPUs); "
+                        f"use --force to replace it with {spec.name!r} or use another store"
+                    )
+                active = conn.execute(
+                    sa.select(sa.func.count()).select_from(T_JOBS).where(T_JOBS.c.status == "active")
+                ).scalar()
+                if active:
+                    raise StoreError(f"cannot replace cluster {row.name!r}: {active} jobs are still active; release them first")
+                self.lock_gpus(conn)
+                conn.execute(sa.delete(T_GPUS))
+                conn.execute(
+                    sa.update(T_CLUSTER).values(
+                        name=spec.name, fingerprint=fp, n_gpus=spec.n_gpus, spec_yaml=spec_yaml, updated_at=now
+                    )
+                )
+            else:
+                conn.execute(
+                    sa.insert(T_CLUSTER).values(
+                        id=1, name=spec.name, fingerprint=fp, n_gpus=spec.n_gpus, spec_yaml=spec_yaml,
+                        created_at=now, updated_at=now,
+                    )
+                )
+            rows = []
+            for pos, gid in enumerate(rebuilt.gpu_ids):
+                h, i = rebuilt.parse_gpu(gid)
+                host = rebuilt.hosts[h]
+                rows.append(
+                    {"id": gid, "pos": pos, "host": host.name, "idx": i, "domain": host.domain,
+                     "state": "free", "job_id": None, "drain_pending": False, "note": None, "updated_at": now}
+                )
+            conn.execute(sa.insert(T_GPUS), rows)
+        self._spec = None
+        return True
+
+    def refresh(self) -> None:
+        """Re-read the spec on next use if the stored cluster changed (one small query)."""
+        if self._spec is None:
+            return
+        with self.read() as conn:
+            fp = conn.execute(sa.select(T_CLUSTER.c.fingerprint)).scalar()
+        if fp != self._fingerprint:
+            self._spec = None
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """The cluster recorded by :meth:`init_cluster`."""
+        if self._spec is None:
+            with self.read() as conn:
+                row = conn.execute(sa.select(T_CLUSTER)).first()
+            if row is None:
+                raise StoreError(
+                    f"store {self.safe_url} has no cluster yet: run `bandpilot cluster init --cluster SPEC`"
+                )
+            spec = spec_from_dict(yaml.safe_load(row.spec_yaml), source=f"{self.safe_url} cluster")
+            self._spec = spec
+            self._fingerprint = row.fingerprint
+            self._gpu_loc = {g: spec.parse_gpu(g) for g in spec.gpu_ids}
+        return self._spec
+
+    @property
+    def initialized(self) -> bool:
+        with self.read() as conn:
+            return conn.execute(sa.select(T_CLUSTER.c.id)).first() is not None
+
+    # -- state ----------------------------------------------------------------------------
+    def load_state(self, conn: sa.Connection, spec: ClusterSpec | None = None) -> State:
+        """The cluster state as the dispatcher sees it (free GPUs, active jobs with demand).
+        ``spec`` may be an equal spec object (same fingerprint), e.g. the model's."""
+        spec = spec or self.spec
+        self.spec  # noqa: B018 - fills the GPU location cache
+        loc = self._gpu_loc
+        free = np.zeros(spec.n_hosts, dtype=np.int64)
+        owned: dict[str, list[str]] = {}
+        for gid, state, job in conn.execute(_GPU_STATE_STMT):
+            if state == "free":
+                h, i = loc[gid]
+                free[h] |= np.int64(1) << i
+            elif state == "busy":
+                owned.setdefault(job, []).append(gid)
+        jobs = []
+        for jid, demand in conn.execute(_ACTIVE_JOBS_STMT):
+            gpus = owned.get(jid, [])
+            mask = np.zeros(spec.n_hosts, dtype=np.int64)
+            for g in gpus:
+                h, i = loc[g]
+                mask[h] |= np.int64(1) << i
+            jobs.append(Job(jid, tuple(gpus), float(demand), mask))
+        return State(spec, free, tuple(jobs))
+
+
+_GPU_STATE_STMT = sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.job_id).order_by(T_GPUS.c.pos)
+_ACTIVE_JOBS_STMT = (
+    sa.select(T_JOBS.c.id, T_JOBS.c.demand_gbps).where(T_JOBS.c.status == "active").order_by(T_JOBS.c.started_at, T_JOBS.c.id)
+)
+
+
+def _dberr(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return " ".join(str(orig).split())
+
+
+def open_store(url: str | None = None, **kwargs: Any) -> Store:
+    return Store(url, **kwargs)

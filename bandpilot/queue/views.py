@@ -1,0 +1,161 @@
+"""What does the queue look like now? The exported state, status, request listing, fragmentation
+and the compact GPU list format."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import sqlalchemy as sa
+
+from bandpilot.dispatch.state import State
+from bandpilot.errors import RequestError
+from bandpilot.queue.clock import iso
+from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.store import Store
+
+
+def format_gpus(gpus: Sequence[str]) -> str:
+    """Compact GPU list: ``h100-0:0-3,5 h100-1:0-7``."""
+    by_host: dict[str, list[int]] = {}
+    for g in gpus:
+        h, _, i = g.rpartition(":")
+        by_host.setdefault(h, []).append(int(i) if i.isdigit() else -1)
+    parts = []
+    for h, idx in by_host.items():
+        idx.sort()
+        runs: list[str] = []
+        start = prev = idx[0]
+        for i in idx[1:] + [None]:  # type: ignore[list-item]
+            if i is not None and i == prev + 1:
+                prev = i
+                continue
+            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+            if i is not None:
+                start = prev = i
+        parts.append(f"{h}:{','.join(runs)}")
+    return " ".join(parts)
+
+
+def current_state(store: Store) -> State:
+    with store.read() as conn:
+        return store.load_state(conn)
+
+
+def export_state(store: Store) -> dict[str, Any]:
+    """The cluster state in the dispatcher's JSON format (``{"free": [...], "jobs": [...]}``)."""
+    return current_state(store).to_dict()
+
+
+def status(store: Store) -> dict[str, Any]:
+    spec = store.spec
+    with store.read() as conn:
+        req_counts = dict(conn.execute(sa.select(T_REQ.c.status, sa.func.count()).group_by(T_REQ.c.status)).all())
+        gpu_counts = dict(conn.execute(sa.select(T_GPUS.c.state, sa.func.count()).group_by(T_GPUS.c.state)).all())
+        pending_drain = conn.execute(
+            sa.select(sa.func.count()).select_from(T_GPUS).where(T_GPUS.c.drain_pending.is_(True))
+        ).scalar()
+        reasons = dict(
+            conn.execute(
+                sa.select(T_REQ.c.reason, sa.func.count()).where(T_REQ.c.status == "pending", T_REQ.c.reason.is_not(None)).group_by(T_REQ.c.reason)
+            ).all()
+        )
+        last = conn.execute(sa.select(T_BATCH).order_by(T_BATCH.c.id.desc()).limit(1)).first()
+        tenants = conn.execute(
+            sa.select(T_JOBS.c.tenant, sa.func.count(), sa.func.sum(T_JOBS.c.k)).where(T_JOBS.c.status == "active").group_by(T_JOBS.c.tenant)
+        ).all()
+    return {
+        "cluster": spec.name,
+        "store": store.safe_url,
+        "requests": {s: int(req_counts.get(s, 0)) for s in REQUEST_STATUSES},
+        "deferral_reasons": {str(k): int(v) for k, v in reasons.items()},
+        "gpus": {"total": spec.n_gpus, **{s: int(gpu_counts.get(s, 0)) for s in GPU_STATES}, "drain_pending": int(pending_drain or 0)},
+        "tenants": {t: {"jobs": int(n), "gpus": int(g or 0)} for t, n, g in tenants},
+        "last_batch": None
+        if last is None
+        else {
+            "id": last.id, "policy": last.policy, "model_version": last.model_version, "started": iso(last.started_at),
+            "finished": iso(last.finished_at), "interrupted": last.finished_at is None,
+            "assigned": last.n_assigned, "deferred": last.n_deferred, "rejected": last.n_rejected,
+        },
+    }
+
+
+def list_requests(
+    store: Store, status: str | None = None, tenant: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    if status is not None and status not in REQUEST_STATUSES:
+        raise RequestError(f"unknown status {status!r}: use one of {', '.join(REQUEST_STATUSES)}")
+    q = sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True).order_by(T_REQ.c.seq)
+    if status:
+        q = q.where(T_REQ.c.status == status)
+    if tenant:
+        q = q.where(T_REQ.c.tenant == tenant)
+    if limit:
+        q = q.limit(limit)
+    out = []
+    with store.read() as conn:
+        for r in conn.execute(q).mappings():
+            out.append(
+                {
+                    "id": r["id"], "tenant": r["tenant"], "k": r["k"], "priority": r["priority"], "utility": r["utility"],
+                    "constraints": json.loads(r["constraints"]) if r["constraints"] else {},
+                    "submitted": iso(r["submitted_at"]), "status": r["status"], "reason": r["reason"],
+                    "detail": r["detail"], "attempts": r["attempts"],
+                    "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
+                    "predicted_gbps": r["predicted_gbps"], "standalone_gbps": r["standalone_gbps"],
+                    "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+                }
+            )
+    return out
+
+
+def fragmentation(store: Store) -> dict[str, Any]:
+    """Where the free GPUs are and what they can still serve.
+
+    A host's free GPUs are *stranded* when the host is partly busy or unavailable (they cannot serve
+    a whole-host request); likewise per domain. ``largest_placeable`` is the biggest gang request
+    that fits now: anywhere, on one host, in one domain.
+    """
+    spec = store.spec
+    with store.read() as conn:
+        rows = conn.execute(sa.select(T_GPUS.c.host, T_GPUS.c.state, T_GPUS.c.drain_pending)).all()
+    per: dict[str, dict[str, int]] = {h.name: {"free": 0, "busy": 0, "unavailable": 0, "drain_pending": 0} for h in spec.hosts}
+    for host, st, dp in rows:
+        per[host][st] += 1
+        per[host]["drain_pending"] += int(bool(dp))
+    hosts = []
+    for h in spec.hosts:
+        c = per[h.name]
+        stranded = c["free"] if c["free"] < h.n_gpus else 0
+        hosts.append({"host": h.name, "domain": h.domain, "gpus": h.n_gpus, **c, "stranded": stranded})
+    free = sum(x["free"] for x in hosts)
+    largest_host = max((x["free"] for x in hosts), default=0)
+    out: dict[str, Any] = {
+        "cluster": spec.name,
+        "gpus": spec.n_gpus,
+        "free": free,
+        "busy": sum(x["busy"] for x in hosts),
+        "unavailable": sum(x["unavailable"] for x in hosts),
+        "stranded": sum(x["stranded"] for x in hosts),
+        "whole_free_hosts": sum(1 for x in hosts if x["free"] == x["gpus"]),
+        "largest_placeable": {"any": free, "single_host": largest_host},
+        # Share of free GPUs stranded on partly used hosts: 0 = every free GPU is on a wholly free host.
+        "fragmentation": round(sum(x["stranded"] for x in hosts) / free, 4) if free else 0.0,
+        "hosts": hosts,
+    }
+    if any(h.domain for h in spec.hosts):
+        doms: dict[str, dict[str, Any]] = {}
+        for x in hosts:
+            name = x["domain"] or "(none)"
+            d = doms.setdefault(name, {"domain": name, "hosts": 0, "gpus": 0, "free": 0, "busy": 0, "unavailable": 0, "largest_single_host": 0})
+            d["hosts"] += 1
+            for key in ("gpus", "free", "busy", "unavailable"):
+                d[key] += x[key]
+            d["largest_single_host"] = max(d["largest_single_host"], x["free"])
+        for d in doms.values():
+            d["stranded"] = d["free"] if d["free"] < d["gpus"] else 0
+        out["domains"] = list(doms.values())
+        out["largest_placeable"]["single_domain"] = max((d["free"] for d in doms.values()), default=0)
+        out["whole_free_domains"] = sum(1 for d in doms.values() if d["free"] == d["gpus"])
+    return out
