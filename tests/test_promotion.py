@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 
 from bandpilot.errors import BandPilotError, ModelError, SpecError
-from bandpilot.evaluation.core import resolve_cluster
+from bandpilot.evaluation.truth import resolve_cluster
 from bandpilot.fabric.emulator import make_fabric
-from bandpilot.evaluation.gate import (
-    PromotionError,
-    PromotionPolicy,
-    Side,
-    apply_policy,
-    approve,
-    promote,
-)
+from bandpilot.evaluation.decision import PromotionError, PromotionPolicy, Side, apply_policy
+from bandpilot.evaluation.gate import approve, promote
 
 NAME = "bandpilot-het4mix"
 FAST = dict(repeats=1, ks=[1, 2, 5, 12, 24], workers=1, figures=False, algorithms=("bandpilot",))
@@ -199,7 +193,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
 
 
 def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
-    import bandpilot.evaluation.core as ev
+    import bandpilot.evaluation.runner as ev
 
     v1 = _register(_surrogate(het))
     promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "ok", **FAST)
