@@ -10,7 +10,7 @@ Per cluster (``params/clusters/h100.yaml`` and ``het4mix.yaml``, emulated):
 2. train the hierarchical surrogate on 250 cross-host allocations (the paper's data budget); the
    model is cached under ``<out>/models/<cluster>`` and reused unless ``--retrain`` (training is
    not part of the timed evaluation);
-3. evaluate (``bandpilot.evaluation.core.evaluate``): k = 1..32 x ``--repeats`` scenarios x idle /
+3. evaluate (``bandpilot.evaluation.runner.evaluate``): k = 1..32 x ``--repeats`` scenarios x idle /
    moderate / heavy, every algorithm, GBE vs the exact optimum, in a ``--workers`` process pool.
 
 Targets (printed as PASS/FAIL; ``--strict`` turns a miss into exit code 1):
@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from bandpilot.evaluation.core import LABELS, PROFILES, evaluate, resolve_cluster, rich_table
+    from bandpilot.evaluation.params import LABELS, PROFILES
+    from bandpilot.evaluation.report import rich_table
+    from bandpilot.evaluation.runner import evaluate
+    from bandpilot.evaluation.truth import resolve_cluster
     from bandpilot.fabric.emulator import make_fabric
 
     con = Console()

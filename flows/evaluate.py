@@ -23,11 +23,12 @@ from flows._common import prepare, resolve, task_runner
 def evaluate_chunk_task(model_uri: str, cluster: str | None, truth: str | None, profiles: list[str], repeats: int,
                         seed: int, ks: list[int]):
     """One k-chunk, in-process (the task runner provides the parallelism)."""
-    from bandpilot.evaluation import core as ev
+    from bandpilot.evaluation.runner import evaluate, load_model
+    from bandpilot.evaluation.truth import resolve_truth
 
-    model = ev.load_model(model_uri)
-    fabric = ev.resolve_truth(model.spec, truth=resolve(truth) if truth else None, cluster=resolve(cluster) if cluster else None)
-    return ev.evaluate(model, fabric, profiles=profiles, repeats=repeats, seed=seed, workers=1, ks=ks, figures=False)
+    model = load_model(model_uri)
+    fabric = resolve_truth(model.spec, truth=resolve(truth) if truth else None, cluster=resolve(cluster) if cluster else None)
+    return evaluate(model, fabric, profiles=profiles, repeats=repeats, seed=seed, workers=1, ks=ks, figures=False)
 
 
 def k_chunks(n_gpus: int, n: int) -> list[list[int]]:
@@ -49,21 +50,23 @@ def evaluate_flow(
     log_mlflow: bool = True,
 ) -> dict[str, Any]:
     prepare()
-    from bandpilot.evaluation import core as ev
+    from bandpilot.evaluation.report import markdown_table
+    from bandpilot.evaluation.result import merge_results
+    from bandpilot.evaluation.runner import load_model
 
-    model = ev.load_model(model_uri)
+    model = load_model(model_uri)
     futures = [
         evaluate_chunk_task.submit(model_uri, cluster, truth, list(profiles), repeats, seed, ks)
         for ks in k_chunks(model.spec.n_gpus, chunks)
     ]
-    res = ev.merge_results([f.result() for f in futures])
+    res = merge_results([f.result() for f in futures])
     report = res.write(resolve(out_dir))
     if log_mlflow:
         try:
             res.log_to_mlflow(None)
         except BandPilotError as exc:  # a path model has no registry run; the report still stands
             get_run_logger().warning("not logged to MLflow: %s", exc)
-    table = ev.markdown_table(res.gbe_table())
+    table = markdown_table(res.gbe_table())
     create_markdown_artifact(markdown=f"# Evaluation of {model_uri}\n\nMean GBE (%) vs the exact optimum\n\n{table}\n\n"
                              f"Report: `{report}`", key="evaluation")
     return {"report": str(report), "gbe": res.summary()["gbe"], "scenarios": res.n_scenarios}

@@ -14,15 +14,10 @@ import pytest
 
 from bandpilot.topology.cluster import popcount
 from bandpilot.errors import BandPilotError, ModelError
-from bandpilot.evaluation.core import (
-    ALGORITHMS,
-    EvaluationError,
-    evaluate,
-    load_scenarios,
-    make_scenarios,
-    resolve_cluster,
-    resolve_truth,
-)
+from bandpilot.evaluation.params import ALGORITHMS, EvaluationError
+from bandpilot.evaluation.runner import evaluate
+from bandpilot.evaluation.scenarios import load_scenarios, make_scenarios
+from bandpilot.evaluation.truth import resolve_cluster, resolve_truth
 from bandpilot.fabric.emulator import make_fabric
 
 KS = [1, 2, 3, 6, 9, 12, 17, 24, 31, 32]
@@ -179,7 +174,7 @@ def test_parallel_workers_match_in_process(het):
 
 
 def test_reference_reuse_and_rebase(het):
-    from bandpilot.evaluation.core import rebase
+    from bandpilot.evaluation.result import rebase
 
     kw = dict(repeats=1, seed=4, ks=[2, 7, 19], workers=1, figures=False)
     cand = evaluate(Noisy(het, sigma=0.3, seed=1), het, **kw)
@@ -255,7 +250,7 @@ def test_errors_are_bandpilot_errors():
 
 
 def test_worker_crash_propagates(het, monkeypatch):
-    import bandpilot.evaluation.core as ev
+    import bandpilot.evaluation.runner as ev
 
     def boom(ctx, sc):
         if sc.k == 5:

@@ -14,16 +14,10 @@ import numpy as np
 import pytest
 
 from bandpilot.errors import BandPilotError, ModelError, SpecError
-from bandpilot.evaluation.core import resolve_cluster
+from bandpilot.evaluation.truth import resolve_cluster
 from bandpilot.fabric.emulator import make_fabric
-from bandpilot.evaluation.gate import (
-    PromotionError,
-    PromotionPolicy,
-    Side,
-    apply_policy,
-    approve,
-    promote,
-)
+from bandpilot.evaluation.decision import PromotionError, PromotionPolicy, Side, apply_policy
+from bandpilot.evaluation.gate import approve, promote
 
 NAME = "bandpilot-het4mix"
 FAST = dict(repeats=1, ks=[1, 2, 5, 12, 24], workers=1, figures=False, algorithms=("bandpilot",))
@@ -131,8 +125,8 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
     assert min(dec.candidate.gbe.values()) > 0.95
     mv = _version(NAME, v1)
     assert "PASS" in mv.description and "first champion" in mv.description
-    assert mv.tags["bandpilot.evaluation.gate.passed"] == "true"
-    assert mv.tags["bandpilot.evaluation.gate.report_dir"] == str(tmp_path / "p1")
+    assert mv.tags["bandpilot.promotion.passed"] == "true"
+    assert mv.tags["bandpilot.promotion.report_dir"] == str(tmp_path / "p1")
     out = tmp_path / "p1"
     doc = json.loads((out / "decision.json").read_text())
     assert doc["action"] == "promoted" and doc["aliases"] == {"champion": v1}
@@ -155,8 +149,8 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
     assert reg.get_alias(NAME, "champion") == v1 and reg.get_alias(NAME, "challenger") == v2
     mv2 = _version(NAME, v2)
     assert "FAIL" in mv2.description and f"champion v{v1}" in mv2.description
-    assert mv2.tags["bandpilot.evaluation.gate.passed"] == "false" and mv2.tags["bandpilot.evaluation.gate.champion_version"] == v1
-    assert float(mv2.tags["bandpilot.evaluation.gate.champion_gbe_heavy"]) > float(mv2.tags["bandpilot.evaluation.gate.gbe_heavy"])
+    assert mv2.tags["bandpilot.promotion.passed"] == "false" and mv2.tags["bandpilot.promotion.champion_version"] == v1
+    assert float(mv2.tags["bandpilot.promotion.champion_gbe_heavy"]) > float(mv2.tags["bandpilot.promotion.gbe_heavy"])
     cand = json.loads((tmp_path / "p2" / "decision.json").read_text())
     assert cand["scenarios"] == dec.scenarios  # same scenario set on both sides
     assert (tmp_path / "p2" / "champion" / "report.md").is_file()
@@ -181,7 +175,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
     assert got["previous"] is None and reg.get_alias(NAME, "champion") == v1
     assert reg.get_alias(NAME, "challenger") is None
     mv = _version(NAME, v1)
-    assert mv.tags["bandpilot.evaluation.gate.approved_by"] == "alice" and "Approved by alice" in mv.description
+    assert mv.tags["bandpilot.promotion.approved_by"] == "alice" and "Approved by alice" in mv.description
 
     v2 = _register(_surrogate(het, _bad_stage1(het)))
     promote(f"models:/{NAME}/{v2}", manual=True, out_dir=tmp_path / "m2", **FAST)
@@ -199,7 +193,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
 
 
 def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
-    import bandpilot.evaluation.core as ev
+    import bandpilot.evaluation.runner as ev
 
     v1 = _register(_surrogate(het))
     promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "ok", **FAST)
@@ -244,7 +238,7 @@ def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
     monkeypatch.setattr(ev, "evaluate_scenario", real)
     assert {a: reg.get_alias(NAME, a) for a in ("champion", "challenger", "previous")} == before
     assert _version(NAME, v2).description == desc
-    assert "bandpilot.evaluation.gate.passed" not in _version(NAME, v2).tags
+    assert "bandpilot.promotion.passed" not in _version(NAME, v2).tags
 
 
 def test_holdout_mape_check(reg, het, tmp_path):

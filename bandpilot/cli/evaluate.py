@@ -1,5 +1,5 @@
 """``bandpilot evaluate`` and ``bandpilot promote``: thin wrappers over
-:func:`bandpilot.evaluation.core.evaluate` and :func:`bandpilot.evaluation.gate.promote` / :func:`~bandpilot.evaluation.gate.approve`."""
+:func:`bandpilot.evaluation.runner.evaluate` and :func:`bandpilot.evaluation.gate.promote` / :func:`~bandpilot.evaluation.gate.approve`."""
 
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ def evaluate_cmd(
     """Paper Sec. V evaluation: GBE vs the exact optimum, bandwidth loss, search latency -> report."""
     from bandpilot.cli.common import console
     from bandpilot.config import project_root
-    from bandpilot.evaluation.core import evaluate, evaluate_defaults, resolve_truth, rich_table
+    from bandpilot.evaluation.params import evaluate_defaults
+    from bandpilot.evaluation.report import rich_table
+    from bandpilot.evaluation.runner import evaluate
+    from bandpilot.evaluation.truth import resolve_truth
     from bandpilot.model.surrogate import Surrogate
 
     d = evaluate_defaults()
@@ -126,8 +129,9 @@ def promote_cmd(
 ) -> None:
     """Gate a candidate against the champion on the same scenarios; move registry aliases."""
     from bandpilot.cli.common import console
+    from bandpilot.evaluation.decision import rich_decision
     from bandpilot.evaluation.gate import approve as approve_fn
-    from bandpilot.evaluation.gate import promote, rich_decision
+    from bandpilot.evaluation.gate import promote
 
     if approve is not None:
         if candidate is not None:

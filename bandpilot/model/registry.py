@@ -202,7 +202,7 @@ def log_result(result: "TrainResult", prefix: str = "") -> None:
             f.write_text(json.dumps({k: details[k] for k in ("by_hosts", "by_pattern") if k in details}, indent=1))
             mlflow.log_artifact(str(f), artifact_path="eval")
     tags = {
-        "bandpilot.topology.cluster": d.get("cluster", ""),
+        "bandpilot.cluster": d.get("cluster", ""),
         "bandpilot.fingerprint": d.get("fingerprint", ""),
         "bandpilot.dataset_hash": d.get("dataset_hash", ""),
         "bandpilot.split": d.get("split", ""),
