@@ -177,7 +177,9 @@ def bench_latency(cluster: str, states_per_k: int, seed: int, algos: list[str]) 
 def trained_surrogate(fab, seed: int):
     """The real product path: a surrogate trained (default params/train.yaml) on 250 noisy
     cross-host measurements of the emulated cluster plus its stage-1 tables."""
-    from bandpilot.model.training import TrainParams, fabric_dataset, train
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.train import train
 
     params = TrainParams.load(ROOT / "params" / "train.yaml", {"seed": seed})
     return train(fabric_dataset(fab, n_cross=400, seed=seed), params, plots=False).surrogate

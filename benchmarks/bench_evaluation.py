@@ -61,7 +61,7 @@ def build_dataset(spec, fabric, samples: int, seed: int):
 def get_model(name: str, spec, fabric, out: Path, args) -> tuple[object, dict]:
     from bandpilot.errors import BandPilotError
     from bandpilot.model.surrogate import Surrogate
-    from bandpilot.model.training import train
+    from bandpilot.model.train import train
 
     cache = out / "models" / name
     if cache.is_dir() and not args.retrain:

@@ -34,15 +34,11 @@ from bandpilot.topology.cluster import load_cluster  # noqa: E402
 from bandpilot.data.dataset import Dataset  # noqa: E402
 from bandpilot.fabric.emulator import EmulatorFabric  # noqa: E402
 from bandpilot.fabric.trace import TraceFabric  # noqa: E402
-from bandpilot.model.training import (  # noqa: E402
-    TrainParams,
-    cross_pool,
-    evaluate_predictions,
-    fabric_dataset,
-    random_cross_masks,
-    split_pool,
-    train,
-)
+from bandpilot.data.synthetic import fabric_dataset, random_cross_masks  # noqa: E402
+from bandpilot.model.datamodule import cross_pool, split_pool  # noqa: E402
+from bandpilot.model.metrics import evaluate_predictions  # noqa: E402
+from bandpilot.model.params import TrainParams  # noqa: E402
+from bandpilot.model.train import train  # noqa: E402
 
 
 def data_root() -> Path | None:

@@ -36,7 +36,7 @@ def find_version(name: str, key: str) -> str | None:
 @task(cache_policy=NONE)
 def fingerprint_task(data_dir: str, params_file: str, sweep_trials: int) -> dict[str, Any]:
     from bandpilot.data.dataset import dataset_hash, load_dataset
-    from bandpilot.model.training import TrainParams
+    from bandpilot.model.params import TrainParams
 
     ds = load_dataset(resolve(data_dir))
     params = TrainParams.load(resolve(params_file), {})
@@ -50,7 +50,9 @@ def train_task(data_dir: str, params_file: str, sweep_trials: int, sweep_timeout
     """Sweep (optional) then train and register; returns the new model version."""
     from bandpilot.model import registry
     from bandpilot.data.dataset import load_dataset
-    from bandpilot.model.training import TrainParams, sweep, train
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.sweep import sweep
+    from bandpilot.model.train import train
 
     registry.tracking_setup()
     ds = load_dataset(resolve(data_dir))

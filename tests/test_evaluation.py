@@ -207,7 +207,8 @@ def test_trace_truth_and_mismatch(shared_data, h100, tmp_path):
 def _tiny_surrogate(fabric):
     import torch
 
-    from bandpilot.model.surrogate import Surrogate, build_net
+    from bandpilot.model.networks import build_net
+    from bandpilot.model.surrogate import Surrogate
 
     torch.manual_seed(0)
     net = build_net("hierarchical", fabric.spec, layers=1, hidden=8, heads=2, head_layers=1)

@@ -182,7 +182,8 @@ def test_evaluate_flow_same_on_threads_and_dask(harness, project):
     default thread pool give the same merged result."""
     from bandpilot.model import registry
     from bandpilot.data.dataset import load_dataset
-    from bandpilot.model.training import TrainParams, train
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.train import train
     from flows._common import task_runner
     from flows.evaluate import evaluate_flow
     from flows.ingest import ingest_flow

@@ -31,7 +31,8 @@ def het():
 def _surrogate(fabric, stage1=None):
     import torch
 
-    from bandpilot.model.surrogate import Surrogate, build_net
+    from bandpilot.model.networks import build_net
+    from bandpilot.model.surrogate import Surrogate
 
     torch.manual_seed(0)
     net = build_net("hierarchical", fabric.spec, layers=1, hidden=8, heads=2, head_layers=1)
@@ -47,7 +48,8 @@ def _bad_stage1(fabric):
 
 def _register(sur) -> str:
     from bandpilot.model import registry
-    from bandpilot.model.training import TrainParams, TrainResult
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.result import TrainResult
 
     res = TrainResult(surrogate=sur, metrics={"test_mape": 1.0}, details={}, history=[], plots={},
                       params=TrainParams(), data={"cluster": sur.spec.name, "split": "test"}, train_seconds=0.0)

@@ -12,7 +12,8 @@ from bandpilot.data.dataset import load_dataset, save_dataset
 from bandpilot.errors import ModelError
 from bandpilot.fabric.emulator import EmulatorFabric
 from bandpilot.model.surrogate import Surrogate
-from bandpilot.model.training import fabric_dataset, random_cross_masks, train
+from bandpilot.data.synthetic import fabric_dataset, random_cross_masks
+from bandpilot.model.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 6, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 40, "n_train": 120, "threads": 1,

@@ -14,8 +14,11 @@ import torch
 from bandpilot.topology.cluster import load_cluster
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.fabric.emulator import EmulatorFabric
-from bandpilot.model.surrogate import Surrogate, build_net, host_arrays, host_tokens, to_torch
-from bandpilot.model.training import fabric_dataset, random_cross_masks, train
+from bandpilot.data.synthetic import fabric_dataset, random_cross_masks
+from bandpilot.model.networks import build_net
+from bandpilot.model.surrogate import Surrogate
+from bandpilot.model.tokens import host_arrays, host_tokens, to_torch
+from bandpilot.model.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 8, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 40, "n_train": 120, "threads": 1,

@@ -12,16 +12,13 @@ from bandpilot.topology.cluster import load_cluster
 from bandpilot.data.dataset import Dataset, load_dataset, save_dataset
 from bandpilot.errors import DataError, SpecError
 from bandpilot.fabric.emulator import EmulatorFabric
-from bandpilot.model.training import (
-    TrainParams,
-    cross_pool,
-    evaluate_predictions,
-    fabric_dataset,
-    finetune,
-    split_pool,
-    sweep,
-    train,
-)
+from bandpilot.data.synthetic import fabric_dataset
+from bandpilot.model.datamodule import cross_pool, split_pool
+from bandpilot.model.finetune import finetune
+from bandpilot.model.metrics import evaluate_predictions
+from bandpilot.model.params import TrainParams
+from bandpilot.model.sweep import sweep
+from bandpilot.model.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 8, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 40, "n_train": 120, "threads": 1,

@@ -1,6 +1,6 @@
 """``bandpilot train | sweep | finetune``: learn the bandwidth surrogate, log to MLflow, register it.
 
-Thin wrappers over :mod:`bandpilot.model.training` and :mod:`bandpilot.model.registry`. Parameters come from
+Thin wrappers over :mod:`bandpilot.model.train`, ``.sweep``, ``.finetune`` and :mod:`bandpilot.model.registry`. Parameters come from
 ``params/train.yaml`` / ``params/sweep.yaml`` (project root) and are overridden by flags.
 """
 
@@ -105,7 +105,8 @@ def train_cmd(
 ) -> None:
     """Train the bandwidth surrogate on a dataset, log the run to MLflow and register the model."""
     from bandpilot.data.dataset import load_dataset
-    from bandpilot.model.training import TrainParams, train
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.train import train
 
     over = dict(model=model, n_train=n_train, split=split, epochs=epochs, layers=layers, hidden=hidden, lr=lr,
                 seed=seed, threads=threads, train_data=str(train_data) if train_data else None)
@@ -157,7 +158,8 @@ def sweep_cmd(
 
     from bandpilot.model import registry
     from bandpilot.data.dataset import load_dataset
-    from bandpilot.model.training import TrainParams, sweep
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.sweep import sweep
 
     cfg = _load_yaml(_params_path(params, "params/sweep.yaml"), "sweep")
     base = TrainParams.load(_params_path(train_params, "params/train.yaml"), {"epochs": epochs})
@@ -202,7 +204,8 @@ def finetune_cmd(
     from bandpilot.model import registry
     from bandpilot.data.dataset import load_dataset
     from bandpilot.model.surrogate import Surrogate
-    from bandpilot.model.training import TrainParams, finetune
+    from bandpilot.model.finetune import finetune
+    from bandpilot.model.params import TrainParams
 
     p = TrainParams.load(_params_path(params, "params/train.yaml"), {"finetune_epochs": epochs, "finetune_lr": lr, "seed": seed})
     registry.tracking_setup(tracking_uri)

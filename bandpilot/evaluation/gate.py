@@ -54,7 +54,7 @@ PROMOTION_REPORT = "promotion.md"
 def holdout_metrics(model: Any, holdout: Any) -> dict[str, Any]:
     """Accuracy of ``model`` on a held-out dataset: cross-host rows (stage 1 is a lookup), repeats averaged."""
     from bandpilot.data.dataset import Dataset, load_dataset
-    from bandpilot.model.training import evaluate_predictions
+    from bandpilot.model.metrics import evaluate_predictions
 
     ds = holdout if isinstance(holdout, Dataset) else load_dataset(holdout)
     check_same_cluster(model.spec, ds.spec, "held-out dataset of cluster")

@@ -1,10 +1,12 @@
-"""MLflow helpers: tracking setup, logging a trained surrogate, the model registry.
+"""Where are runs tracked and models registered? MLflow helpers: tracking setup, logging a trained
+surrogate, the model registry and its aliases.
 
 Shared by training (``bandpilot train/sweep/finetune``) and evaluation/promotion. The model is
-an MLflow pyfunc ``PythonModel`` whose only artifact is the self-contained surrogate directory
-(:meth:`bandpilot.model.surrogate.Surrogate.save`); :func:`~bandpilot.model.artifacts.fetch_model_dir` resolves a registry URI to
-that directory without going through ``mlflow.pyfunc.load_model`` (fast, no Lightning, no env
-checks). Registry failures (unknown name, alias or version) raise one-line :class:`ModelError`.
+an MLflow pyfunc (:class:`~bandpilot.model.pyfunc.SurrogatePyfunc`) whose only artifact is the
+self-contained surrogate directory (:meth:`bandpilot.model.surrogate.Surrogate.save`);
+:func:`~bandpilot.model.artifacts.fetch_model_dir` resolves a registry URI to that directory
+without going through ``mlflow.pyfunc.load_model`` (fast, no Lightning, no env checks). Registry
+failures (unknown name, alias or version) raise one-line :class:`ModelError`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mlflow.exceptions import MlflowException
 
 from bandpilot.errors import ModelError
 from bandpilot.model.artifacts import _client, _one_line
+from bandpilot.model.pyfunc import ARTIFACT_NAME, SurrogatePyfunc
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from bandpilot.model.result import TrainResult
 
 EXPERIMENT = "bandpilot"
-ARTIFACT_NAME = "surrogate"
 PIP_REQUIREMENTS = ["torch==2.13.0", "numpy==2.4.6", "pandas==3.1.1", "pyyaml==6.0.3", "mlflow==3.17.2"]
 
 
@@ -77,46 +79,6 @@ def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str
     except MlflowException as exc:
         raise ModelError(f"MLflow tracking store {uri!r} unusable: {_one_line(exc)}") from None
     return uri
-
-
-# ------------------------------------------------------------------------------------------
-def _quiet_type_hint_nag() -> Any:
-    """MLflow warns at class creation that ``predict`` has no type hints (we take DataFrames or
-    lists, so none fits) and re-enables the warning inside; mute just that helper meanwhile."""
-    try:
-        import mlflow.pyfunc.utils.data_validation as dv
-    except ImportError:  # pragma: no cover - other MLflow layouts
-        return None, None
-    orig = getattr(dv, "color_warning", None)
-    if orig is not None:
-        dv.color_warning = lambda *a, **k: None
-    return dv, orig
-
-
-_dv, _orig_warning = _quiet_type_hint_nag()
-try:
-
-    class SurrogatePyfunc(mlflow.pyfunc.PythonModel):
-        """pyfunc wrapper: input = DataFrame with a ``gpus`` column (comma-joined ids) or a list of
-        GPU-id lists; output = predicted busbw (GB/s)."""
-
-        def load_context(self, context):  # noqa: ANN001 - MLflow inspects these signatures
-            from bandpilot.model.surrogate import Surrogate
-
-            self.surrogate = Surrogate.load_dir(context.artifacts[ARTIFACT_NAME])
-
-        def predict(self, context, model_input, params=None):  # noqa: ANN001
-            import pandas as pd
-
-            if isinstance(model_input, pd.DataFrame):
-                col = model_input["gpus"] if "gpus" in model_input.columns else model_input.iloc[:, 0]
-                allocs = [v.split(",") if isinstance(v, str) else list(v) for v in col]
-            else:
-                allocs = [a.split(",") if isinstance(a, str) else list(a) for a in model_input]
-            return self.surrogate.predict(allocs)
-finally:
-    if _dv is not None and _orig_warning is not None:
-        _dv.color_warning = _orig_warning
 
 
 # ------------------------------------------------------------------------------------------

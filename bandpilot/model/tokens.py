@@ -1,0 +1,94 @@
+"""How does an allocation become network input? Padded per-host tokens (paper Sec. IV-B).
+
+A cross-host allocation is one *token per host it uses*; each token carries the host's exact
+stage-1 (intra-host) bandwidth for the chosen GPUs, the GPU count there, the NIC bandwidth those
+GPUs can drive, the GPU type and the rack domain. The naive ablation gets GPU-id tokens instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bandpilot.topology.cluster import ClusterSpec
+
+
+# ------------------------------------------------------------------------------------------
+# Raw inputs (numpy, vectorised): padded per-host tokens of the cross-host rows.
+def host_arrays(spec: ClusterSpec) -> dict[str, np.ndarray]:
+    """Static per-host inputs: GPU-type index, nominal rail GB/s, rails, domain index, GPU offset."""
+    types = {t: i for i, t in enumerate(spec.gpu_types)}
+    doms: dict[str, int] = {}
+    for h in spec.hosts:
+        doms.setdefault(h.domain or "", len(doms))
+    rails = spec.emulator.get("rails") or {}
+    return {
+        "gtype": np.array([types[h.gpu] for h in spec.hosts], dtype=np.int64),
+        "rail": np.full(spec.n_hosts, spec.nic_gbps / 8.0),
+        "rails": np.array([int(rails.get(h.gpu, spec.rails_per_host)) for h in spec.hosts], dtype=np.float64),
+        "domain": np.array([doms[h.domain or ""] for h in spec.hosts], dtype=np.int64),
+        "offset": np.concatenate([[0], np.cumsum(spec.gpus_per_host)[:-1]]).astype(np.int64),
+    }
+
+
+def _scatter_tokens(used: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Row/column of every used host and its token slot (rows keep host order)."""
+    rows, cols = np.nonzero(used)
+    n_used = used.sum(axis=1)
+    start = np.concatenate([[0], np.cumsum(n_used)[:-1]])
+    slot = np.arange(rows.size) - np.repeat(start, n_used)
+    return rows, cols, slot, int(n_used.max()) if n_used.size else 0
+
+
+def host_tokens(masks: np.ndarray, counts: np.ndarray, stage1: np.ndarray, hosts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Padded host tokens for cross-host rows: ``cnt, intra, rail, rails`` (float), ``gtype``, ``dom``
+    (int), ``pad`` (bool, True = padding) of shape ``(n, T)`` plus ``xdom`` (n,) (spans > 1 domain)."""
+    n = masks.shape[0]
+    used = counts > 0
+    rows, cols, slot, t = _scatter_tokens(used)
+    t = max(t, 1)
+    out = {
+        "cnt": np.zeros((n, t)),
+        "intra": np.zeros((n, t)),
+        "rail": np.ones((n, t)),
+        "rails": np.ones((n, t)),
+        "gtype": np.zeros((n, t), dtype=np.int64),
+        "dom": np.zeros((n, t), dtype=np.int64),
+        "pad": np.ones((n, t), dtype=bool),
+    }
+    out["cnt"][rows, slot] = counts[rows, cols]
+    out["intra"][rows, slot] = stage1[cols, masks[rows, cols]]
+    out["rail"][rows, slot] = hosts["rail"][cols]
+    out["rails"][rows, slot] = hosts["rails"][cols]
+    out["gtype"][rows, slot] = hosts["gtype"][cols] + 1  # 0 = padding
+    out["dom"][rows, slot] = hosts["domain"][cols]
+    out["pad"][rows, slot] = False
+    dmax = np.where(out["pad"], -1, out["dom"]).max(axis=1)
+    dmin = np.where(out["pad"], np.iinfo(np.int64).max, out["dom"]).min(axis=1)
+    out["xdom"] = (dmax != dmin).astype(np.float64)
+    return out
+
+
+def gpu_tokens(masks: np.ndarray, hosts: dict[str, np.ndarray], max_gpus: int) -> dict[str, np.ndarray]:
+    """Padded GPU-id tokens (naive ablation): ``gid`` (n, K) with 0 = padding, ``pad``."""
+    n, h = masks.shape
+    bits = ((masks[:, :, None] >> np.arange(max_gpus)[None, None, :]) & 1).astype(bool)
+    flat = bits.reshape(n, h * max_gpus)
+    rows, cols, slot, k = _scatter_tokens(flat)
+    k = max(k, 1)
+    gid = np.zeros((n, k), dtype=np.int64)
+    host = cols // max_gpus
+    gid[rows, slot] = hosts["offset"][host] + cols % max_gpus + 1
+    return {"gid": gid, "pad": gid == 0}
+
+
+def to_torch(tokens: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in tokens.items():
+        if v.dtype == bool:
+            out[k] = torch.from_numpy(v)
+        elif v.dtype.kind in "iu":
+            out[k] = torch.from_numpy(v.astype(np.int64, copy=False))
+        else:
+            out[k] = torch.from_numpy(v.astype(np.float32))
+    return out
