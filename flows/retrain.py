@@ -52,7 +52,7 @@ def train_task(data_dir: str, params_file: str, sweep_trials: int, sweep_timeout
     from bandpilot.data.dataset import load_dataset
     from bandpilot.model.params import TrainParams
     from bandpilot.model.sweep import sweep
-    from bandpilot.model.train import train
+    from bandpilot.model.crossval import fit
 
     registry.tracking_setup()
     ds = load_dataset(resolve(data_dir))
@@ -61,7 +61,7 @@ def train_task(data_dir: str, params_file: str, sweep_trials: int, sweep_timeout
     if sweep_trials > 0:
         sw = sweep(ds, params, n_trials=sweep_trials, timeout=sweep_timeout)
         params = sw.best_params
-    res = train(ds, params)
+    res = fit(ds, params)
     mv = registry.log_and_register(res, tags=tags)
     return str(mv.version)
 

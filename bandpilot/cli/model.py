@@ -88,7 +88,10 @@ def train_cmd(
     params: Optional[Path] = typer.Option(None, "--params", help="Training params YAML (default params/train.yaml)."),
     model: Optional[str] = typer.Option(None, help="hierarchical | naive"),
     n_train: Optional[int] = typer.Option(None, "--n-train", help="Training allocations sampled from the cross-host pool."),
-    split: Optional[str] = typer.Option(None, help="random | stratified | pattern | explicit"),
+    split: Optional[str] = typer.Option(None, help="Paper protocol instead of the production fit: train on --n-train "
+                                        "sampled allocations, test on the rest (random | stratified | pattern | explicit)."),
+    folds: Optional[int] = typer.Option(None, "--folds", help="Pattern-grouped cross-validation folds for the metrics (default 5)."),
+    holdout: Optional[float] = typer.Option(None, "--holdout", help="Fraction of count patterns kept out as a test set (default 0)."),
     train_data: Optional[Path] = typer.Option(None, "--train-data", help="split=explicit: dataset whose rows are the training set."),
     epochs: Optional[int] = typer.Option(None),
     layers: Optional[int] = typer.Option(None),
@@ -103,16 +106,24 @@ def train_cmd(
     register: bool = typer.Option(True, "--register/--no-register", help="Log to MLflow and register the model."),
     metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the test metrics as JSON (DVC metrics file)."),
 ) -> None:
-    """Train the bandwidth surrogate on a dataset, log the run to MLflow and register the model."""
+    """Train the bandwidth surrogate on every measured cross-host allocation (metrics from pattern-grouped
+    cross-validation), log the run to MLflow and register the model."""
     from bandpilot.data.dataset import load_dataset
     from bandpilot.model.params import TrainParams
-    from bandpilot.model.train import train
 
     over = dict(model=model, n_train=n_train, split=split, epochs=epochs, layers=layers, hidden=hidden, lr=lr,
-                seed=seed, threads=threads, train_data=str(train_data) if train_data else None)
+                seed=seed, threads=threads, folds=folds, holdout=holdout,
+                train_data=str(train_data) if train_data else None)
     p = TrainParams.load(_params_path(params, "params/train.yaml"), over)
     ds = load_dataset(data)
-    res = train(ds, p, out_dir=(out / "plots") if out else None)
+    if split is not None or train_data is not None:
+        from bandpilot.model.train import train
+
+        res = train(ds, p, out_dir=(out / "plots") if out else None)
+    else:
+        from bandpilot.model.crossval import fit
+
+        res = fit(ds, p, out_dir=(out / "plots") if out else None, progress=lambda m: console.print(f"[dim]{m}[/]"))
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}")
     run_id = version = mname = None
@@ -128,7 +139,7 @@ def train_cmd(
     _summary(
         f"trained {res.surrogate.kind} surrogate for {ds.spec.name}",
         [("run id", run_id), ("model", f"models:/{mname}/{version}" if mname else None), ("alias", alias),
-         ("split", p.split), ("dataset", res.data.get("dataset_hash", "")[:16]),
+         ("split", res.data.get("split", p.split)), ("metrics from", res.data.get("metrics_from")), ("dataset", res.data.get("dataset_hash", "")[:16]),
          ("saved", str(out / "model") if out else None)],
         res.metrics,
     )

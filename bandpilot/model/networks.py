@@ -29,8 +29,15 @@ PRIOR_INIT = {"efficiency": 0.77, "switch_base": 1.1, "switch_peer": 1.8, "count
 N_TOKEN_FEATURES = 8
 N_GLOBAL_FEATURES = 11
 BROADCAST_ATTENTION_MAX_TOKENS = 8
-RESID_BOUND = 1.0  # the learned residual corrects the prior by at most e^±1
+RESID_BOUND = 1.0  # artifacts without ``resid_bound`` in their config: the residual corrects by at most e^±1
 HEADROOM_CAP = 0.5  # log headroom of stage-1 over the network beyond which intra cannot matter
+
+
+def _weighted_median(x: torch.Tensor, w: torch.Tensor) -> float:
+    order = torch.argsort(x)
+    cw = torch.cumsum(w[order].double(), 0)
+    i = int(torch.searchsorted(cw, 0.5 * cw[-1]))
+    return float(x[order][min(i, x.numel() - 1)])
 
 
 def _inv_softplus(y: float) -> float:
@@ -133,7 +140,8 @@ class HierarchicalNet(nn.Module):
 
     def __init__(self, n_types: int, max_gpus: int, hidden: int = 32, layers: int = 6, heads: int = 4,
                  head_layers: int = 3, dropout: float = 0.0, min_intra: bool = True,
-                 use_transformer: bool = True, imbalance: bool = False, **_: Any) -> None:
+                 use_transformer: bool = True, imbalance: bool = False, resid_bound: float = RESID_BOUND,
+                 **_: Any) -> None:
         super().__init__()
         self.config = dict(n_types=n_types, max_gpus=max_gpus, hidden=hidden, layers=layers, heads=heads,
                            head_layers=head_layers, dropout=dropout, min_intra=min_intra,
@@ -143,6 +151,11 @@ class HierarchicalNet(nn.Module):
         self.max_gpus = max_gpus
         self.min_intra = min_intra
         self.use_transformer = use_transformer
+        # How far (log space) the learned residual may move the prior; kept in the config only when it
+        # differs from the old fixed bound, so older artifacts load and predict unchanged.
+        self.resid_bound = float(resid_bound)
+        if self.resid_bound != RESID_BOUND:
+            self.config["resid_bound"] = self.resid_bound
         p = PRIOR_INIT
         self.log_eff = nn.Parameter(torch.tensor(math.log(p["efficiency"])))
         self.sw_base = nn.Parameter(torch.tensor(_inv_softplus(p["switch_base"])))
@@ -255,6 +268,30 @@ class HierarchicalNet(nn.Module):
         z = self._terms(t)
         return torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
 
+    @torch.no_grad()
+    def calibrate_prior(self, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None,
+                        iters: int = 50) -> float:
+        """Fit the prior's overall network scale (``log_eff``) to measurements in closed form.
+
+        Declared NIC speeds only set the starting point: the efficiency becomes the weighted median of
+        ``log y - prior`` over the rows the network bounds (not stage 1), iterated because which rows those
+        are depends on the scale. ``rail`` enters the prior only as ``rail * efficiency``, so any declared
+        speed leads to the same fitted prior. Returns the total shift of ``log_eff``.
+        """
+        w = torch.ones_like(log_y) if w is None else w
+        total = 0.0
+        for _ in range(iters):
+            z = self._terms(t)
+            prior = torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
+            net_bound = z["log_net"] <= z["log_intra_min"]
+            rows = net_bound if int(net_bound.sum()) >= 5 else torch.ones_like(net_bound)
+            d = _weighted_median((log_y - prior)[rows], w[rows])
+            self.log_eff += d
+            total += d
+            if abs(d) < 1e-7:
+                break
+        return total
+
     def prior_parameters(self) -> list[nn.Parameter]:
         extra = [self.imb] if self.imb is not None else []
         return [self.log_eff, self.sw_base, self.sw_peer, self.cnt_gain, self.sharp, self.log_xdom, *extra]
@@ -284,7 +321,7 @@ class HierarchicalNet(nn.Module):
             h = self.encoder(h, pad)
         pooled = self.pool(h, pad)
         raw = self.head(torch.cat([pooled, g], dim=-1)).squeeze(-1)
-        resid = RESID_BOUND * torch.tanh(raw / RESID_BOUND)
+        resid = self.resid_bound * torch.tanh(raw / self.resid_bound)
         log_net = z["log_net"] + resid
         out = torch.minimum(log_net, z["log_intra_min"]) if self.min_intra else log_net
         if return_parts:
@@ -351,6 +388,10 @@ class HierarchicalEnsemble(nn.Module):
 
     def prior_parameters(self) -> list[nn.Parameter]:
         return [q for m in self.members for q in m.prior_parameters()]
+
+    @torch.no_grad()
+    def calibrate_prior(self, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None) -> float:
+        return float(np.mean([m.calibrate_prior(t, log_y, w) for m in self.members]))
 
     def prior_params(self) -> dict[str, float]:
         ps = [m.prior_params() for m in self.members]

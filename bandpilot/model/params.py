@@ -27,6 +27,8 @@ class TrainParams:
     lr: float = 3e-3
     prior_lr_mult: float = 0.3
     prior_steps: int = 0  # > 0: full-batch steps fitting the physics prior alone first (far-off clusters)
+    prior_fit: str = "data"  # data: fit the prior's network scale to the measurements first; declared: trust the spec
+    resid_bound: float = 4.0  # |log-space residual| the network may add to the prior (e^4 = 55x either way)
     weight_decay: float = 0.1
     epochs: int = 150
     batch_size: int = 256
@@ -46,6 +48,8 @@ class TrainParams:
     finetune_epochs: int = 150
     finetune_lr: float = 1e-3
     finetune_replay_weight: float = 1.0
+    folds: int = 5  # fit(): pattern-grouped cross-validation folds for the metrics of a model fit on everything
+    holdout: float = 0.0  # fit(): fraction of count patterns kept out as a test set (0: none)
     train_data: str = ""  # split=explicit: dataset directory whose cross-host rows are the training set
 
     @classmethod
@@ -119,12 +123,22 @@ class TrainParams:
             raise SpecError(f"{source}: layers, replay_size and test_size must be >= 0")
         if not 0.0 <= self.val_fraction < 0.9:
             raise SpecError(f"{source}: val_fraction must be in [0, 0.9)")
+        if self.prior_fit not in ("data", "declared"):
+            raise SpecError(f"{source}: prior_fit must be 'data' or 'declared', got {self.prior_fit!r}")
+        if not self.resid_bound > 0:
+            raise SpecError(f"{source}: resid_bound must be positive")
+        if self.folds < 2:
+            raise SpecError(f"{source}: folds must be >= 2")
+        if not 0.0 <= self.holdout < 0.9:
+            raise SpecError(f"{source}: holdout must be in [0, 0.9)")
         if self.lr <= 0 or self.finetune_lr <= 0:
             raise SpecError(f"{source}: learning rates must be positive")
 
     def net_config(self) -> dict[str, Any]:
         cfg = dict(hidden=self.hidden, layers=self.layers, heads=self.heads, head_layers=self.head_layers,
                    dropout=self.dropout)
+        if self.model == "hierarchical":
+            cfg["resid_bound"] = self.resid_bound
         if self.model == "hierarchical" and self.prior_imbalance:
             cfg["imbalance"] = True
         if self.model == "hierarchical" and self.members > 1:

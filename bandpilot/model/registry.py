@@ -103,6 +103,13 @@ def describe_result(result: "TrainResult", name: str) -> str:
             lines.append(f"Forgetting check: replay MAPE {m['replay_mape_before']:.2f}% -> {m['replay_mape_after']:.2f}%.")
         if "test_mape_before" in m:
             lines.append(f"New-data MAPE before fine-tuning {m['test_mape_before']:.2f}%.")
+    elif d.get("split") == "all":
+        folds = ", ".join(f"{f['mape']:.2f}" for f in d.get("cv_folds") or [])
+        lines.append(
+            f"Training: fit on all {int(m.get('n_train', 0))} cross-host allocations, seed {p.seed}; metrics from the "
+            f"{d.get('metrics_from')} (per-fold MAPE %: {folds}); {p.layers} encoder layers, hidden {p.hidden}, "
+            f"{int(m.get('epochs_run', 0))} epochs, lr {p.lr}, prior fit to the data: {p.prior_fit}, {m.get('train_seconds', 0):.1f} s."
+        )
     else:
         lines.append(
             f"Training: {int(m.get('n_train', 0))} cross-host allocations, split '{d.get('split')}' "

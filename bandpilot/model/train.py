@@ -84,6 +84,8 @@ def _fit(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weights: 
         if sur.kind == "naive":
             net.fit_scaling(dm.tokens, dm.y)
         else:
+            if p.prior_fit == "data":
+                net.calibrate_prior(dm.tokens, dm.y, dm.w)
             fit_prior(net, dm.tokens, dm.y, dm.w, steps=p.prior_steps)
             net.fit_scaling(dm.tokens)
     steps_per_epoch = math.ceil(dm.n / dm.batch_size)
@@ -141,6 +143,21 @@ def _auto_min_intra(sur_stage1: np.ndarray, masks: np.ndarray, y: np.ndarray) ->
     return bool(over < 0.05)
 
 
+def fit_pool(spec: Any, stage1: np.ndarray, tr: Any, va: Any, p: TrainParams, *,
+             trial: Any = None) -> tuple[Surrogate, dict[str, Any], list[dict[str, float]], bool, float]:
+    """A new surrogate fit on the cross-host rows ``tr`` (``va``: validation rows, may be empty);
+    returns (surrogate, net config, history, pruned, best val MAPE)."""
+    cfg = p.net_config()
+    if p.model == "hierarchical":
+        cfg["min_intra"] = p.min_intra == "true" or (p.min_intra == "auto" and _auto_min_intra(stage1, tr.masks, tr.busbw))
+    torch.manual_seed(p.seed)
+    net = build_net(p.model, spec, **cfg)
+    sur = Surrogate(spec, stage1, net, kind=p.model)
+    history, pruned, best_val = _fit(sur, tr.masks, tr.busbw, None, va.masks, va.busbw, p, epochs=p.epochs, lr=p.lr,
+                                     fit_scaling=True, trial=trial)
+    return sur, cfg, history, pruned, best_val
+
+
 def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, out_dir: str | Path | None = None,
           explicit: "Dataset | None" = None, trial: Any = None, plots: bool = True) -> TrainResult:
     """Train a surrogate on ``ds`` (stage-1 tables from its single-host rows) and test it."""
@@ -178,14 +195,7 @@ def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, 
     if len(te) == 0:
         raise DataError("no cross-host allocations left for testing")
 
-    cfg = p.net_config()
-    if p.model == "hierarchical":
-        cfg["min_intra"] = p.min_intra == "true" or (p.min_intra == "auto" and _auto_min_intra(stage1, tr.masks, tr.busbw))
-    torch.manual_seed(p.seed)
-    net = build_net(p.model, spec, **cfg)
-    sur = Surrogate(spec, stage1, net, kind=p.model)
-    history, pruned, best_val = _fit(sur, tr.masks, tr.busbw, None, va.masks, va.busbw, p, epochs=p.epochs, lr=p.lr,
-                                     fit_scaling=True, trial=trial)
+    sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, tr, va, p, trial=trial)
     train_seconds = time.perf_counter() - t0
 
     # Replay sample for fine-tuning without forgetting, stored inside the artifact.
