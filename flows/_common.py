@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,53 @@ def load_params(path: str | Path | None = None) -> dict[str, Any]:
     if missing:
         raise SpecError(f"{p}: missing required keys {missing}")
     return doc
+
+
+@dataclass(frozen=True)
+class ClusterSource:
+    """One entry of ``clusters:`` resolved: what to ingest or profile and what scores the model."""
+
+    path: str  # measurement directory (ingested; TraceFabric truth) or spec (profiled on the emulator)
+    measured: bool
+    note: str | None = None  # why an emulated fallback stands in for a measured directory
+
+    @property
+    def truth(self) -> str:
+        return f"measured tables ({self.path})" if self.measured else f"emulator ({self.path})"
+
+
+def cluster_sources(entries: Any, where: str = "params/pipeline.yaml") -> list[ClusterSource]:
+    """``clusters:`` entries -> sources. An entry is a spec/directory path, or
+    ``{measured: DIR, fallback: SPEC}``: the physical measurements when ``DIR`` exists, else ``SPEC``."""
+    from bandpilot.topology.cluster import load_cluster
+
+    if not isinstance(entries, list) or not entries:
+        raise SpecError(f"{where}: clusters must be a non-empty list")
+    out = []
+    for i, e in enumerate(entries):
+        if isinstance(e, str):
+            out.append(ClusterSource(e, load_cluster(resolve(e)).source == "trace"))
+            continue
+        if not isinstance(e, dict) or not (e.get("measured") or e.get("fallback")):
+            raise SpecError(f"{where}: clusters[{i}] must be a path or {{measured: DIR, fallback: SPEC}}")
+        measured, fallback = e.get("measured"), e.get("fallback")
+        if measured and resolve(measured).is_dir():
+            out.append(ClusterSource(str(measured), True))
+        elif fallback:
+            note = f"measurement directory {measured} not found: emulated {fallback} instead" if measured else None
+            out.append(ClusterSource(str(fallback), load_cluster(resolve(fallback)).source == "trace", note))
+        else:
+            raise SpecError(f"{where}: clusters[{i}]: measurement directory {measured} not found and no fallback")
+    return out
+
+
+def truth_line(sources: list[ClusterSource]) -> str:
+    """The main job's first line: which truth scores the models."""
+    if all(s.measured for s in sources):
+        return "truth: measured tables - " + ", ".join(s.path for s in sources)
+    fell = [s.note for s in sources if s.note]
+    head = "truth: EMULATED clusters, not measurements" if not any(s.measured for s in sources) else "truth: mixed"
+    return head + " - " + "; ".join(s.truth for s in sources) + (f" ({'; '.join(fell)})" if fell else "")
 
 
 def resolve(path: str | Path) -> Path:

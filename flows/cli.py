@@ -25,9 +25,10 @@ def pipeline_cmd(
     task_runner: Optional[str] = typer.Option(None, "--task-runner", help="thread | dask (default from params)."),
 ) -> None:
     """Run the whole loop once: profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch."""
-    from flows._common import load_params
+    from flows._common import cluster_sources, load_params, truth_line
 
     P = load_params(params)
+    typer.echo(truth_line(cluster_sources(P["clusters"], str(params))))
     os.environ.setdefault("BANDPILOT_TASK_RUNNER", task_runner or str(P.get("task_runner", "thread")))
     from flows.pipeline import pipeline_flow, summary_lines
 

@@ -67,6 +67,7 @@ def ingest_flow(
 
         name = load_cluster(resolve(source_dir)).name
         out = ingest_task(source_dir, str(Path(data_root) / "data" / name))
+        out["cluster"] = name
     if track:
         out["dvc_md5"] = dvc_track_task(data_root)
     log.info("dataset %s ready (%s)", out["dataset"], out.get("dvc_md5", "untracked"))

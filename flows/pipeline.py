@@ -1,4 +1,4 @@
-"""The main job: emulated clusters -> profile -> DVC -> train (+ sweep) -> register -> evaluate
+"""The main job: measured clusters (ingested) or emulated ones (profiled) -> DVC -> train (+ sweep) -> register -> evaluate
 -> promote -> dispatch a demo queue, with a short summary of where to look.
 
 Re-running reuses what is unchanged: profiling resumes (nothing re-measured), DVC keeps the same
@@ -15,7 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
-from flows._common import load_params, prepare, resolve
+from flows._common import cluster_sources, load_params, prepare, resolve, truth_line
 from flows.dispatch import dispatch_flow, store_url_for
 from flows.ingest import dvc_track_task, ingest_flow
 from flows.retrain import retrain_flow
@@ -71,14 +71,19 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
     prof, ev, disp = P["profile"], P["evaluate"], P["dispatch"]
     sweep = P.get("sweep") or {}
     data_root = str(P.get("data_root", "."))
-    results: dict[str, Any] = {"clusters": {}}
+    sources = cluster_sources(P["clusters"], str(params_file))
+    results: dict[str, Any] = {"clusters": {}, "truth": truth_line(sources)}
+    log.info(results["truth"])
     datasets = {}
-    for cluster in P["clusters"]:
-        ing = ingest_flow(cluster=cluster, data_root=data_root, samples=int(prof.get("samples", 600)),
-                          seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
-        datasets[cluster] = ing
+    for src in sources:
+        if src.measured:  # physical measurements: ingest them as they are, nothing to profile
+            ing = ingest_flow(source_dir=src.path, data_root=data_root, track=False)
+        else:
+            ing = ingest_flow(cluster=src.path, data_root=data_root, samples=int(prof.get("samples", 600)),
+                              seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
+        datasets[src.path] = (src, ing)
     results["dvc_md5"] = dvc_track_task(data_root)
-    for cluster, ing in datasets.items():
+    for cluster, (src, ing) in datasets.items():
         rt = retrain_flow(
             data_dir=ing["dataset"], cluster_spec=cluster, params_file=P["train_params"],
             sweep_trials=int(sweep.get("n_trials", 0)), sweep_timeout=sweep.get("timeout"),
@@ -92,7 +97,8 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
             batch = dispatch_flow(cluster=name, policy=str(disp.get("policy", "utility")), store_url=url)
         else:
             log.warning("no champion for %s yet: the queue waits", name)
-        results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url}
+        results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url,
+                                     "truth": src.truth}
     return results
 
 
@@ -101,19 +107,21 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     from bandpilot.config import default_tracking_uri, project_root
 
     root = project_root()
-    out = [f"dataset (data.dvc): {results.get('dvc_md5')}"]
+    out = [results.get("truth", ""), f"dataset (data.dvc): {results.get('dvc_md5')}"]
     for name, r in results["clusters"].items():
         rt, batch = r["retrain"], r["batch"]
         gate = rt.get("gate") or {}
         out.append("")
         out.append(f"== {name}: dataset {str(rt.get('dataset_hash', ''))[:12]}, model {rt['name']} v{rt['version']} "
                    f"({'trained' if rt['trained'] else 'reused'}), gate: {gate.get('action')}, champion: v{rt.get('champion')}")
+        out.append(f"   truth: {r.get('truth')}")
         dec = gate.get("decision") or {}
         cand = (dec.get("candidate") or {}).get("gbe") or {}
         if cand:
             out.append("   mean GBE vs exact optimum: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in cand.items()))
             if (dec.get("candidate") or {}).get("mape") is not None:
-                out.append(f"   held-out MAPE: {dec['candidate']['mape']:.2f}%")
+                src = dec["candidate"].get("mape_source") or "held-out"
+                out.append(f"   {src} MAPE: {dec['candidate']['mape']:.2f}%")
         if gate.get("report"):
             out.append(f"   report: {Path(gate['report']).relative_to(root) if Path(gate['report']).is_relative_to(root) else gate['report']}")
         if batch:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows._common import load_params, prepare, resolve
+from flows._common import cluster_sources, load_params, prepare, resolve
 
 
 def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
@@ -27,12 +27,15 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     prof, ev, disp, sweep = P["profile"], P["evaluate"], P["dispatch"], P.get("sweep") or {}
     data_root = str(P.get("data_root", "."))
     out = []
-    for cluster in P["clusters"]:
+    for src in cluster_sources(P["clusters"], str(params_file)):
+        cluster = src.path
         name = load_cluster(resolve(cluster)).name
+        what = ({"source_dir": cluster} if src.measured else
+                {"cluster": cluster, "samples": int(prof.get("samples", 600)), "seed": int(prof.get("seed", 0)),
+                 "runner": str(prof.get("runner", "emulator"))})
         out.append(ingest_flow.to_deployment(
             name=f"ingest-{name}", cron=ingest_cron, tags=["bandpilot", name],
-            parameters={"cluster": cluster, "data_root": data_root, "samples": int(prof.get("samples", 600)),
-                        "seed": int(prof.get("seed", 0)), "runner": str(prof.get("runner", "emulator"))},
+            parameters={**what, "data_root": data_root},
         ))
         out.append(retrain_flow.to_deployment(
             name=f"retrain-{name}", cron=cron, tags=["bandpilot", name],

@@ -4,7 +4,8 @@ applies to both sides' figures and the decision record (pure: no registry, no ev
 Policy checks (GBE = BandPilot's mean GBE per profile, a fraction of the exact optimum):
 
 * ``min_gbe[profile]``: candidate GBE >= threshold, for every evaluated profile;
-* ``max_mape``: candidate MAPE (%) on the held-out cross-host rows <= threshold (with ``holdout``);
+* ``max_mape``: candidate MAPE (%) <= threshold: on the held-out cross-host rows with ``holdout``,
+  else the model's pattern-grouped cross-validated MAPE (recorded at training);
 * ``tolerance``: candidate GBE >= champion GBE − tolerance, for every profile;
 * ``mape_tolerance`` (optional): candidate MAPE <= champion MAPE + tolerance.
 """
@@ -141,6 +142,8 @@ class Side:
     mape: float | None = None
     holdout: dict[str, Any] | None = None
     report_dir: str | None = None
+    mape_source: str | None = None  # "held-out" dataset or "cross-validated" (the model's own CV figures)
+    truth: str | None = None  # which fabric scored the GBE (measured tables or the emulator)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -217,6 +220,10 @@ class PromotionDecision:
         lines.append(row(f"candidate v{self.candidate.version}", self.candidate))
         if self.champion:
             lines.append(row(f"champion v{self.champion.version}", self.champion))
+        if self.candidate.truth:
+            lines += ["", f"GBE scored on: {self.candidate.truth}"]
+        if self.candidate.mape_source:
+            lines.append(f"MAPE: {self.candidate.mape_source}")
         lines += ["", "Checks:"]
         for c in self.checks:
             lines.append(f"- {'✅' if c.passed else '❌'} {c.detail}")
@@ -241,6 +248,9 @@ class PromotionDecision:
                 t[f"champion_gbe_{p}"] = f"{self.champion.gbe[p]:.5f}"
         if self.candidate.mape is not None:
             t["mape"] = f"{self.candidate.mape:.4f}"
+            t["mape_source"] = self.candidate.mape_source or "held-out"
+        if self.candidate.truth:
+            t["truth"] = self.candidate.truth[:250]
         if self.champion and self.champion.mape is not None:
             t["champion_mape"] = f"{self.champion.mape:.4f}"
         return {TAG_PREFIX + k: v for k, v in t.items()}
@@ -258,7 +268,7 @@ def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profil
     if cand.mape is not None and policy.max_mape is not None:
         ok = bool(cand.mape <= policy.max_mape)
         checks.append(Check("max_mape", cand.mape, policy.max_mape, ok,
-                            f"held-out MAPE {cand.mape:.2f} % {'<=' if ok else '>'} maximum {policy.max_mape:.2f} %"))
+                            f"{cand.mape_source or 'held-out'} MAPE {cand.mape:.2f} % {'<=' if ok else '>'} maximum {policy.max_mape:.2f} %"))
     if champ is not None:
         for p in profiles:
             floor = champ.gbe[p] - policy.tolerance
@@ -273,7 +283,7 @@ def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profil
             ceil = champ.mape + policy.mape_tolerance
             ok = bool(cand.mape <= ceil)
             checks.append(Check("mape_vs_champion", cand.mape, ceil, ok,
-                                f"held-out MAPE {cand.mape:.2f} % vs champion {champ.mape:.2f} % (tolerance {policy.mape_tolerance:.2f} pts)"))
+                                f"{cand.mape_source or 'held-out'} MAPE {cand.mape:.2f} % vs champion {champ.mape:.2f} % (tolerance {policy.mape_tolerance:.2f} pts)"))
     return checks
 
 

@@ -71,6 +71,14 @@ def holdout_metrics(model: Any, holdout: Any) -> dict[str, Any]:
     return ev
 
 
+def cv_mape(model: Any) -> float | None:
+    """The pattern-grouped cross-validated MAPE stored in a model fit by ``bandpilot train`` (None for
+    models trained on a split, whose test rows were not measurements the registered model left out)."""
+    m = (getattr(model, "meta", None) or {}).get("metrics") or {}
+    v = m.get("cv_mape")
+    return float(v) if v is not None and np.isfinite(v) else None
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -304,10 +312,18 @@ def promote(
     champ = _side(champ_res, champ_version, champ_res.model_uri, profs) if champ_res is not None else None
     if ho is not None:
         cm = holdout_metrics(cand_model, ho)
-        cand.mape, cand.holdout = float(cm["mape"]), cm
+        cand.mape, cand.holdout, cand.mape_source = float(cm["mape"]), cm, "held-out"
         if champ is not None and champ_model is not None:
             hm = holdout_metrics(champ_model, ho)
-            champ.mape, champ.holdout = float(hm["mape"]), hm
+            champ.mape, champ.holdout, champ.mape_source = float(hm["mape"]), hm, "held-out"
+    else:
+        # No held-out set: the error the model showed on measurements it was not fit on (its CV).
+        cand.mape, cand.mape_source = cv_mape(cand_model), "cross-validated"
+        if champ is not None and champ_model is not None:
+            champ.mape, champ.mape_source = cv_mape(champ_model), "cross-validated"
+    cand.truth = cand_res.truth
+    if champ is not None and champ_res is not None:
+        champ.truth = champ_res.truth
 
     # 3. decide, write everything
     checks = apply_policy(pol, cand, champ, profs)
