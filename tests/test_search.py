@@ -13,6 +13,7 @@ from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.dispatcher import Dispatcher, IntractableError, PlacementError
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.search import SearchContext, partition_counts, partitions
+from bandpilot.dispatch.search import hybrid
 from bandpilot.dispatch.state import State
 
 # Three heterogeneous 4-GPU hosts: subsets differ in stage-1, unions with busy GPUs matter.
@@ -130,8 +131,8 @@ def test_pts_one_batched_call_per_step():
 
 def test_bandpilot_fallback_path(small, monkeypatch):
     """Beyond the count-vector limit: EHA + coarse search + PTS + local search, still valid/near."""
-    monkeypatch.setattr(search, "COUNT_SEARCH_LIMIT", 0)
-    monkeypatch.setattr(search, "COARSE_SEARCH_LIMIT", 3)
+    monkeypatch.setattr(hybrid, "COUNT_SEARCH_LIMIT", 0)
+    monkeypatch.setattr(hybrid, "COARSE_SEARCH_LIMIT", 3)
     d = Dispatcher(small)
     rng = np.random.default_rng(11)
     ratios = []

@@ -41,10 +41,9 @@ import numpy as np
 from bandpilot.dispatch.baselines import default_select, random_select, topo_select
 from bandpilot.topology.cluster import ClusterSpec, popcount
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.errors import ModelError, SpecError, StateError
+from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
 from bandpilot.dispatch.search import (
     IntractableError,
-    PlacementError,
     SearchContext,
     bandpilot,
     eha,

@@ -1,0 +1,317 @@
+"""What is a candidate allocation worth, and which per-host subsets are worth trying? The per-request
+:class:`SearchContext` every algorithm shares, its result type :class:`Found` and :class:`IntractableError`.
+
+Everything here rests on the hierarchy of the bandwidth model (paper Sec. IV-B): a cross-host
+allocation's bandwidth depends on the per-host GPU counts and - monotonically, through ``min`` -
+on each host's stage-1 (intra-host) value. So for a given per-host count vector ``c`` the best
+allocation takes, on every host, the free subset of size ``c_h`` with the best stage-1 value,
+which is computed once per request from ``model.stage1`` and the free mask
+(:attr:`SearchContext.best_mask`). The search space collapses from ``C(|A|, k)`` subsets to the
+count vectors ``{c : Σc = k, 0 <= c_h <= free_h}``, and further: hosts with identical free
+best-tables (and GPU type, domain, and no contention exposure) are interchangeable, so only sorted
+count multisets per equivalence class need evaluating (:meth:`SearchContext.count_vectors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bandpilot.dispatch.contention import ContentionPredictor, Prediction
+from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
+from bandpilot.dispatch.state import State
+from bandpilot.errors import PlacementError
+from bandpilot.topology.cluster import popcount
+
+_REL_TIE = 1e-9
+
+
+class IntractableError(PlacementError):
+    """Exact search refused: the candidate space is too large (reason ``invalid_request``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_request", message)
+
+
+@dataclass
+class Found:
+    """A search result: one allocation with its predicted contention-aware and standalone value."""
+
+    mask: np.ndarray
+    value: float
+    standalone: float
+    evaluated: int = 0  # candidates considered (informational)
+
+
+
+@dataclass
+class _Class:
+    hosts: np.ndarray  # member hosts (index order)
+    f: int  # free GPUs of each member
+    exposed: bool
+
+
+class SearchContext:
+    """Per-request precomputation shared by every algorithm.
+
+    ``free`` is the (constraint-filtered) free mask; allocations never leave it.
+    """
+
+    def __init__(self, model: Any, state: State, free: np.ndarray, k: int,
+                 predictor: ContentionPredictor | None = None) -> None:
+        self.model = model
+        self.state = state
+        self.spec = state.spec
+        self.k = int(k)
+        self.free = np.asarray(free, dtype=np.int64).copy()
+        self.H = self.spec.n_hosts
+        self.G = int(self.spec.gpus_per_host.max())
+        self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
+        stage1 = np.asarray(model.stage1, dtype=float)
+        if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
+            raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")
+        self.stage1 = stage1
+        self.fcount = popcount(self.free)
+        self.n_free = int(self.fcount.sum())
+        self._options: dict[tuple[int, int], np.ndarray] = {}
+        self._exposed_subs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._build_tables()
+        self._build_classes()
+
+    # -- per-host best subsets ------------------------------------------------------------
+    def _build_tables(self) -> None:
+        H, G = self.H, self.G
+        allm = np.arange(1 << G, dtype=np.int64)
+        pc = popcount(allm)
+        valid = (allm[None, :] & ~self.free[:, None]) == 0
+        score = np.where(valid, self.stage1[:, : 1 << G], -np.inf)
+        self.best_mask = np.full((H, G + 1), -1, dtype=np.int64)
+        self.best_val = np.full((H, G + 1), -np.inf)
+        rows = np.arange(H)
+        for c in range(G + 1):
+            sel = np.flatnonzero(pc == c)
+            sub = score[:, sel]
+            i = sub.argmax(axis=1)
+            self.best_mask[:, c] = sel[i]
+            self.best_val[:, c] = sub[rows, i]
+        bad = ~np.isfinite(self.best_val)
+        self.best_mask[bad] = -1
+        self.exposed = self.pred.exposed & (self.fcount > 0)
+        # Hosts a contending job touches: the subset also sets the stage-1 of the super
+        # allocations there, so among the best stage-1 subsets of each size prefer the best
+        # union stage-1s (worst, then sum); Exact uses the whole Pareto set (see options()).
+        for h in np.flatnonzero(self.exposed):
+            subs = allm[valid[h]]
+            pcs = pc[subs]
+            jm = np.unique(self.pred.job_masks[:, h])
+            jm = jm[jm != 0]
+            feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
+            order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
+            subs, pcs, feats = subs[order], pcs[order], feats[order]
+            first = np.flatnonzero(np.r_[True, np.diff(pcs) != 0])
+            self.best_mask[h, pcs[first]] = subs[first]
+            self._exposed_subs[int(h)] = (subs, pcs, feats)
+
+    def options(self, h: int, c: int) -> np.ndarray:
+        """Subsets of size ``c`` worth trying on host ``h``: the best one, or on exposed hosts the
+        Pareto set over (stage-1, stage-1 of the union with each contending job's GPUs there)."""
+        got = self._options.get((h, c))
+        if got is not None:
+            return got
+        if h not in self._exposed_subs:
+            return self.best_mask[h, c : c + 1]
+        subs, pcs, feats = self._exposed_subs[h]
+        for cc, opts in pareto_options(feats, subs, pcs).items():
+            self._options[(h, cc)] = opts
+        return self._options.get((h, c), np.zeros(0, dtype=np.int64))
+
+    def _build_classes(self) -> None:
+        keys: dict[Any, int] = {}
+        ckeys: dict[Any, int] = {}
+        cls = np.full(self.H, -1, dtype=np.int64)
+        ccls = np.full(self.H, -1, dtype=np.int64)
+        for h in np.flatnonzero(self.fcount > 0):
+            f = int(self.fcount[h])
+            host = self.spec.hosts[h]
+            coarse = (host.gpu, host.domain, f, tuple(np.round(self.best_val[h, : f + 1], 9).tolist()))
+            key: Any = ("exposed", int(h)) if self.exposed[h] else coarse
+            cls[h] = keys.setdefault(key, len(keys))
+            ccls[h] = ckeys.setdefault(coarse, len(ckeys))
+        self.cls = cls  # interchangeable hosts (exact symmetry)
+        self.n_classes = len(keys)
+        self.ccls = ccls  # same standalone behaviour, contention exposure ignored
+        self.n_cclasses = len(ckeys)
+        pr = self.pred
+        if pr.n_jobs:
+            #: total demand of the contending jobs touching each host (0: unexposed)
+            self.exposure = (pr.job_used * pr.job_demand[:, None]).sum(axis=0)
+        else:
+            self.exposure = np.zeros(self.H)
+
+    def classes(self, allowed: np.ndarray | None = None, coarse: bool = False) -> list[_Class]:
+        """Host classes with free GPUs. ``coarse``: classes ignore contention exposure (members
+        ordered least-exposed first, so enumerated counts land on the least-contended hosts)."""
+        out = []
+        lab = self.ccls if coarse else self.cls
+        ok = lab >= 0 if allowed is None else (lab >= 0) & allowed
+        for c in range(self.n_cclasses if coarse else self.n_classes):
+            members = np.flatnonzero(ok & (lab == c))
+            if members.size:
+                if coarse:
+                    members = members[np.lexsort((members, self.exposure[members]))]
+                    out.append(_Class(members, int(self.fcount[members[0]]), False))
+                else:
+                    out.append(_Class(members, int(self.fcount[members[0]]), bool(self.exposed[members[0]])))
+        return out
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self, masks: np.ndarray) -> Prediction:
+        """Contention-aware values of candidates (pruned by the standalone bound in big
+        batches: candidates that cannot win come back as ``-inf``)."""
+        return self.pred.predict_best(masks)
+
+    def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
+        counts = np.atleast_2d(counts)
+        return self.best_mask[np.arange(self.H)[None, :], counts]
+
+    def choose(self, masks: np.ndarray, value: np.ndarray) -> int:
+        """Index of the best candidate; near-ties prefer fewer hosts, then the tightest fit
+        (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
+        vmax = float(value.max())
+        near = np.flatnonzero(value >= vmax - _REL_TIE * max(1.0, abs(vmax)))
+        if near.size == 1:
+            return int(near[0])
+        used = masks[near] != 0
+        nh = used.sum(axis=1)
+        fit = (used * self.fcount[None, :]).sum(axis=1)
+        return int(near[np.lexsort((near, fit, nh))[0]])
+
+    def best_of(self, masks: np.ndarray) -> Found | None:
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        if masks.shape[0] == 0:
+            return None
+        p = self.evaluate(masks)
+        i = self.choose(masks, p.value)
+        return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
+
+    def pick(self, found: list[Found | None]) -> Found:
+        found = [f for f in found if f is not None]
+        masks = np.array([f.mask for f in found])
+        vals = np.array([f.value for f in found])
+        best = found[self.choose(masks, vals)]
+        best.evaluated = sum(f.evaluated for f in found)
+        return best
+
+    def canonical_unique(self, counts: np.ndarray) -> np.ndarray:
+        """Indices of count-vector rows that are distinct up to swapping interchangeable hosts."""
+        counts = np.atleast_2d(counts)
+        if counts.shape[0] <= 1:
+            return np.arange(counts.shape[0])
+        code = np.where(counts > 0, self.cls[None, :] * (self.G + 1) + counts, -1)
+        code = np.sort(code, axis=1)
+        void = np.ascontiguousarray(code).view(np.dtype((np.void, 8 * code.shape[1]))).ravel()
+        _, idx = np.unique(void, return_index=True)
+        return np.sort(idx)
+
+    # -- count vectors --------------------------------------------------------------------
+    def _class_poly(self, cl: _Class, pareto: bool) -> np.ndarray:
+        k = self.k
+        if cl.exposed:
+            h = int(cl.hosts[0])
+            q = np.zeros(k + 1)
+            for c in range(min(cl.f, k) + 1):
+                q[c] = len(self.options(h, c)) if pareto else 1.0
+            return q
+        return np.asarray(partition_counts(len(cl.hosts), cl.f, k))
+
+    def count_vectors(self, allowed: np.ndarray | None = None, pareto: bool = False, coarse: bool = False) -> float:
+        """Number of candidates :meth:`enumerate` would produce (after symmetry reduction)."""
+        poly = np.zeros(self.k + 1)
+        poly[0] = 1.0
+        for cl in self.classes(allowed, coarse):
+            poly = np.convolve(poly, self._class_poly(cl, pareto))[: self.k + 1]
+        return float(poly[self.k])
+
+    def enumerate(self, allowed: np.ndarray | None = None, pareto: bool = False, coarse: bool = False) -> np.ndarray:
+        """All symmetry-reduced count vectors with ``Σc = k`` as mask rows ``(N, n_hosts)``.
+
+        Dynamic programming over host classes on small integer codes (a count, or on exposed
+        hosts an index into that host's option list); partial vectors that cannot reach ``k``
+        are pruned, so no intermediate table is larger than the result.
+        """
+        k = self.k
+        classes = self.classes(allowed, coarse)
+        if not classes:
+            return np.zeros((0, self.H), dtype=np.int64)
+        menus: dict[int, np.ndarray] = {}
+        offsets: dict[int, np.ndarray] = {}
+        for cl in classes:
+            if cl.exposed and pareto:
+                h = int(cl.hosts[0])
+                opts = [self.options(h, c) for c in range(cl.f + 1)]
+                menus[h] = np.concatenate(opts)
+                offsets[h] = np.r_[0, np.cumsum([len(o) for o in opts])]
+        caps = [min(len(cl.hosts) * cl.f, k) for cl in classes]
+        rest = np.r_[np.cumsum(caps[::-1])[::-1][1:], 0]
+        code_t = np.int16 if self.G <= 8 else np.int32
+        acc: dict[int, np.ndarray] = {0: np.zeros((1, 0), dtype=code_t)}
+        for i, cl in enumerate(classes):
+            new: dict[int, list[np.ndarray]] = {}
+            for s_, A in acc.items():
+                for t in range(caps[i] + 1):
+                    s2 = s_ + t
+                    if s2 > k:
+                        break
+                    if s2 + rest[i] < k:
+                        continue
+                    if cl.exposed:
+                        h = int(cl.hosts[0])
+                        if pareto:
+                            R = np.arange(offsets[h][t], offsets[h][t + 1], dtype=code_t)[:, None]
+                        else:
+                            R = np.array([[t]], dtype=code_t)
+                    else:
+                        R = partitions(t, len(cl.hosts), cl.f).astype(code_t)
+                    if R.shape[0] == 0:
+                        continue
+                    if A.shape[0] == 1:
+                        block = np.concatenate([np.repeat(A, R.shape[0], axis=0), R], axis=1)
+                    else:
+                        block = np.concatenate([np.repeat(A, R.shape[0], axis=0), np.tile(R, (A.shape[0], 1))], axis=1)
+                    new.setdefault(s2, []).append(block)
+            acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
+        codes = acc.get(k)
+        out = np.zeros((0 if codes is None else codes.shape[0], self.H), dtype=np.int64)
+        if codes is None:
+            return out
+        col = 0
+        for cl in classes:
+            for h in cl.hosts:
+                h = int(h)
+                menu = menus.get(h)
+                if menu is None:
+                    menu = self.best_mask[h]
+                out[:, h] = menu[codes[:, col]]
+                col += 1
+        return out
+
+    # -- misc -----------------------------------------------------------------------------
+    def single_host_rows(self) -> np.ndarray:
+        """Best ``k``-subset of every host that fits ``k`` (one per host class)."""
+        fit = np.flatnonzero(self.fcount >= self.k)
+        if fit.size == 0:
+            return np.zeros((0, self.H), dtype=np.int64)
+        _, first = np.unique(self.cls[fit], return_index=True)
+        hosts = fit[np.sort(first)]
+        rows = np.zeros((hosts.size, self.H), dtype=np.int64)
+        rows[np.arange(hosts.size), hosts] = self.best_mask[hosts, self.k]
+        return rows
+
+    def host_rank(self) -> np.ndarray:
+        """Hosts with free GPUs, most promising first: unexposed, most free, best stage-1."""
+        hosts = np.flatnonzero(self.fcount > 0)
+        f = self.fcount[hosts]
+        top = self.best_val[hosts, f]
+        return hosts[np.lexsort((hosts, -top, -f, self.exposed[hosts]))]
