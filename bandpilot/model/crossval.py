@@ -21,7 +21,7 @@ from bandpilot.model.datamodule import MIN_POOL, _val_split, cross_pool
 from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
-from bandpilot.model.train import _set_threads, dataset_fingerprint, fit_pool, git_commit
+from bandpilot.model.train import _set_threads, fit_pool, record_provenance
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -124,29 +124,11 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     metrics.update({"n_train": float(rest.size), "n_test": float(test_idx.size or rest.size), "n_val": float(len(val_idx)),
                     "cv_folds": float(len(folds)), "train_seconds": train_seconds, "epochs_run": float(len(history))})
     source = f"holdout of {test_idx.size} allocations" if test_idx.size else f"{len(folds)}-fold pattern-grouped cross-validation"
-    data = {
-        "cluster": spec.name,
-        "fingerprint": spec.fingerprint(),
-        "dataset_hash": dataset_fingerprint(ds),
-        "dataset_path": str(ds.path) if ds.path else None,
-        "dataset_rows": int(len(ds)),
-        "pool": int(len(pool)),
-        "split": "all",
-        "metrics_from": source,
-        "cv_folds": per_fold,
-        "train_patterns": int(np.unique(pool.pattern[rest]).size),
-        "test_patterns": int(np.unique(pool.pattern[test_idx]).size) if test_idx.size else int(np.unique(cv_pool.pattern).size),
-    }
-    if p.model == "hierarchical":
-        data["prior"] = sur.net.prior_params()  # type: ignore[operator]
-        data["min_intra"] = bool(cfg["min_intra"])
-    sur.meta = {
-        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "params": p.as_dict(),
-        "metrics": metrics,
-        "data": data,
-        "git_commit": git_commit(),
-    }
+    data = record_provenance(
+        sur, ds, p, cfg, metrics, pool=int(len(pool)), split="all", metrics_from=source, cv_folds=per_fold,
+        train_patterns=int(np.unique(pool.pattern[rest]).size),
+        test_patterns=int(np.unique(pool.pattern[test_idx if test_idx.size else rest]).size),
+    )
     notes = [f"fit on all {rest.size} cross-host allocations; test metrics from the {source}"]
     plot_paths: dict[str, Path] = {}
     if plots:

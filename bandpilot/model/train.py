@@ -57,6 +57,20 @@ def dataset_fingerprint(ds: "Dataset") -> str:
     return hashlib.sha256(pd.util.hash_pandas_object(ds.frame[cols], index=False).to_numpy().tobytes()).hexdigest()
 
 
+def record_provenance(sur: Surrogate, ds: "Dataset", p: TrainParams, cfg: dict[str, Any], metrics: dict[str, float],
+                      **data: Any) -> dict[str, Any]:
+    """Store what the model was trained on, how and how well in ``sur.meta``; returns its ``data`` part."""
+    spec = ds.spec
+    out = {"cluster": spec.name, "fingerprint": spec.fingerprint(), "dataset_hash": dataset_fingerprint(ds),
+           "dataset_path": str(ds.path) if ds.path else None, "dataset_rows": int(len(ds)), **data}
+    if p.model == "hierarchical":
+        out["prior"] = sur.net.prior_params()  # type: ignore[operator]
+        out["min_intra"] = bool(cfg["min_intra"])
+    sur.meta = {"trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "params": p.as_dict(),
+                "metrics": metrics, "data": out, "git_commit": git_commit()}
+    return out
+
+
 def git_commit(root: Path | None = None) -> str | None:
     import subprocess
 
@@ -213,29 +227,11 @@ def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, 
                     "train_seconds": train_seconds, "epochs_run": float(len(history))})
     if len(va):
         metrics["val_mape"] = float(best_val)
-    data = {
-        "cluster": spec.name,
-        "fingerprint": spec.fingerprint(),
-        "dataset_hash": dataset_fingerprint(ds),
-        "dataset_path": str(ds.path) if ds.path else None,
-        "dataset_rows": int(len(ds)),
-        "pool": int(len(pool)),
-        "split": p.split,
-        "train_patterns": int(np.unique(src.pattern[tr_idx]).size),
-        "test_patterns": int(np.unique(te.pattern).size),
-    }
+    data = record_provenance(sur, ds, p, cfg, metrics, pool=int(len(pool)), split=p.split,
+                             train_patterns=int(np.unique(src.pattern[tr_idx]).size),
+                             test_patterns=int(np.unique(te.pattern).size))
     if explicit is not None:
         data["train_dataset_hash"] = dataset_fingerprint(explicit)
-    if p.model == "hierarchical":
-        data["prior"] = sur.net.prior_params()  # type: ignore[operator]
-        data["min_intra"] = bool(cfg["min_intra"])
-    sur.meta = {
-        "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "params": p.as_dict(),
-        "metrics": metrics,
-        "data": data,
-        "git_commit": git_commit(),
-    }
     plot_paths: dict[str, Path] = {}
     if plots:
         out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bandpilot-train-"))
