@@ -65,7 +65,7 @@ def cluster_sources(entries: Any, where: str = "params/pipeline.yaml") -> list[C
             raise SpecError(f"{where}: clusters[{i}] must be a path or {{measured: DIR, fallback: SPEC}}")
         measured, fallback = e.get("measured"), e.get("fallback")
         if measured and resolve(measured).is_dir():
-            out.append(ClusterSource(str(measured), True))
+            out.append(ClusterSource(str(measured), load_cluster(resolve(measured)).source == "trace"))
         elif fallback:
             note = f"measurement directory {measured} not found: emulated {fallback} instead" if measured else None
             out.append(ClusterSource(str(fallback), load_cluster(resolve(fallback)).source == "trace", note))

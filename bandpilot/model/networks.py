@@ -279,7 +279,10 @@ class HierarchicalNet(nn.Module):
         speed leads to the same fitted prior. Returns the total shift of ``log_eff``.
         """
         w = torch.ones_like(log_y) if w is None else w
-        total = 0.0
+        # First the network term alone, which moves exactly with log_eff: every declared speed lands on
+        # the same state here, so the refinement below (a fixed-point iteration) starts from one place.
+        total = _weighted_median(log_y - self._terms(t)["log_net"], w)
+        self.log_eff += total
         for _ in range(iters):
             z = self._terms(t)
             prior = torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
