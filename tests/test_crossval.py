@@ -183,3 +183,62 @@ def test_physical_measurements_are_sources_when_present(shared_data, tmp_path, m
     src = cluster_sources(entries)
     assert all(s.measured and s.note is None for s in src)
     assert truth_line(src).startswith("truth: measured tables")
+
+
+# ------------------------------------------------------------------------------------------
+def test_pattern_memory_corrects_measured_patterns_only_and_survives_save(het_ds, tmp_path):
+    from bandpilot.model.memory import MEMORY_FILE
+
+    res = fit(het_ds, {**TINY, "folds": 3, "holdout": 0.3}, plots=False)
+    sur = res.surrogate
+    pool = cross_pool(het_ds)
+    seen = ~np.isin(pool.pattern, res.test["pattern"])
+    # keys are (GPU type, count) multisets: finer than count patterns on a heterogeneous cluster
+    assert sur.memory is not None and len(sur.memory) == np.unique(sur.pattern_keys(pool.masks[seen])).size
+    keep = sur.memory
+    with_mem = sur.predict_masks(pool.masks)
+    sur.memory = None
+    model_only = sur.predict_masks(pool.masks)
+    sur.memory = keep
+    # held-out patterns: the model alone; measured ones: pulled to the measurements
+    np.testing.assert_allclose(with_mem[~seen], model_only[~seen])
+    err_mem = np.abs(np.log(with_mem[seen] / pool.busbw[seen]))
+    err_model = np.abs(np.log(model_only[seen] / pool.busbw[seen]))
+    assert np.median(err_mem) < np.median(err_model)
+    keys = sur.pattern_keys(pool.masks)
+    single = [i for i in np.flatnonzero(seen) if (keys[seen] == keys[i]).sum() == 1]
+    assert single
+    np.testing.assert_allclose(with_mem[single], pool.busbw[single], rtol=1e-6)
+    # the holdout metrics are of patterns the memory never saw
+    assert res.metrics["test_mape"] > 0
+
+    sur.save(tmp_path / "m")
+    assert (tmp_path / "m" / MEMORY_FILE).is_file()
+    from bandpilot.model.surrogate import Surrogate
+
+    back = Surrogate.load(tmp_path / "m")
+    np.testing.assert_allclose(back.predict_masks(pool.masks), with_mem, rtol=1e-6)
+    (tmp_path / "m" / MEMORY_FILE).write_bytes(b"not a zip")
+    from bandpilot.errors import ModelError
+
+    with pytest.raises(ModelError, match="pattern memory"):
+        Surrogate.load(tmp_path / "m")
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_pattern_keys_ignore_host_order_within_a_type_and_gpu_choice(data):
+    from bandpilot.model.memory import PatternMemory, pattern_keys
+
+    gtype = np.array([0, 0, 1, 1])
+    n = data.draw(st.integers(1, 20))
+    masks = np.array(data.draw(st.lists(st.lists(st.integers(0, 255), min_size=4, max_size=4), min_size=n, max_size=n)))
+    swapped = masks[:, [1, 0, 3, 2]]  # swap hosts of the same type
+    assert np.array_equal(pattern_keys(masks, gtype, 8), pattern_keys(swapped, gtype, 8))
+    shifted = masks.copy()
+    shifted[:, 0] = (masks[:, 0] << 1) & 255 | (masks[:, 0] >> 7)  # rotate GPUs inside host 0: same count
+    assert np.array_equal(pattern_keys(masks, gtype, 8), pattern_keys(shifted, gtype, 8))
+    mem = PatternMemory.build(pattern_keys(masks[:1], gtype, 8), np.array([0.25]))
+    corr = mem.correction(pattern_keys(masks, gtype, 8))
+    same = pattern_keys(masks, gtype, 8) == pattern_keys(masks[:1], gtype, 8)[0]
+    assert np.allclose(corr[same], 0.25) and np.allclose(corr[~same], 0.0)

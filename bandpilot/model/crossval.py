@@ -103,6 +103,8 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
     train_seconds = time.perf_counter() - t0
     all_tr = pool.take(rest)
+    if p.pattern_memory:
+        sur.remember(all_tr.masks, all_tr.busbw)
     keep = np.random.default_rng(p.seed + 1).permutation(len(all_tr))[: p.replay_size]
     sur.replay = (all_tr.masks[keep], all_tr.busbw[keep]) if p.replay_size else None
 
@@ -127,6 +129,7 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     data = record_provenance(
         sur, ds, p, cfg, metrics, pool=int(len(pool)), split="all", metrics_from=source, cv_folds=per_fold,
         train_patterns=int(np.unique(pool.pattern[rest]).size),
+        memory_patterns=len(sur.memory) if sur.memory is not None else 0,
         test_patterns=int(np.unique(pool.pattern[test_idx if test_idx.size else rest]).size),
     )
     notes = [f"fit on all {rest.size} cross-host allocations; test metrics from the {source}"]

@@ -30,6 +30,7 @@ N_TOKEN_FEATURES = 8
 N_GLOBAL_FEATURES = 11
 BROADCAST_ATTENTION_MAX_TOKENS = 8
 RESID_BOUND = 1.0  # artifacts without ``resid_bound`` in their config: the residual corrects by at most e^±1
+NET_BOUND_MARGIN = 0.1  # log: a row measured > ~10 % below its stage-1 bound is network-bound
 HEADROOM_CAP = 0.5  # log headroom of stage-1 over the network beyond which intra cannot matter
 
 
@@ -269,31 +270,24 @@ class HierarchicalNet(nn.Module):
         return torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
 
     @torch.no_grad()
-    def calibrate_prior(self, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None,
-                        iters: int = 50) -> float:
+    def calibrate_prior(self, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None) -> float:
         """Fit the prior's overall network scale (``log_eff``) to measurements in closed form.
 
-        Declared NIC speeds only set the starting point: the efficiency becomes the weighted median of
-        ``log y - prior`` over the rows the network bounds (not stage 1), iterated because which rows those
-        are depends on the scale. ``rail`` enters the prior only as ``rail * efficiency``, so any declared
-        speed leads to the same fitted prior. Returns the total shift of ``log_eff``.
+        The rows that tell the network's scale are the ones measured clearly below the stage-1 bound
+        of their hosts (or with no host of >= 2 GPUs): there the min rule says the network decided.
+        Which rows those are depends on the data alone, and ``rail`` enters the network term only as
+        ``rail * efficiency``, so whatever NIC speed a spec declares, the efficiency becomes the same
+        weighted median of ``log y - log net`` (robust to outlier runs). With no such row the declared
+        constants stay. Returns the shift of ``log_eff``.
         """
         w = torch.ones_like(log_y) if w is None else w
-        # First the network term alone, which moves exactly with log_eff: every declared speed lands on
-        # the same state here, so the refinement below (a fixed-point iteration) starts from one place.
-        total = _weighted_median(log_y - self._terms(t)["log_net"], w)
-        self.log_eff += total
-        for _ in range(iters):
-            z = self._terms(t)
-            prior = torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
-            net_bound = z["log_net"] <= z["log_intra_min"]
-            rows = net_bound if int(net_bound.sum()) >= 5 else torch.ones_like(net_bound)
-            d = _weighted_median((log_y - prior)[rows], w[rows])
-            self.log_eff += d
-            total += d
-            if abs(d) < 1e-7:
-                break
-        return total
+        z = self._terms(t)
+        rows = log_y < z["log_intra_min"] - NET_BOUND_MARGIN
+        if not bool(rows.any()):
+            return 0.0  # the measurements never show the network binding: nothing to fit it to
+        d = _weighted_median((log_y - z["log_net"])[rows], w[rows])
+        self.log_eff += d
+        return d
 
     def prior_parameters(self) -> list[nn.Parameter]:
         extra = [self.imb] if self.imb is not None else []

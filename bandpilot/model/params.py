@@ -48,6 +48,7 @@ class TrainParams:
     finetune_epochs: int = 150
     finetune_lr: float = 1e-3
     finetune_replay_weight: float = 1.0
+    pattern_memory: bool = True  # fit(): correct measured count patterns by the model's median residual there
     folds: int = 5  # fit(): pattern-grouped cross-validation folds for the metrics of a model fit on everything
     holdout: float = 0.0  # fit(): fraction of count patterns kept out as a test set (0: none)
     train_data: str = ""  # split=explicit: dataset directory whose cross-host rows are the training set

@@ -21,6 +21,7 @@ from torch import nn
 
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
+from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.networks import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_tokens, to_torch
 
@@ -54,6 +55,7 @@ class Surrogate:
         self._hosts = host_arrays(spec)
         self._max_gpus = int(spec.gpus_per_host.max())
         self._full = spec.full_masks
+        self.memory: PatternMemory | None = None  # measured-pattern corrections (see bandpilot.model.memory)
 
     def __repr__(self) -> str:
         return f"Surrogate({self.kind}, cluster={self.spec.name!r}, uri={self.uri!r}, version={self.model_version!r})"
@@ -98,6 +100,22 @@ class Surrogate:
         return out
 
     def _predict_cross(self, masks: np.ndarray) -> np.ndarray:
+        out = self._predict_model(masks)
+        if self.memory is not None and len(self.memory):
+            out = out * np.exp(self.memory.correction(self.pattern_keys(masks)))
+        return out
+
+    def pattern_keys(self, masks: np.ndarray) -> np.ndarray:
+        return pattern_keys(masks, self._hosts["gtype"], self._max_gpus)
+
+    def remember(self, masks: np.ndarray, busbw: np.ndarray) -> None:
+        """Build the pattern memory from measured cross-host rows (model residuals, median per pattern)."""
+        masks = self._check_masks(masks)
+        self.memory = None
+        resid = np.log(np.asarray(busbw, dtype=np.float64)) - np.log(self._predict_model(masks))
+        self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
+
+    def _predict_model(self, masks: np.ndarray) -> np.ndarray:
         if self.kind == "hierarchical" and masks.shape[0] > 64:
             # Identical (count, intra) rows predict identically: dedupe before the forward pass.
             counts = np.bitwise_count(masks).astype(np.int64)
@@ -148,6 +166,8 @@ class Surrogate:
         np.save(path / STAGE1_FILE, self.stage1)
         if self.replay is not None:
             np.savez_compressed(path / REPLAY_FILE, masks=self.replay[0], busbw=self.replay[1])
+        if self.memory is not None:
+            self.memory.save(path)
         return path
 
     @classmethod
@@ -178,8 +198,13 @@ class Surrogate:
         if (path / REPLAY_FILE).is_file():
             with np.load(path / REPLAY_FILE) as z:
                 replay = (z["masks"].astype(np.int64), z["busbw"].astype(np.float64))
-        return cls(spec, stage1, net, kind=cfg["kind"], meta=cfg.get("meta") or {}, replay=replay,
+        sur = cls(spec, stage1, net, kind=cfg["kind"], meta=cfg.get("meta") or {}, replay=replay,
                    uri=uri or str(path), name=name or cfg.get("name"), model_version=model_version)
+        try:
+            sur.memory = PatternMemory.load(path)
+        except (OSError, KeyError, ValueError) as exc:
+            raise ModelError(f"{path}: corrupt pattern memory ({exc.__class__.__name__}: {str(exc)[:120]})") from None
+        return sur
 
     @classmethod
     def load(cls, uri: str | Path) -> "Surrogate":
