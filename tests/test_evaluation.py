@@ -138,6 +138,7 @@ def test_perfect_model_metrics_and_report(h100, tmp_path):
         assert (out / "figures" / fig).stat().st_size > 5000, fig
     md = (out / "report.md").read_text()
     assert "Mean GBE (%)" in md and "| BandPilot |" in md and "k = 1" in md and "Ideal-BP" in md
+    assert "[EMULATED, not measurements]" in md  # an emulator truth says so in the report
     table = pd.read_csv(out / "gbe_table.csv", index_col=0)
     assert list(table.columns) == ["idle", "moderate", "heavy"] and "BandPilot" in table.index
     meta = json.loads((out / "evaluation.json").read_text())
@@ -193,7 +194,7 @@ def test_reference_reuse_and_rebase(het):
 def test_trace_truth_and_mismatch(shared_data, h100, tmp_path):
     trace = make_fabric(resolve_cluster(shared_data / "h100-16m"))
     res = evaluate(trace, trace, repeats=1, ks=[1, 4, 8, 12, 30], workers=1, profiles="idle,heavy", figures=False)
-    assert res.exact_everywhere and "TraceFabric" in res.truth
+    assert res.exact_everywhere and "TraceFabric" in res.truth and "[measured tables]" in res.truth
     assert res.gbe("idle", "bandpilot") == pytest.approx(1.0)
     with pytest.raises(ModelError, match=r"truth cluster 'h100-16m'.*does not match the model's cluster 'h100'"):
         resolve_truth(h100.spec, truth=shared_data / "h100-16m")

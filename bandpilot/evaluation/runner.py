@@ -235,4 +235,6 @@ def _describe_truth(fabric: Any) -> str:
     spec = fabric.spec
     kind = type(fabric).__name__
     where = f" {spec.path}" if spec.path else ""
-    return f"{kind}({spec.name}){where}"
+    # Say it in words: an emulator's score is not a measurement (truth comes from measured tables).
+    what = "measured tables" if spec.source == "trace" else "EMULATED, not measurements"
+    return f"{kind}({spec.name}){where} [{what}]"
