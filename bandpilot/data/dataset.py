@@ -202,3 +202,15 @@ def dataset_hash(path: str | Path) -> str:
     from bandpilot.data.dvc import tracked_md5
 
     return tracked_md5(pq, own) or own
+
+
+def repeat_noise(ds: Dataset) -> float | None:
+    """Measurement noise: median standard deviation of log busbw over allocations measured more than
+    once (None when nothing was repeated). Health checks set their tolerance from it."""
+    f = ds.frame[ds.frame["busbw"] > 0]
+    if f.empty:
+        return None
+    logs = np.log(f["busbw"].to_numpy(dtype=float))
+    g = f.assign(_log=logs).groupby(["gpus", "collective", "bytes"], sort=False)["_log"]
+    sd = g.std(ddof=1)[g.size() >= 2]
+    return float(sd.median()) if len(sd) else None

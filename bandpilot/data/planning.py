@@ -249,3 +249,8 @@ def plan(
         for r in range(repeats):
             out.append(_measurement(spec, masks, sz, stratum, r, used))
     return out
+
+
+def planned(spec: ClusterSpec, masks: Sequence[int], stratum: str, repeat: int = 0) -> PlannedMeasurement:
+    """One measurement of an arbitrary allocation (probes, checks) with the spec's default sizes."""
+    return _measurement(spec, tuple(int(m) for m in masks), default_sizes(spec.message_bytes), stratum, repeat)

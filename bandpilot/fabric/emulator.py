@@ -253,4 +253,9 @@ def make_fabric(spec: ClusterSpec | str, **kwargs: Any) -> Fabric:
     """The fabric a spec describes: measured tables when present, else the emulator."""
     if not isinstance(spec, ClusterSpec):
         spec = load_cluster(spec)
-    return TraceFabric(spec) if spec.source == "trace" else EmulatorFabric(spec, **kwargs)
+    fab: Fabric = TraceFabric(spec) if spec.source == "trace" else EmulatorFabric(spec, **kwargs)
+    if spec.emulator.get("faults"):
+        from bandpilot.fabric.faults import FaultyFabric, parse_faults
+
+        fab = FaultyFabric(fab, parse_faults(spec.emulator["faults"], spec, f"{spec.name}: faults"))
+    return fab

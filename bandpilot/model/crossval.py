@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from bandpilot.data.dataset import repeat_noise
 from bandpilot.errors import DataError
 from bandpilot.model.datamodule import MIN_POOL, _val_split, cross_pool
 from bandpilot.model.metrics import evaluate_predictions, make_plots
@@ -130,6 +131,7 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
         sur, ds, p, cfg, metrics, pool=int(len(pool)), split="all", metrics_from=source, cv_folds=per_fold,
         train_patterns=int(np.unique(pool.pattern[rest]).size),
         memory_patterns=len(sur.memory) if sur.memory is not None else 0,
+        noise_sigma=repeat_noise(ds),
         test_patterns=int(np.unique(pool.pattern[test_idx if test_idx.size else rest]).size),
     )
     notes = [f"fit on all {rest.size} cross-host allocations; test metrics from the {source}"]

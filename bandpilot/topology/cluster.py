@@ -388,6 +388,8 @@ def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = 
     emulator = doc.get("emulator") or {}
     if not isinstance(emulator, dict):
         raise SpecError(f"{source}: emulator must be a mapping")
+    if doc.get("faults") is not None:  # injected faults (bandpilot.fabric.faults), validated by make_fabric
+        emulator = {**emulator, "faults": doc["faults"]}
     mb = doc.get("message_bytes", 16 * 1024 * 1024)
     if not isinstance(mb, int) or mb <= 0:
         raise SpecError(f"{source}: message_bytes must be a positive integer")

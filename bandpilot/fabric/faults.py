@@ -1,0 +1,164 @@
+"""What does a degraded link do to bandwidth? Fault injection for any fabric (emulator or trace).
+
+A fault multiplies the bandwidth of every allocation it touches by ``factor`` (0 = failed):
+
+* ``nvlink_width`` - one GPU's NVLink at reduced width: every allocation using that GPU (a ring is as
+  fast as its slowest link);
+* ``nvlink_pair``  - one degraded GPU pair: allocations using both GPUs;
+* ``nic_rail``     - a slow NIC rail (GPU ``rail``'s rail): cross-host allocations using that GPU;
+* ``slow_host``    - every allocation touching the host;
+* ``missing_gpu``  - the GPU is gone: allocations using it fail (factor 0).
+
+Faults come from a spec (``faults:``) or a YAML/JSON file (``--inject FILE``), or are drawn at random
+(:func:`random_fault`), seeded and reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from bandpilot.errors import SpecError
+from bandpilot.fabric.base import Fabric
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+KINDS = ("nvlink_width", "nvlink_pair", "nic_rail", "slow_host", "missing_gpu")
+DEFAULT_FACTOR = {"nvlink_width": 0.5, "nvlink_pair": 0.5, "nic_rail": 0.5, "slow_host": 0.7, "missing_gpu": 0.0}
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    host: str
+    gpu: int | None = None  # nvlink_width, missing_gpu, nic_rail (the rail's GPU); nvlink_pair: first GPU
+    peer: int | None = None  # nvlink_pair: second GPU
+    factor: float | None = None
+
+    @property
+    def scale(self) -> float:
+        return DEFAULT_FACTOR[self.kind] if self.factor is None else float(self.factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def parse_faults(items: Any, spec: ClusterSpec, source: str = "faults") -> list[Fault]:
+    """Validate fault entries against the cluster: one clear error naming the entry and what is wrong."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise SpecError(f"{source}: faults must be a list")
+    out = []
+    for i, it in enumerate(items):
+        where = f"{source}[{i}]"
+        if not isinstance(it, dict):
+            raise SpecError(f"{where}: a fault must be a mapping with kind and host")
+        unknown = sorted(set(it) - {"kind", "host", "gpu", "peer", "factor"})
+        if unknown:
+            raise SpecError(f"{where}: unknown keys {unknown}")
+        kind, host = it.get("kind"), it.get("host")
+        if kind not in KINDS:
+            raise SpecError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+        if host not in spec.host_index:
+            raise SpecError(f"{where}: host {host!r} is not in cluster {spec.name!r}")
+        n = spec.hosts[spec.host_index[host]].n_gpus
+        needs = {"nvlink_width": ("gpu",), "missing_gpu": ("gpu",), "nic_rail": ("gpu",),
+                 "nvlink_pair": ("gpu", "peer"), "slow_host": ()}[kind]
+        for key in needs:
+            v = it.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
+                raise SpecError(f"{where}: {kind} needs {key} = a GPU index 0..{n - 1} of {host}, got {v!r}")
+        if kind == "nvlink_pair" and it["gpu"] == it["peer"]:
+            raise SpecError(f"{where}: nvlink_pair needs two different GPUs")
+        factor = it.get("factor")
+        if factor is not None and (not isinstance(factor, (int, float)) or not 0 <= factor <= 1):
+            raise SpecError(f"{where}: factor must be a number in [0, 1], got {factor!r}")
+        out.append(Fault(kind, host, it.get("gpu"), it.get("peer"), None if factor is None else float(factor)))
+    return out
+
+
+def load_faults(path: str | Path, spec: ClusterSpec) -> list[Fault]:
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise SpecError(f"cannot read fault file {p}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: invalid YAML ({exc.__class__.__name__})") from None
+    if isinstance(doc, dict):
+        doc = doc.get("faults")
+    return parse_faults(doc, spec, str(p))
+
+
+def random_fault(spec: ClusterSpec, kind: str, rng: np.random.Generator, factor: float | None = None) -> Fault:
+    """One fault of ``kind`` at a random host/GPU/pair (seeded by ``rng``)."""
+    h = spec.hosts[int(rng.integers(spec.n_hosts))]
+    g = int(rng.integers(h.n_gpus))
+    peer = None
+    if kind == "nvlink_pair":
+        peer = int((g + 1 + rng.integers(h.n_gpus - 1)) % h.n_gpus)
+    return Fault(kind, h.name, None if kind == "slow_host" else g, peer, factor)
+
+
+class FaultyFabric(Fabric):
+    """``base`` with faults: the same interface, bandwidth scaled where the faults reach."""
+
+    def __init__(self, base: Fabric, faults: Sequence[Fault]) -> None:
+        super().__init__(base.spec)
+        self.base = base
+        self.faults = list(faults)
+        self.combine = base.combine
+        idx = base.spec.host_index
+        self._where = [(f, idx[f.host]) for f in self.faults]
+
+    def factors(self, masks: np.ndarray) -> np.ndarray:
+        """Per-row product of the fault factors that reach each allocation."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        cross = (popcount(masks) > 0).sum(axis=1) >= 2
+        out = np.ones(masks.shape[0])
+        for f, h in self._where:
+            m = masks[:, h]
+            if f.kind == "slow_host":
+                hit = m != 0
+            elif f.kind == "nvlink_pair":
+                both = (1 << f.gpu) | (1 << f.peer)
+                hit = (m & both) == both
+            elif f.kind == "nic_rail":
+                hit = cross & ((m >> f.gpu) & 1).astype(bool)
+            else:  # nvlink_width, missing_gpu
+                hit = ((m >> f.gpu) & 1).astype(bool)
+                if f.kind == "nvlink_width":
+                    hit &= popcount(m) >= 2  # a lone GPU uses no NVLink
+            out = np.where(hit, out * f.scale, out)
+        return out
+
+    def stage1_table(self, h: int) -> np.ndarray:
+        t = self.base.stage1[h].copy()
+        masks = np.zeros((t.size, self.spec.n_hosts), dtype=np.int64)
+        masks[:, h] = np.arange(t.size)
+        return t * self.factors(masks)
+
+    def network(self, counts: np.ndarray) -> np.ndarray:
+        return self.base.network(counts)
+
+    def bandwidth_masks(self, masks: np.ndarray) -> np.ndarray:
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        return self.base.bandwidth_masks(masks) * self.factors(masks)
+
+    def measure(self, masks: np.ndarray, seed: int | None = None, repeat: int = 0) -> np.ndarray:
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        return self.base.measure(masks, seed=seed, repeat=repeat) * self.factors(masks)
+
+    def describe(self) -> str:
+        return json.dumps([f.to_dict() for f in self.faults])
+
+
+def with_faults(fabric: Fabric, faults: Iterable[Fault]) -> Fabric:
+    faults = list(faults)
+    return FaultyFabric(fabric, faults) if faults else fabric

@@ -1,0 +1,124 @@
+"""Is a host healthy, and if not, which GPU, GPU pair or NIC rail? The verdict from measured/expected.
+
+Every run is compared with the model's expectation (stage-1 table inside a host, the surrogate across
+hosts); a run is *low* when ``log(measured / expected)`` is below its tolerance. Per host the decoder
+tries every single-fault explanation - none, one GPU, one GPU pair, one NIC rail, the whole host - and
+keeps the one whose predicted low runs disagree least with the observed ones (ties: the simpler one).
+It works on any set of runs: the probe plan, or a whole measurement directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+FAILED_RATIO = 0.1  # a run below a tenth of its expectation is a failure (GPU gone, run crashed)
+SIMPLICITY = {"none": 0, "gpu": 1, "rail": 2, "pair": 3, "host": 4}
+
+
+@dataclass
+class Tolerance:
+    """Log-space tolerances: ``z`` noise sigmas (repeat noise), plus the model's error across hosts."""
+
+    sigma: float = 0.02
+    z: float = 4.0
+    floor: float = 0.05
+    cross_error: float = 0.05
+
+    def of(self, cross: np.ndarray) -> np.ndarray:
+        base = max(self.z * self.sigma, self.floor)
+        return np.where(cross, base + self.cross_error, base)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"sigma": self.sigma, "z": self.z, "floor": self.floor, "cross_error": self.cross_error}
+
+
+@dataclass
+class HostVerdict:
+    host: str
+    status: str  # healthy | degraded | failed
+    gpus: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    ratio: float = 1.0
+    fault: str = "none"  # none | gpu | pair | rail | host
+    runs: int = 0
+    low_runs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "gpus": self.gpus, "links": self.links, "ratio": round(self.ratio, 4)}
+
+
+def _candidates(n: int) -> list[tuple[str, tuple[int, ...]]]:
+    out: list[tuple[str, tuple[int, ...]]] = [("none", ())]
+    out += [("gpu", (g,)) for g in range(n)]
+    out += [("rail", (r,)) for r in range(n)]
+    out += [("pair", (a, b)) for a in range(n) for b in range(a + 1, n)]
+    out.append(("host", ()))
+    return out
+
+
+def _predicted(kind: str, args: tuple[int, ...], m: np.ndarray, cross: np.ndarray) -> np.ndarray:
+    """Runs a fault would pull down, given this host's masks ``m`` of the runs touching it."""
+    if kind == "none":
+        return np.zeros(m.shape, dtype=bool)
+    if kind == "host":
+        return np.ones(m.shape, dtype=bool)
+    if kind == "gpu":
+        return ((m >> args[0]) & 1).astype(bool)
+    if kind == "rail":
+        return cross & ((m >> args[0]) & 1).astype(bool)
+    both = (1 << args[0]) | (1 << args[1])
+    return (m & both) == both
+
+
+def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expected: np.ndarray,
+             tol: Tolerance, hosts: list[str] | None = None) -> dict[str, HostVerdict]:
+    """Verdict per host from runs (per-host masks, measured and expected busbw)."""
+    masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+    measured = np.asarray(measured, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    ok = expected > 0
+    ratio = np.where(ok, measured / np.where(ok, expected, 1.0), 1.0)
+    cross = (popcount(masks) > 0).sum(axis=1) >= 2
+    low = np.log(np.maximum(ratio, 1e-9)) < -tol.of(cross)
+    out: dict[str, HostVerdict] = {}
+    for h, host in enumerate(spec.hosts):
+        if hosts and host.name not in hosts:
+            continue
+        rows = np.flatnonzero(masks[:, h] != 0)
+        if rows.size == 0:
+            out[host.name] = HostVerdict(host.name, "healthy")
+            continue
+        m, c, obs = masks[rows, h], cross[rows], low[rows]
+        best = None
+        for kind, args in _candidates(host.n_gpus):
+            pred = _predicted(kind, args, m, c)
+            if kind != "none" and not pred.any():
+                continue
+            score = (int((pred != obs).sum()), SIMPLICITY[kind])
+            if best is None or score < best[0]:
+                best = (score, kind, args, pred)
+        _, kind, args, pred = best  # type: ignore[misc]
+        v = HostVerdict(host.name, "healthy", runs=int(rows.size), low_runs=int(obs.sum()))
+        if kind != "none":
+            r = float(np.median(ratio[rows][pred]))
+            v.ratio, v.fault = r, kind
+            v.status = "failed" if r < FAILED_RATIO else "degraded"
+            name = host.name
+            if kind == "gpu":
+                v.gpus = [f"{name}:{args[0]}"]
+            elif kind == "pair":
+                v.gpus = [f"{name}:{args[0]}", f"{name}:{args[1]}"]
+                v.links = [f"{name}:{args[0]}-{name}:{args[1]}"]
+            elif kind == "rail":
+                v.links = [f"{name}:nic-rail{args[0]}"]
+            else:
+                v.links = [name]
+        else:
+            v.ratio = float(np.min(ratio[rows])) if rows.size else 1.0
+        out[host.name] = v
+    return out
