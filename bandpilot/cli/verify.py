@@ -1,0 +1,58 @@
+"""``bandpilot verify``: probe the fabric (or read a measurement directory), compare with the model,
+give a verdict per host. Exit 0 when every host is healthy, 3 when something is degraded or failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bandpilot.cli.main import app
+from bandpilot.errors import RequestError
+
+
+@app.command("verify")
+def verify_cmd(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")],
+    cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec to probe (default: the model's).")] = None,
+    runner: Annotated[str, typer.Option("--runner", help="emulator | ssh (nccl-tests over mpirun).")] = "emulator",
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated hosts to verify (default: all).")] = None,
+    inject: Annotated[Path | None, typer.Option("--inject", help="Faults for the emulator (YAML list or {faults: [...]}).")] = None,
+    measurements: Annotated[Path | None, typer.Option("--measurements", help="Verify this measurement directory instead of probing.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the probe command lines and their cost; run nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"hosts": {...}} verdicts as JSON on stdout.')] = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write verify.md and verify.json here.")] = None,
+) -> None:
+    """Verified discovery: a few nccl-tests runs per host against the model's expectation."""
+    from bandpilot.health import verify as hv
+    from bandpilot.model.surrogate import Surrogate
+    from bandpilot.topology.cluster import load_cluster
+
+    host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    if measurements is not None and (inject is not None or dry_run):
+        raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
+    if runner not in ("emulator", "ssh"):
+        raise RequestError(f"--runner must be emulator or ssh, got {runner!r}")
+    sur = Surrogate.load(model)
+    if measurements is not None:
+        rep = hv.verify_measurements(sur, measurements, hosts=host_list)
+    else:
+        spec = load_cluster(cluster) if cluster is not None else sur.spec
+        if dry_run:
+            for line in hv.dry_run_lines(spec, host_list):
+                typer.echo(line)
+            return
+        fabric = None
+        if inject is not None:
+            if runner != "emulator":
+                raise RequestError("--inject injects faults into the emulator: use --runner emulator")
+            from bandpilot.fabric.emulator import make_fabric
+            from bandpilot.fabric.faults import FaultyFabric, load_faults
+
+            fabric = FaultyFabric(make_fabric(spec), load_faults(inject, spec))
+        rep = hv.verify_probes(sur, spec, runner=runner, fabric=fabric, hosts=host_list)
+    if out is not None:
+        rep.write(out)
+    typer.echo(hv.report_json(rep) if as_json else rep.markdown())
+    raise typer.Exit(rep.exit_code)
