@@ -179,3 +179,63 @@ def test_verify_measurement_directory(shared_data, model_dir):
 
     with pytest.raises(DataError, match="the model is for cluster"):
         verify_measurements(Surrogate.load(model_dir), d)
+
+
+# ------------------------------------------------------------------------------------------
+def test_gate_drains_suspects_undrains_after_a_pass_and_keeps_operator_drains(h100, tmp_path):
+    from bandpilot import queue as q
+    from bandpilot.errors import StateError
+
+    store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    store.init_cluster(h100)
+    from bandpilot.dispatch.dispatcher import Dispatcher
+
+    q.submit(store, [{"id": "job", "k": 8, "tenant": "t", "constraints": {"allowed_hosts": ["h100-0"]}}])
+    q.run_batch(store, Dispatcher(EmulatorFabric(h100)))  # the job holds all of h100-0
+    q.drain(store, "h100-3:0", reason="operator: fan")
+    verdicts = {
+        "h100-0": {"status": "degraded", "gpus": ["h100-0:2"], "links": [], "ratio": 0.5},
+        "h100-1": {"status": "degraded", "gpus": [], "links": ["h100-1:nic-rail5"], "ratio": 0.5},
+        "h100-2": {"status": "degraded", "gpus": [], "links": ["h100-2"], "ratio": 0.7},
+        "h100-3": {"status": "healthy", "gpus": [], "links": [], "ratio": 1.0},
+    }
+    g = q.apply_verdicts(store, verdicts, "test")
+    assert g["pending"] == ["h100-0:2"] and "h100-1:5" in g["drained"] and len(g["drained"]) == 9
+    st = q.export_state(store)
+    assert "h100-1:5" not in st["free"] and not any(x.startswith("h100-2:") for x in st["free"])
+    assert "h100-3:0" not in st["free"]
+    rows = {r["host"]: r for r in q.health(store)}
+    assert rows["h100-1"]["status"] == "degraded" and rows["h100-1"]["gated_gpus"] == 1 and rows["h100-2"]["gated_gpus"] == 8
+    assert q.check_invariants(store) == []
+
+    before = q.export_state(store)
+    with pytest.raises(StateError, match="not in cluster"):
+        q.apply_verdicts(store, {"h100-1": {"status": "healthy"}, "h100-9": {"status": "healthy"}})
+    with pytest.raises(StateError, match="status must be"):
+        q.apply_verdicts(store, {"h100-1": {"status": "so-so"}})
+    assert q.export_state(store) == before  # nothing stored half
+
+    q.apply_verdicts(store, {h: {"status": "healthy", "gpus": [], "links": [], "ratio": 1.0} for h in verdicts})
+    st = q.export_state(store)
+    assert "h100-1:5" in st["free"] and all(f"h100-2:{i}" in st["free"] for i in range(8))
+    assert "h100-3:0" not in st["free"]  # the operator's drain is the operator's to lift
+    assert all(r["status"] == "healthy" and r["gated_gpus"] == 0 for r in q.health(store))
+    assert q.check_invariants(store) == []
+
+
+def test_cli_verify_gate_and_cluster_health(model_dir, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert _cli(["cluster", "init", "--cluster", str(H100), "--store", url]) == 0
+    faults = tmp_path / "f.yaml"
+    faults.write_text(yaml.safe_dump([{"kind": "slow_host", "host": "h100-1"}]))
+    capsys.readouterr()
+    assert _cli(["verify", "--model", str(model_dir), "--inject", str(faults), "--gate", "--store", url]) == 3
+    capsys.readouterr()
+    assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
+    rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["h100-1"]["status"] == "degraded" and rows["h100-1"]["gated_gpus"] == 8
+    assert _cli(["verify", "--model", str(model_dir), "--gate", "--store", url]) == 0
+    capsys.readouterr()
+    assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
+    rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+    assert all(r["status"] == "healthy" and r["gated_gpus"] == 0 for r in rows.values())

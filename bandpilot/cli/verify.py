@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.cli.queue import cluster_app
 from bandpilot.errors import RequestError
 
 
@@ -23,6 +24,9 @@ def verify_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the probe command lines and their cost; run nothing.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='Print {"hosts": {...}} verdicts as JSON on stdout.')] = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write verify.md and verify.json here.")] = None,
+    gate: Annotated[bool, typer.Option("--gate", help="Record the verdicts in the queue store and drain suspects "
+                                                      "(undrain what an earlier verify drained and now passes).")] = False,
+    store: Annotated[str | None, typer.Option("--store", envvar="BANDPILOT_STORE", help="Queue store URL for --gate.")] = None,
 ) -> None:
     """Verified discovery: a few nccl-tests runs per host against the model's expectation."""
     from bandpilot.health import verify as hv
@@ -30,6 +34,11 @@ def verify_cmd(
     from bandpilot.topology.cluster import load_cluster
 
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+    st = None
+    if gate:  # open (and check) the store first: a bad store must not cost a verify run
+        from bandpilot.queue import Store
+
+        st = Store(store)
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
@@ -52,7 +61,37 @@ def verify_cmd(
 
             fabric = FaultyFabric(make_fabric(spec), load_faults(inject, spec))
         rep = hv.verify_probes(sur, spec, runner=runner, fabric=fabric, hosts=host_list)
+    if st is not None:
+        from bandpilot.errors import StateError
+        from bandpilot.queue import apply_verdicts
+
+        if st.spec.fingerprint() != sur.spec.fingerprint():
+            raise StateError(f"store {st.safe_url} is for cluster {st.spec.name!r}, the verify for {sur.spec.name!r}")
+        g = apply_verdicts(st, rep.to_json()["hosts"], rep.source)
+        typer.echo(f"gate: drained {len(g['drained'])}, on release {len(g['pending'])}, undrained {len(g['undrained'])}",
+                   err=True)
     if out is not None:
         rep.write(out)
     typer.echo(hv.report_json(rep) if as_json else rep.markdown())
     raise typer.Exit(rep.exit_code)
+
+
+@cluster_app.command("health")
+def health_cmd(
+    store: Annotated[str | None, typer.Option("--store", envvar="BANDPILOT_STORE", help="Queue store URL.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The last verify verdict per host and how many GPUs it keeps out of the pool."""
+    import json
+
+    from bandpilot.queue import Store, health
+
+    rows = health(Store(store))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        sus = ", ".join(r["links"] or r["gpus"]) or "-"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        typer.echo(f"{r['host']:<16} {r['status']:<9} suspects {sus:<28} measured/expected {ratio:<5} "
+                   f"gated GPUs {r['gated_gpus']}  verified {r['verified_at'] or 'never'}")

@@ -119,6 +119,6 @@ def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expecte
             else:
                 v.links = [name]
         else:
-            v.ratio = float(np.min(ratio[rows])) if rows.size else 1.0
+            v.ratio = float(np.median(ratio[rows]))  # healthy: the typical run (a neighbour's fault may pull some down)
         out[host.name] = v
     return out

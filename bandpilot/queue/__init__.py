@@ -4,6 +4,7 @@ on assigned jobs (GPU lists per request) and the cluster state in the dispatcher
 
 from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
 from bandpilot.queue.clock import iso
+from bandpilot.queue.health import apply_verdicts, health
 from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
 from bandpilot.queue.invariants import check_invariants
 from bandpilot.queue.lifecycle import drain, release, release_many, resolve_targets, undrain
@@ -43,6 +44,8 @@ __all__ = [
     "order_pending", "run_batch", "utility_prior", "utility_quotas",
     # lifecycle
     "drain", "release", "release_many", "resolve_targets", "undrain",
+    # verify verdicts
+    "apply_verdicts", "health",
     # views and checks
     "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
     "list_requests", "status",

@@ -85,23 +85,28 @@ def drain(store: Store, target: str, reason: str | None = None) -> dict[str, lis
     """Take a GPU, host or domain out of the free pool. Free GPUs become unavailable now; busy ones
     stay with their job and become unavailable when it is released."""
     ids = resolve_targets(store.spec, target)
-    now = _now()
     with store.write() as conn:
-        store.lock_gpus(conn, ids)
-        rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
-        now_off = [g for g, s, _ in rows if s == "free"]
-        later = [g for g, s, d in rows if s == "busy" and not d]
-        already = [g for g, s, d in rows if s == "unavailable" or (s == "busy" and d)]
-        if now_off:
-            conn.execute(
-                sa.update(T_GPUS).where(T_GPUS.c.id.in_(now_off), T_GPUS.c.state == "free")
-                .values(state="unavailable", note=reason, updated_at=now)
-            )
-        if later:
-            conn.execute(
-                sa.update(T_GPUS).where(T_GPUS.c.id.in_(later), T_GPUS.c.state == "busy")
-                .values(drain_pending=True, note=reason, updated_at=now)
-            )
+        return drain_ids(store, conn, ids, reason)
+
+
+def drain_ids(store: Store, conn: sa.Connection, ids: Sequence[str], reason: str | None) -> dict[str, list[str]]:
+    """:func:`drain` of GPU ids inside the caller's write transaction."""
+    now = _now()
+    store.lock_gpus(conn, ids)
+    rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
+    now_off = [g for g, s, _ in rows if s == "free"]
+    later = [g for g, s, d in rows if s == "busy" and not d]
+    already = [g for g, s, d in rows if s == "unavailable" or (s == "busy" and d)]
+    if now_off:
+        conn.execute(
+            sa.update(T_GPUS).where(T_GPUS.c.id.in_(now_off), T_GPUS.c.state == "free")
+            .values(state="unavailable", note=reason, updated_at=now)
+        )
+    if later:
+        conn.execute(
+            sa.update(T_GPUS).where(T_GPUS.c.id.in_(later), T_GPUS.c.state == "busy")
+            .values(drain_pending=True, note=reason, updated_at=now)
+        )
     order = {g: i for i, g in enumerate(ids)}
     key = order.__getitem__
     return {"drained": sorted(now_off, key=key), "pending": sorted(later, key=key), "already": sorted(already, key=key)}
@@ -110,18 +115,23 @@ def drain(store: Store, target: str, reason: str | None = None) -> dict[str, lis
 def undrain(store: Store, target: str) -> dict[str, list[str]]:
     """Return drained hardware to the free pool (and cancel pending drains of busy GPUs)."""
     ids = resolve_targets(store.spec, target)
-    now = _now()
     with store.write() as conn:
-        store.lock_gpus(conn, ids)
-        rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
-        back = [g for g, s, _ in rows if s == "unavailable"]
-        kept = [g for g, s, d in rows if s == "busy" and d]
-        if back:
-            conn.execute(
-                sa.update(T_GPUS).where(T_GPUS.c.id.in_(back), T_GPUS.c.state == "unavailable")
-                .values(state="free", note=None, updated_at=now)
-            )
-        if kept:
-            conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(kept)).values(drain_pending=False, note=None, updated_at=now))
+        return undrain_ids(store, conn, ids)
+
+
+def undrain_ids(store: Store, conn: sa.Connection, ids: Sequence[str]) -> dict[str, list[str]]:
+    """:func:`undrain` of GPU ids inside the caller's write transaction."""
+    now = _now()
+    store.lock_gpus(conn, ids)
+    rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
+    back = [g for g, s, _ in rows if s == "unavailable"]
+    kept = [g for g, s, d in rows if s == "busy" and d]
+    if back:
+        conn.execute(
+            sa.update(T_GPUS).where(T_GPUS.c.id.in_(back), T_GPUS.c.state == "unavailable")
+            .values(state="free", note=None, updated_at=now)
+        )
+    if kept:
+        conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(kept)).values(drain_pending=False, note=None, updated_at=now))
     order = {g: i for i, g in enumerate(ids)}
     return {"undrained": sorted(back, key=order.__getitem__), "cancelled": sorted(kept, key=order.__getitem__)}

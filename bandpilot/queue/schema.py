@@ -12,6 +12,7 @@ PostgreSQL URL at scale:
 ``bp_jobs``               active and finished jobs (one per assigned request, same id)
 ``bp_gpus``               one row per GPU: free / busy (``job_id``) / unavailable, drain flag
 ``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
+``bp_health``             the last verify verdict per host (v2): status, suspects, measured/expected
 ========================  ==================================================================
 """
 
@@ -136,6 +137,19 @@ T_BATCH = sa.Table(
     sa.Column("n_rejected", sa.Integer, nullable=True),
 )
 
+T_HEALTH = sa.Table(
+    "bp_health",
+    metadata,
+    sa.Column("host", sa.String(200), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("gpus", sa.Text, nullable=False),  # JSON list of suspect GPU ids
+    sa.Column("links", sa.Text, nullable=False),  # JSON list of suspect links
+    sa.Column("ratio", sa.Double, nullable=False),
+    sa.Column("source", sa.Text, nullable=True),
+    sa.Column("verified_at", sa.Double, nullable=False),
+    sa.CheckConstraint("status IN ('healthy','degraded','failed')", name="ck_bp_health_status"),
+)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -157,6 +171,7 @@ def alembic_ops(conn: sa.Connection):
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
+    (2, "verify verdicts per host", lambda conn: T_HEALTH.create(conn, checkfirst=True)),
 ]
 
 
