@@ -91,11 +91,14 @@ def test_faults_only_lower_what_they_touch(kind, seed, rows):
 # ------------------------------------------------------------------------------------------
 def test_probe_plan_is_small_and_complete(h100):
     probes = plan_probes(h100)
-    assert runs_per_host(probes, h100) == 15.0  # 8 leave-one-out + full + 6 rail-bit runs, amortised
+    assert runs_per_host(probes, h100) == 16.0  # 8 leave-one-out + 8 one-GPU-per-host rail runs, amortised
     loo = [p for p in probes if p.kind == "leave_one_out"]
     assert len(loo) == 32 and all(bin(sum(p.masks)).count("1") == 7 for p in loo)
-    rails = [p for p in probes if p.kind == "rail_bits"]
-    assert all(sum(1 for m in p.masks if m) == 2 for p in rails)
+    rails = [p for p in probes if p.kind == "rail"]
+    for p in rails:  # one GPU per host, the same index on both: the network alone decides the run
+        used = [m for m in p.masks if m]
+        assert len(used) == 2 and used[0] == used[1] and bin(used[0]).count("1") == 1
+    assert len(rails) == 32
     with pytest.raises(SpecError, match="not in cluster"):
         plan_probes(h100, ["h100-9"])
     sub = plan_probes(h100, ["h100-1", "h100-2"])
@@ -128,7 +131,7 @@ def test_decoder_localizes_every_single_fault_without_noise(kind, seed):
 def test_verify_through_nccl_logs_with_noise(h100):
     perfect = EmulatorFabric(h100, noise=0.0)
     rep = verify_probes(perfect, h100, fabric=EmulatorFabric(h100, seed=5))
-    assert rep.healthy and rep.exit_code == 0 and len(rep.runs) == 60
+    assert rep.healthy and rep.exit_code == 0 and len(rep.runs) == 64
     bad = FaultyFabric(EmulatorFabric(h100, seed=6), [Fault("nic_rail", "h100-2", 6)])
     rep = verify_probes(perfect, h100, fabric=bad)
     assert rep.exit_code == 3
@@ -159,7 +162,7 @@ def test_cli_verify_json_exit_codes_and_errors(model_dir, tmp_path, capsys):
 
     rc = _cli(["verify", "--model", str(model_dir), "--dry-run"])
     lines = capsys.readouterr().out.splitlines()
-    assert rc == 0 and len(lines) == 61 and "15.0 per host" in lines[-1] and lines[0].startswith("CUDA_VISIBLE_DEVICES=")
+    assert rc == 0 and len(lines) == 65 and "16.0 per host" in lines[-1] and lines[0].startswith("CUDA_VISIBLE_DEVICES=")
 
     for args, msg in ((["--hosts", "h100-0,nope"], "nope"), (["--runner", "rdma"], "--runner"),
                       (["--inject", str(tmp_path / "missing.yaml")], "missing.yaml")):

@@ -1,6 +1,7 @@
 """What does a degraded link do to bandwidth? Fault injection for any fabric (emulator or trace).
 
-A fault multiplies the bandwidth of every allocation it touches by ``factor`` (0 = failed):
+Each fault scales one part of the fabric by ``factor`` (0 = failed); allocations feel it through the
+fabric's hierarchy (see :class:`FaultyFabric`):
 
 * ``nvlink_width`` - one GPU's NVLink at reduced width: every allocation using that GPU (a ring is as
   fast as its slowest link);
@@ -107,7 +108,10 @@ def random_fault(spec: ClusterSpec, kind: str, rng: np.random.Generator, factor:
 
 
 class FaultyFabric(Fabric):
-    """``base`` with faults: the same interface, bandwidth scaled where the faults reach."""
+    """``base`` with faults, through the fabric's own hierarchy: NVLink faults lower the stage-1 values of
+    the subsets they touch (and reach cross-host allocations through the ``min`` with stage 1), a slow
+    NIC rail lowers the network term of cross-host allocations using its GPU, a slow host both, and an
+    allocation with a missing GPU gets nothing."""
 
     def __init__(self, base: Fabric, faults: Sequence[Fault]) -> None:
         super().__init__(base.spec)
@@ -117,43 +121,62 @@ class FaultyFabric(Fabric):
         idx = base.spec.host_index
         self._where = [(f, idx[f.host]) for f in self.faults]
 
-    def factors(self, masks: np.ndarray) -> np.ndarray:
-        """Per-row product of the fault factors that reach each allocation."""
-        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        cross = (popcount(masks) > 0).sum(axis=1) >= 2
+    def _hits(self, masks: np.ndarray, kinds: tuple[str, ...], cross: np.ndarray | None = None) -> np.ndarray:
         out = np.ones(masks.shape[0])
         for f, h in self._where:
+            if f.kind not in kinds:
+                continue
             m = masks[:, h]
             if f.kind == "slow_host":
                 hit = m != 0
             elif f.kind == "nvlink_pair":
                 both = (1 << f.gpu) | (1 << f.peer)
                 hit = (m & both) == both
-            elif f.kind == "nic_rail":
-                hit = cross & ((m >> f.gpu) & 1).astype(bool)
-            else:  # nvlink_width, missing_gpu
+            else:  # nvlink_width, missing_gpu, nic_rail: the GPU (or the rail it drives) is used
                 hit = ((m >> f.gpu) & 1).astype(bool)
                 if f.kind == "nvlink_width":
                     hit &= popcount(m) >= 2  # a lone GPU uses no NVLink
-            out = np.where(hit, out * f.scale, out)
+                if f.kind == "nic_rail" and cross is not None:
+                    hit &= cross
+            out = np.where(hit, out * (0.0 if f.kind == "missing_gpu" else f.scale), out)
         return out
+
+    def factors(self, masks: np.ndarray) -> np.ndarray:
+        """Per-row factor of the faulty truth over the healthy one (1 where no fault reaches)."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        base = self.base.bandwidth_masks(masks)
+        return np.divide(self.bandwidth_masks(masks), base, out=np.ones_like(base), where=base > 0)
 
     def stage1_table(self, h: int) -> np.ndarray:
         t = self.base.stage1[h].copy()
         masks = np.zeros((t.size, self.spec.n_hosts), dtype=np.int64)
         masks[:, h] = np.arange(t.size)
-        return t * self.factors(masks)
+        return t * self._hits(masks, ("nvlink_width", "nvlink_pair", "slow_host", "missing_gpu"))
 
     def network(self, counts: np.ndarray) -> np.ndarray:
         return self.base.network(counts)
 
     def bandwidth_masks(self, masks: np.ndarray) -> np.ndarray:
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        return self.base.bandwidth_masks(masks) * self.factors(masks)
+        counts = popcount(masks)
+        used = counts > 0
+        cross = used.sum(axis=1) >= 2
+        intra = self.stage1[np.arange(self.spec.n_hosts)[None, :], masks]
+        out = np.where(used.sum(axis=1) == 1, intra.sum(axis=1), 0.0)
+        if cross.any():
+            c = masks[cross]
+            net = self.base.network(counts[cross]) * self._hits(c, ("nic_rail", "slow_host"), np.ones(c.shape[0], bool))
+            if self.combine == "min_intra":
+                net = np.minimum(net, np.where(counts[cross] >= 2, intra[cross], np.inf).min(axis=1))
+            out[cross] = net
+        return out * self._hits(masks, ("missing_gpu",))
 
     def measure(self, masks: np.ndarray, seed: int | None = None, repeat: int = 0) -> np.ndarray:
+        """The faulty truth with the base fabric's measurement noise."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        return self.base.measure(masks, seed=seed, repeat=repeat) * self.factors(masks)
+        truth = self.base.bandwidth_masks(masks)
+        noise = np.divide(self.base.measure(masks, seed=seed, repeat=repeat), truth, out=np.ones_like(truth), where=truth > 0)
+        return self.bandwidth_masks(masks) * noise
 
     def describe(self) -> str:
         return json.dumps([f.to_dict() for f in self.faults])

@@ -3,7 +3,8 @@
 Every run is compared with the model's expectation (stage-1 table inside a host, the surrogate across
 hosts); a run is *low* when ``log(measured / expected)`` is below its tolerance. Per host the decoder
 tries every single-fault explanation - none, one GPU, one GPU pair, one NIC rail, the whole host - and
-keeps the one whose predicted low runs disagree least with the observed ones (ties: the simpler one).
+keeps the one whose predicted low runs disagree least with the observed ones (ties: the simpler one);
+an NVLink fault need not show on cross-host runs, where the network may be the bottleneck anyway.
 It works on any set of runs: the probe plan, or a whole measurement directory.
 """
 
@@ -61,18 +62,21 @@ def _candidates(n: int) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def _predicted(kind: str, args: tuple[int, ...], m: np.ndarray, cross: np.ndarray) -> np.ndarray:
-    """Runs a fault would pull down, given this host's masks ``m`` of the runs touching it."""
+def _predicted(kind: str, args: tuple[int, ...], m: np.ndarray, cross: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(runs the fault must pull down, runs it may pull down) among the runs touching this host.
+
+    An NVLink fault lowers stage 1, so a cross-host run feels it only where stage 1 is the bottleneck
+    (``min`` rule): on those runs it *may* show. Every other run must be as expected."""
+    none = np.zeros(m.shape, dtype=bool)
     if kind == "none":
-        return np.zeros(m.shape, dtype=bool)
+        return none, none
     if kind == "host":
-        return np.ones(m.shape, dtype=bool)
-    if kind == "gpu":
-        return ((m >> args[0]) & 1).astype(bool)
+        return np.ones(m.shape, dtype=bool), none
     if kind == "rail":
-        return cross & ((m >> args[0]) & 1).astype(bool)
-    both = (1 << args[0]) | (1 << args[1])
-    return (m & both) == both
+        return cross & ((m >> args[0]) & 1).astype(bool), none
+    bits = sum(1 << a for a in args)
+    touched = (m & bits) == bits
+    return touched & ~cross, touched & cross
 
 
 def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expected: np.ndarray,
@@ -96,12 +100,12 @@ def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expecte
         m, c, obs = masks[rows, h], cross[rows], low[rows]
         best = None
         for kind, args in _candidates(host.n_gpus):
-            pred = _predicted(kind, args, m, c)
-            if kind != "none" and not pred.any():
+            must, may = _predicted(kind, args, m, c)
+            if kind != "none" and not must.any():
                 continue
-            score = (int((pred != obs).sum()), SIMPLICITY[kind])
+            score = (int((must & ~obs).sum() + (obs & ~must & ~may).sum()), SIMPLICITY[kind])
             if best is None or score < best[0]:
-                best = (score, kind, args, pred)
+                best = (score, kind, args, must)
         _, kind, args, pred = best  # type: ignore[misc]
         v = HostVerdict(host.name, "healthy", runs=int(rows.size), low_runs=int(obs.sum()))
         if kind != "none":
