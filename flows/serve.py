@@ -1,4 +1,5 @@
-"""Scheduled deployments: nightly ``retrain`` per cluster and a frequent ``dispatch`` per cluster.
+"""Scheduled deployments per cluster: nightly ``verify`` (probe, gate, relearn on a fault), ``ingest``
+and ``retrain``, and a frequent ``dispatch``.
 
 ``bandpilot serve`` calls :func:`serve_all` against whatever Prefect API ``PREFECT_API_URL``
 names (start one with ``prefect server start``). Parameters come from ``params/pipeline.yaml``.
@@ -17,12 +18,14 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     from flows.dispatch import dispatch_flow
     from flows.ingest import ingest_flow
     from flows.retrain import retrain_flow
+    from flows.verify import verify_flow
 
     prepare()
     P = load_params(params_file)
     sched = P.get("schedules") or {}
     cron = str(sched.get("retrain_cron", "0 2 * * *"))
     ingest_cron = str(sched.get("ingest_cron", "0 1 * * *"))
+    verify_cron = str(sched.get("verify_cron", "30 0 * * *"))
     every = int(sched.get("dispatch_interval_s", 60))
     prof, ev, disp, sweep = P["profile"], P["evaluate"], P["dispatch"], P.get("sweep") or {}
     data_root = str(P.get("data_root", "."))
@@ -42,6 +45,12 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
             parameters={"data_dir": f"{data_root}/data/{name}", "cluster_spec": cluster,
                         "params_file": P["train_params"], "sweep_trials": int(sweep.get("n_trials", 0)),
                         "sweep_timeout": sweep.get("timeout"), "policy": P["promotion_policy"], "evaluate": ev},
+        ))
+        out.append(verify_flow.to_deployment(
+            name=f"verify-{name}", cron=verify_cron, tags=["bandpilot", name],
+            parameters={"cluster": cluster, "runner": str(prof.get("runner", "emulator")), "store_url": disp.get("store"),
+                        "data_root": data_root, "samples": int(prof.get("samples", 600)),
+                        "params_file": P["train_params"], "policy": P["promotion_policy"], "evaluate": ev},
         ))
         out.append(dispatch_flow.to_deployment(
             name=f"dispatch-{name}", interval=every, tags=["bandpilot", name],

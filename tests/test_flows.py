@@ -172,7 +172,8 @@ def test_deployments_declare_schedules(project):
     from flows.serve import deployments
 
     deps = {d.name: d for d in deployments("params/pipeline-tiny.yaml")}
-    assert set(deps) == {"ingest-tiny", "retrain-tiny", "dispatch-tiny"}
+    assert set(deps) == {"ingest-tiny", "retrain-tiny", "dispatch-tiny", "verify-tiny"}
+    assert deps["verify-tiny"].schedules and deps["verify-tiny"].parameters["cluster"] == "params/clusters/tiny.yaml"
     assert deps["retrain-tiny"].schedules and deps["dispatch-tiny"].schedules
     assert deps["retrain-tiny"].parameters["data_dir"].endswith("data/tiny")
 
@@ -212,3 +213,31 @@ def test_summary_has_where_to_look():
     lines = summary_lines({"dvc_md5": "abc.dir", "clusters": {}})
     assert any("mlflow ui" in line for line in lines)
     assert json.dumps(lines)
+
+
+def test_verify_flow_gates_a_fault_relearns_and_clears_after_repair(harness, project):
+    """The verify loop: a slow host in the world (faults: in the spec) is found, drained, re-measured
+    as a new dataset version and retrained; after the repair a re-verify returns the hardware."""
+    from bandpilot import queue as q
+    from flows.ingest import ingest_flow
+    from flows.retrain import retrain_flow
+    from flows.verify import verify_flow
+
+    ingest_flow(cluster="params/clusters/tiny.yaml", samples=60, track=False)
+    ev = {"profiles": ["idle"], "repeats": 1, "workers": 1}
+    retrain_flow(data_dir="data/tiny", cluster_spec="params/clusters/tiny.yaml", params_file="params/train-tiny.yaml",
+                 evaluate=ev)
+    broken = dict(TINY_SPEC, faults=[{"kind": "slow_host", "host": "t-1", "factor": 0.6}])
+    (project / "params" / "clusters" / "tiny-broken.yaml").write_text(yaml.safe_dump(broken))
+    out = verify_flow(cluster="params/clusters/tiny-broken.yaml", model_uri="models:/bandpilot-tiny/1",
+                      params_file="params/train-tiny.yaml", evaluate=ev, samples=60)
+    assert not out["healthy"] and out["verdicts"]["t-1"]["status"] == "degraded"
+    assert out["verdicts"]["t-1"]["links"] == ["t-1"] and len(out["gate"]["drained"]) == 4
+    assert out["retrain"]["trained"] and out["retrain"]["version"] == "2"
+    assert out["dvc_md5"]
+    store = q.Store(f"sqlite:///{project / '.bandpilot' / 'queue-tiny.db'}")
+    assert not any(g.startswith("t-1:") for g in q.export_state(store)["free"])
+
+    fixed = verify_flow(cluster="params/clusters/tiny.yaml", model_uri="models:/bandpilot-tiny/1", relearn=False)
+    assert fixed["healthy"] and len(fixed["gate"]["undrained"]) == 4
+    assert sum(g.startswith("t-1:") for g in q.export_state(store)["free"]) == 4
