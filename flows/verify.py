@@ -32,6 +32,7 @@ def verify_task(cluster: str, model_uri: str, runner: str, store_url: str | None
             if not store.initialized:
                 store.init_cluster(spec)
             gate = q.apply_verdicts(store, rep.to_json()["hosts"], rep.source)
+            q.record_observations(store, rep.runs, source="verify")
     return {"cluster": spec.name, "healthy": rep.healthy, "verdicts": rep.to_json()["hosts"], "gate": gate,
             "markdown": rep.markdown()}
 

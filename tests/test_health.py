@@ -242,3 +242,53 @@ def test_cli_verify_gate_and_cluster_health(model_dir, tmp_path, capsys):
     assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
     rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
     assert all(r["status"] == "healthy" and r["gated_gpus"] == 0 for r in rows.values())
+
+
+# ------------------------------------------------------------------------------------------
+def test_job_telemetry_is_stored_atomically_and_drives_drift(h100, tmp_path, capsys):
+    import sqlalchemy as sa
+
+    from bandpilot import queue as q
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.errors import StateError
+    from bandpilot.queue.schema import T_OBS
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(h100)
+    q.submit(store, [{"id": f"j{i}", "k": 4, "tenant": "t"} for i in range(6)])
+    rep = q.run_batch(store, Dispatcher(EmulatorFabric(h100)))
+    pred = {o.request_id: o.predicted_gbps for o in rep.outcomes}
+
+    def n_obs():
+        with store.read() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(T_OBS)).scalar()
+
+    for bad, msg in (({"j0": float("nan")}, "finite"), ({"j0": "fast"}, "number"), ({"nope": 1.0}, "not being released")):
+        with pytest.raises(StateError, match=msg):
+            q.release_many(store, ["j0"], bad)
+    assert n_obs() == 0 and "j0" in {j["id"] for j in q.export_state(store)["jobs"]}  # nothing released either
+    q.release(store, "j0", measured_gbps=pred["j0"] * 0.98)
+    with pytest.raises(StateError, match="already released"):
+        q.release(store, "j0", measured_gbps=1.0)
+    assert n_obs() == 1
+    d = q.drift(store, min_observations=1)
+    assert d["observations"] == 1 and not d["event"]
+    for j in ("j1", "j2", "j3", "j4", "j5"):  # the fabric now delivers half of what the model predicts
+        q.release(store, j, measured_gbps=pred[j] * 0.5)
+    d = q.drift(store, min_observations=3)
+    assert d["event"] and d["median_log_error"] > 0.6  # overall
+    assert q.drift(store, min_observations=1)["drifting_hosts"]  # and per host
+
+    from bandpilot.cli.main import main
+
+    capsys.readouterr()
+    assert main(["cluster", "drift", "--store", url, "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["event"] is True
+    params = tmp_path / "drift.yaml"
+    params.write_text("threshold: 5.0\n")
+    assert main(["cluster", "drift", "--store", url, "--params", str(params)]) == 0
+    params.write_text("colour: red\n")
+    assert main(["cluster", "drift", "--store", url, "--params", str(params)]) == 2
+    assert main(["queue", "release", "a", "b", "--measured-gbps", "3", "--store", url]) == 2
+    assert "one job" in capsys.readouterr().err

@@ -184,14 +184,19 @@ def list_cmd(
 @queue_app.command("release")
 def release_cmd(
     jobs: List[str] = typer.Argument(..., help="Job (= request) ids."),
+    measured_gbps: Optional[float] = typer.Option(None, "--measured-gbps",
+                                                  help="Bandwidth the job saw (one job): stored next to its prediction."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """End jobs: their GPUs go back to the free pool (drained ones become unavailable)."""
     from bandpilot import queue as q
+    from bandpilot.errors import RequestError
 
+    if measured_gbps is not None and len(jobs) != 1:
+        raise RequestError("--measured-gbps reports one job's bandwidth: release that job on its own")
     st = _store(store)
-    res = q.release_many(st, jobs)
+    res = q.release_many(st, jobs, None if measured_gbps is None else {jobs[0]: measured_gbps})
     if as_json:
         _echo_json(res)
         return

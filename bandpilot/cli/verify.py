@@ -63,17 +63,57 @@ def verify_cmd(
         rep = hv.verify_probes(sur, spec, runner=runner, fabric=fabric, hosts=host_list)
     if st is not None:
         from bandpilot.errors import StateError
-        from bandpilot.queue import apply_verdicts
+        from bandpilot.queue import apply_verdicts, record_observations
 
         if st.spec.fingerprint() != sur.spec.fingerprint():
             raise StateError(f"store {st.safe_url} is for cluster {st.spec.name!r}, the verify for {sur.spec.name!r}")
         g = apply_verdicts(st, rep.to_json()["hosts"], rep.source)
+        record_observations(st, rep.runs, source="verify")
         typer.echo(f"gate: drained {len(g['drained'])}, on release {len(g['pending'])}, undrained {len(g['undrained'])}",
                    err=True)
     if out is not None:
         rep.write(out)
     typer.echo(hv.report_json(rep) if as_json else rep.markdown())
     raise typer.Exit(rep.exit_code)
+
+
+@cluster_app.command("drift")
+def drift_cmd(
+    store: Annotated[str | None, typer.Option("--store", envvar="BANDPILOT_STORE", help="Queue store URL.")] = None,
+    params: Annotated[Path, typer.Option("--params", help="Drift thresholds (window, threshold, min_observations).")] = Path("params/drift.yaml"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Observed vs predicted bandwidth over the last observations; exit 3 on a drift event."""
+    import json
+
+    import yaml
+
+    from bandpilot.config import project_root
+    from bandpilot.errors import SpecError
+    from bandpilot.queue import Store, drift
+
+    p = params if params.is_absolute() or params.is_file() else project_root() / params
+    cfg: dict = {}
+    if p.is_file():
+        try:
+            cfg = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{p}: invalid YAML ({exc.__class__.__name__})") from None
+        unknown = sorted(set(cfg) - {"window", "threshold", "min_observations"})
+        if unknown:
+            raise SpecError(f"{p}: unknown keys {unknown}")
+    try:
+        d = drift(Store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
+    except (TypeError, ValueError):
+        raise SpecError(f"{p}: window and min_observations must be integers, threshold a number") from None
+    if as_json:
+        typer.echo(json.dumps(d, indent=2))
+    else:
+        typer.echo(f"{d['observations']} observations, median |log error| {d['median_log_error']:.3f} "
+                   f"(threshold {d['threshold']:.3f}): {'DRIFT on ' + ', '.join(d['drifting_hosts'] or ['the cluster']) if d['event'] else 'no drift'}")
+        for h, v in d["hosts"].items():
+            typer.echo(f"  {h:<16} {v['observations']:>5} obs  median |log error| {v['median_log_error']:.3f}")
+    raise typer.Exit(3 if d["event"] else 0)
 
 
 @cluster_app.command("health")

@@ -28,6 +28,7 @@ from bandpilot.queue.schema import (
     schema_version,
 )
 from bandpilot.queue.store import STORE_ENV, Store, StoreError, default_store_url, open_store
+from bandpilot.queue.telemetry import drift, record_observations
 from bandpilot.queue.views import current_state, export_state, format_gpus, fragmentation, list_requests, status
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "drain", "release", "release_many", "resolve_targets", "undrain",
     # verify verdicts
     "apply_verdicts", "health",
+    # telemetry and drift
+    "drift", "record_observations",
     # views and checks
     "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
     "list_requests", "status",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -10,6 +10,7 @@ from bandpilot.errors import SpecError, StateError
 from bandpilot.queue.clock import _now
 from bandpilot.queue.schema import T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
+from bandpilot.queue.telemetry import observe_jobs
 from bandpilot.topology.cluster import ClusterSpec
 
 _REL_JOB = (
@@ -38,16 +39,22 @@ _REL_REQ = (
 )
 
 
-def release(store: Store, job_id: str) -> dict[str, Any]:
-    """End a job: its GPUs return to the free pool (or become unavailable if drained meanwhile)."""
-    return release_many(store, [job_id])[0]
+def release(store: Store, job_id: str, measured_gbps: float | None = None) -> dict[str, Any]:
+    """End a job: its GPUs return to the free pool (or become unavailable if drained meanwhile).
+    ``measured_gbps``: the bandwidth the job saw, stored next to its prediction (drift monitor)."""
+    return release_many(store, [job_id], None if measured_gbps is None else {job_id: measured_gbps})[0]
 
 
-def release_many(store: Store, job_ids: Sequence[str]) -> list[dict[str, Any]]:
+def release_many(store: Store, job_ids: Sequence[str], measured: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Release several jobs in one transaction (all or none: an unknown or finished job aborts)."""
     now = _now()
     out = []
     with store.write() as conn:
+        if measured:
+            extra = sorted(set(measured) - set(job_ids))
+            if extra:
+                raise StateError(f"telemetry for jobs that are not being released: {extra[:3]}")
+            observe_jobs(conn, measured, now)
         for job_id in job_ids:
             p = {"b_id": job_id, "b_now": now}
             if conn.execute(_REL_JOB, p).rowcount != 1:

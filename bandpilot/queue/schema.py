@@ -13,6 +13,7 @@ PostgreSQL URL at scale:
 ``bp_gpus``               one row per GPU: free / busy (``job_id``) / unavailable, drain flag
 ``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
 ``bp_health``             the last verify verdict per host (v2): status, suspects, measured/expected
+``bp_observations``       measured bandwidth next to its prediction (v3): job telemetry, verify runs
 ========================  ==================================================================
 """
 
@@ -150,6 +151,20 @@ T_HEALTH = sa.Table(
     sa.CheckConstraint("status IN ('healthy','degraded','failed')", name="ck_bp_health_status"),
 )
 
+T_OBS = sa.Table(
+    "bp_observations",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("source", sa.String(16), nullable=False),  # telemetry | verify
+    sa.Column("job_id", sa.String(200), nullable=True),
+    sa.Column("gpus", sa.Text, nullable=False),  # comma-joined GPU ids
+    sa.Column("predicted_gbps", sa.Double, nullable=False),
+    sa.Column("measured_gbps", sa.Double, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.CheckConstraint("measured_gbps >= 0 AND predicted_gbps > 0", name="ck_bp_observations_values"),
+    sa.Index("ix_bp_observations_at", "at"),
+)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -172,6 +187,7 @@ def alembic_ops(conn: sa.Connection):
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
     (2, "verify verdicts per host", lambda conn: T_HEALTH.create(conn, checkfirst=True)),
+    (3, "observed bandwidth next to predictions", lambda conn: T_OBS.create(conn, checkfirst=True)),
 ]
 
 
