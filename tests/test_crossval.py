@@ -242,3 +242,28 @@ def test_pattern_keys_ignore_host_order_within_a_type_and_gpu_choice(data):
     corr = mem.correction(pattern_keys(masks, gtype, 8))
     same = pattern_keys(masks, gtype, 8) == pattern_keys(masks[:1], gtype, 8)[0]
     assert np.allclose(corr[same], 0.25) and np.allclose(corr[~same], 0.0)
+
+
+def test_host_speed_token_ranks_a_uniformly_slow_host_last():
+    """An NVSwitch host that is uniformly 30 % slow: its stage 1 sits far above the network, so without a
+    per-host speed token the model cannot tell which host of a count pattern to avoid."""
+    import itertools
+
+    from bandpilot.fabric.faults import Fault, FaultyFabric
+
+    spec = load_cluster(ROOT / "params/clusters/h100.yaml")
+    truth = FaultyFabric(EmulatorFabric(spec), [Fault("slow_host", "h100-2", factor=0.7)])
+    ds = fabric_dataset(truth, n_cross=300, seed=5)
+    # Same count pattern, once with the slow host and once on a healthy one: which is faster?
+    combos = [c for c in itertools.product(range(9), repeat=4) if sum(x > 0 for x in c) >= 2 and c[2] and not c[3]]
+    with_slow = np.array([[(1 << x) - 1 for x in c] for c in combos], dtype=np.int64)
+    without = with_slow.copy()
+    without[:, [2, 3]] = with_slow[:, [3, 2]]  # move host 2's GPUs to healthy host 3
+    t_diff = np.log(truth.bandwidth_masks(without) / truth.bandwidth_masks(with_slow))
+    hit = t_diff > 0.05
+    agree = {}
+    for on in (True, False):
+        sur = fit(ds, {**TINY, "epochs": 60, "folds": 2, "host_speed": on}, plots=False).surrogate
+        p_diff = np.log(sur.predict_masks(without[hit]) / sur.predict_masks(with_slow[hit]))
+        agree[on] = float((p_diff > 0).mean())
+    assert agree[True] >= 0.95 and agree[True] > agree[False], agree

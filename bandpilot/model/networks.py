@@ -142,7 +142,7 @@ class HierarchicalNet(nn.Module):
     def __init__(self, n_types: int, max_gpus: int, hidden: int = 32, layers: int = 6, heads: int = 4,
                  head_layers: int = 3, dropout: float = 0.0, min_intra: bool = True,
                  use_transformer: bool = True, imbalance: bool = False, resid_bound: float = RESID_BOUND,
-                 **_: Any) -> None:
+                 host_speed: bool = False, **_: Any) -> None:
         super().__init__()
         self.config = dict(n_types=n_types, max_gpus=max_gpus, hidden=hidden, layers=layers, heads=heads,
                            head_layers=head_layers, dropout=dropout, min_intra=min_intra,
@@ -155,6 +155,11 @@ class HierarchicalNet(nn.Module):
         # How far (log space) the learned residual may move the prior; kept in the config only when it
         # differs from the old fixed bound, so older artifacts load and predict unchanged.
         self.resid_bound = float(resid_bound)
+        # A per-host speed token (and a slower host slowing the prior's NIC term); off for older artifacts.
+        self.host_speed = bool(host_speed)
+        if self.host_speed:
+            self.config["host_speed"] = True
+        n_tok = N_TOKEN_FEATURES + (1 if self.host_speed else 0)
         if self.resid_bound != RESID_BOUND:
             self.config["resid_bound"] = self.resid_bound
         p = PRIOR_INIT
@@ -166,11 +171,11 @@ class HierarchicalNet(nn.Module):
         self.log_xdom = nn.Parameter(torch.tensor(math.log(p["cross_domain"])))
         # Switch cap shrinks with count imbalance on >= 3 hosts: cap / (1 + imb * (mean/min count - 1)).
         self.imb = nn.Parameter(torch.tensor(_inv_softplus(p["imbalance"]))) if imbalance else None
-        self.register_buffer("tok_mean", torch.zeros(N_TOKEN_FEATURES))
-        self.register_buffer("tok_std", torch.ones(N_TOKEN_FEATURES))
+        self.register_buffer("tok_mean", torch.zeros(n_tok))
+        self.register_buffer("tok_std", torch.ones(n_tok))
         self.register_buffer("glob_mean", torch.zeros(N_GLOBAL_FEATURES))
         self.register_buffer("glob_std", torch.ones(N_GLOBAL_FEATURES))
-        self.embed = nn.Linear(N_TOKEN_FEATURES, hidden)
+        self.embed = nn.Linear(n_tok, hidden)
         self.type_embed = nn.Embedding(n_types + 1, hidden)
         self.glob_embed = nn.Linear(N_GLOBAL_FEATURES, hidden)
         self.encoder = _encoder(hidden, heads, layers, dropout) if use_transformer and layers > 0 else None
@@ -195,6 +200,8 @@ class HierarchicalNet(nn.Module):
         pad, cnt = t["pad"], t["cnt"]
         eff = self.log_eff.exp()
         log_nic_h = torch.log(torch.minimum(cnt, t["rails"]).clamp_min(1.0) * t["rail"]) + self.log_eff
+        if self.host_speed:
+            log_nic_h = log_nic_h + t["speed"].clamp(max=0.0)
         log_nic = log_nic_h.masked_fill(pad, float("inf")).amin(dim=1)
         n_hosts = (~pad).sum(dim=1).to(cnt.dtype)
         min_cnt = cnt.masked_fill(pad, float("inf")).amin(dim=1).clamp_min(1.0)
@@ -238,6 +245,7 @@ class HierarchicalNet(nn.Module):
                 is_min.to(cnt.dtype),
                 same_dom,
                 (cnt % 2 == 1).to(cnt.dtype),
+                *([t["speed"]] if self.host_speed else []),
             ],
             dim=-1,
         ).masked_fill(pad.unsqueeze(-1), 0.0)

@@ -28,6 +28,7 @@ class TrainParams:
     prior_lr_mult: float = 0.3
     prior_steps: int = 0  # > 0: full-batch steps fitting the physics prior alone first (far-off clusters)
     prior_fit: str = "data"  # data: fit the prior's network scale to the measurements first; declared: trust the spec
+    host_speed: bool = True  # a per-host speed token: a uniformly slow host stands out from its kind
     resid_bound: float = 4.0  # |log-space residual| the network may add to the prior (e^4 = 55x either way)
     weight_decay: float = 0.1
     epochs: int = 150
@@ -140,6 +141,8 @@ class TrainParams:
                    dropout=self.dropout)
         if self.model == "hierarchical":
             cfg["resid_bound"] = self.resid_bound
+            if self.host_speed:
+                cfg["host_speed"] = True
         if self.model == "hierarchical" and self.prior_imbalance:
             cfg["imbalance"] = True
         if self.model == "hierarchical" and self.members > 1:

@@ -23,7 +23,7 @@ from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.networks import build_net
-from bandpilot.model.tokens import gpu_tokens, host_arrays, host_tokens, to_torch
+from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "surrogate.json"
@@ -53,6 +53,7 @@ class Surrogate:
         self.name = name or f"bandpilot-{spec.name}"
         self.model_version = model_version
         self._hosts = host_arrays(spec)
+        self._hosts["speed"] = host_speed(stage1, self._hosts["gtype"], spec.full_masks)
         self._max_gpus = int(spec.gpus_per_host.max())
         self._full = spec.full_masks
         self.memory: PatternMemory | None = None  # measured-pattern corrections (see bandpilot.model.memory)

@@ -31,6 +31,23 @@ def host_arrays(spec: ClusterSpec) -> dict[str, np.ndarray]:
     }
 
 
+SPEED_DEADBAND = 0.05  # log: a host must be > ~5 % off the median of its kind to count as slow/fast
+
+
+def host_speed(stage1: np.ndarray, gtype: np.ndarray, full: np.ndarray) -> np.ndarray:
+    """Per host, log of its whole-host stage-1 bandwidth over the median of its GPU type: ~0 for healthy
+    hosts of one kind, clearly negative for a uniformly slow one (which stage 1 alone, far above the
+    network, would not reveal across hosts)."""
+    s = stage1[np.arange(stage1.shape[0]), full]
+    out = np.zeros(s.size)
+    for g in np.unique(gtype):
+        hit = (gtype == g) & (s > 0)
+        if hit.any():
+            out[hit] = np.log(s[hit] / np.median(s[hit]))
+    # Healthy hosts of one kind differ by measurement noise (~1 % on the real H100 tables): not a signal.
+    return np.where(np.abs(out) < SPEED_DEADBAND, 0.0, out)
+
+
 def _scatter_tokens(used: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Row/column of every used host and its token slot (rows keep host order)."""
     rows, cols = np.nonzero(used)
@@ -55,6 +72,7 @@ def host_tokens(masks: np.ndarray, counts: np.ndarray, stage1: np.ndarray, hosts
         "gtype": np.zeros((n, t), dtype=np.int64),
         "dom": np.zeros((n, t), dtype=np.int64),
         "pad": np.ones((n, t), dtype=bool),
+        "speed": np.zeros((n, t)),
     }
     out["cnt"][rows, slot] = counts[rows, cols]
     out["intra"][rows, slot] = stage1[cols, masks[rows, cols]]
@@ -63,6 +81,8 @@ def host_tokens(masks: np.ndarray, counts: np.ndarray, stage1: np.ndarray, hosts
     out["gtype"][rows, slot] = hosts["gtype"][cols] + 1  # 0 = padding
     out["dom"][rows, slot] = hosts["domain"][cols]
     out["pad"][rows, slot] = False
+    if "speed" in hosts:
+        out["speed"][rows, slot] = hosts["speed"][cols]
     dmax = np.where(out["pad"], -1, out["dom"]).max(axis=1)
     dmin = np.where(out["pad"], np.iinfo(np.int64).max, out["dom"]).min(axis=1)
     out["xdom"] = (dmax != dmin).astype(np.float64)
