@@ -79,6 +79,43 @@ def _predicted(kind: str, args: tuple[int, ...], m: np.ndarray, cross: np.ndarra
     return touched & ~cross, touched & cross
 
 
+def _decode(spec: ClusterSpec, h: int, masks: np.ndarray, cross: np.ndarray, low: np.ndarray, ratio: np.ndarray,
+            explained: np.ndarray) -> HostVerdict:
+    """The best single-fault explanation of one host's runs (``explained`` runs count as normal)."""
+    host = spec.hosts[h]
+    rows = np.flatnonzero(masks[:, h] != 0)
+    if rows.size == 0:
+        return HostVerdict(host.name, "healthy")
+    m, c, obs = masks[rows, h], cross[rows], low[rows] & ~explained[rows]
+    best = None
+    for kind, args in _candidates(host.n_gpus):
+        must, may = _predicted(kind, args, m, c)
+        if kind != "none" and not must.any():
+            continue
+        score = (int((must & ~obs).sum() + (obs & ~must & ~may).sum()), SIMPLICITY[kind])
+        if best is None or score < best[0]:
+            best = (score, kind, args, must)
+    _, kind, args, pred = best  # type: ignore[misc]
+    v = HostVerdict(host.name, "healthy", runs=int(rows.size), low_runs=int(obs.sum()))
+    if kind == "none":
+        v.ratio = float(np.median(ratio[rows]))  # healthy: the typical run (a neighbour's fault may pull some down)
+        return v
+    r = float(np.median(ratio[rows][pred]))
+    v.ratio, v.fault = r, kind
+    v.status = "failed" if r < FAILED_RATIO else "degraded"
+    name = host.name
+    if kind == "gpu":
+        v.gpus = [f"{name}:{args[0]}"]
+    elif kind == "pair":
+        v.gpus = [f"{name}:{args[0]}", f"{name}:{args[1]}"]
+        v.links = [f"{name}:{args[0]}-{name}:{args[1]}"]
+    elif kind == "rail":
+        v.links = [f"{name}:nic-rail{args[0]}"]
+    else:
+        v.links = [name]
+    return v
+
+
 def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expected: np.ndarray,
              tol: Tolerance, hosts: list[str] | None = None) -> dict[str, HostVerdict]:
     """Verdict per host from runs (per-host masks, measured and expected busbw)."""
@@ -89,40 +126,29 @@ def diagnose(spec: ClusterSpec, masks: np.ndarray, measured: np.ndarray, expecte
     ratio = np.where(ok, measured / np.where(ok, expected, 1.0), 1.0)
     cross = (popcount(masks) > 0).sum(axis=1) >= 2
     low = np.log(np.maximum(ratio, 1e-9)) < -tol.of(cross)
-    out: dict[str, HostVerdict] = {}
-    for h, host in enumerate(spec.hosts):
-        if hosts and host.name not in hosts:
-            continue
-        rows = np.flatnonzero(masks[:, h] != 0)
-        if rows.size == 0:
-            out[host.name] = HostVerdict(host.name, "healthy")
-            continue
-        m, c, obs = masks[rows, h], cross[rows], low[rows]
-        best = None
-        for kind, args in _candidates(host.n_gpus):
-            must, may = _predicted(kind, args, m, c)
-            if kind != "none" and not must.any():
+    chosen = [h for h, host in enumerate(spec.hosts) if not hosts or host.name in hosts]
+    out = {spec.hosts[h].name: _decode(spec, h, masks, cross, low, ratio, np.zeros(len(low), bool)) for h in chosen}
+    # Second pass: a cross-host run pulled down by a fault already found at its other end (a slow
+    # host, a rail, a GPU) is explained: it is no evidence against this host.
+    by_host = {}
+    for h in chosen:
+        v = out[spec.hosts[h].name]
+        if v.fault == "host":
+            by_host[h] = cross & (masks[:, h] != 0)
+        elif v.fault == "rail":
+            r = int(v.links[0].rsplit("nic-rail", 1)[1])
+            by_host[h] = cross & (((masks[:, h] >> r) & 1) != 0)
+        elif v.fault in ("gpu", "pair"):  # a missing or slow GPU drags its cross-host runs down too
+            bits = sum(1 << int(g.rsplit(":", 1)[1]) for g in v.gpus)
+            by_host[h] = cross & ((masks[:, h] & bits) == bits)
+    if by_host:
+        for h in chosen:
+            if out[spec.hosts[h].name].fault not in ("none", "rail"):
                 continue
-            score = (int((must & ~obs).sum() + (obs & ~must & ~may).sum()), SIMPLICITY[kind])
-            if best is None or score < best[0]:
-                best = (score, kind, args, must)
-        _, kind, args, pred = best  # type: ignore[misc]
-        v = HostVerdict(host.name, "healthy", runs=int(rows.size), low_runs=int(obs.sum()))
-        if kind != "none":
-            r = float(np.median(ratio[rows][pred]))
-            v.ratio, v.fault = r, kind
-            v.status = "failed" if r < FAILED_RATIO else "degraded"
-            name = host.name
-            if kind == "gpu":
-                v.gpus = [f"{name}:{args[0]}"]
-            elif kind == "pair":
-                v.gpus = [f"{name}:{args[0]}", f"{name}:{args[1]}"]
-                v.links = [f"{name}:{args[0]}-{name}:{args[1]}"]
-            elif kind == "rail":
-                v.links = [f"{name}:nic-rail{args[0]}"]
-            else:
-                v.links = [name]
-        else:
-            v.ratio = float(np.median(ratio[rows]))  # healthy: the typical run (a neighbour's fault may pull some down)
-        out[host.name] = v
+            others = np.zeros(len(low), dtype=bool)
+            for o, e in by_host.items():
+                if o != h:
+                    others |= e
+            if others.any():
+                out[spec.hosts[h].name] = _decode(spec, h, masks, cross, low, ratio, others)
     return out
