@@ -53,8 +53,9 @@ def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str,
         {
             "PREFECT_HOME": str(state / "prefect"),
             "DVC_SITE_CACHE_DIR": str(state / "dvc-site-cache"),
+            # MLflow's rule: the registry follows the tracking URI unless MLFLOW_REGISTRY_URI is set,
+            # so only the tracking default is filled in (a registry default would split the two).
             "MLFLOW_TRACKING_URI": default_tracking_uri(root),
-            "MLFLOW_REGISTRY_URI": default_tracking_uri(root),
             "OMP_NUM_THREADS": str(threads or min(2, os.cpu_count() or 1)),
         }
     )
@@ -63,7 +64,8 @@ def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str,
         if not os.environ.get(k):
             os.environ[k] = v
             setby[k] = v
-    (root / "mlruns").mkdir(parents=True, exist_ok=True)
+    if "MLFLOW_TRACKING_URI" in setby:  # the local default store lives under the project
+        (root / "mlruns").mkdir(parents=True, exist_ok=True)
     for key in ("PREFECT_HOME", "DVC_SITE_CACHE_DIR"):
         # Prefect's server cannot create its SQLite file in a missing directory.
         Path(os.environ[key]).expanduser().mkdir(parents=True, exist_ok=True)

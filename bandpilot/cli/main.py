@@ -40,6 +40,20 @@ def _load_commands() -> None:
         ep.load()(app)
 
 
+def _click_errors() -> tuple[type[BaseException], ...]:
+    """typer 0.29 raises its vendored click's exceptions, which are not ``click.ClickException``s."""
+    import click
+
+    kinds: list[type[BaseException]] = [click.ClickException]
+    try:
+        from typer._click.exceptions import ClickException as VendoredClickException
+
+        kinds.append(VendoredClickException)
+    except ImportError:  # pragma: no cover - typer without a vendored click
+        pass
+    return tuple(kinds)
+
+
 def main(argv: list[str] | None = None) -> int:
     setup_env()
     _load_commands()
@@ -54,10 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         print("aborted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:  # usage errors: click's message, exit 2
+        if isinstance(exc, _click_errors()):
             exc.show()
             return exc.exit_code
         raise

@@ -1,0 +1,82 @@
+"""Issue 15 (slice): usage errors exit 2 with click's message; the MLflow registry follows the tracking URI."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "bandpilot", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "BANDPILOT_"))}
+    env.update(BANDPILOT_HOME=str(home), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+@pytest.mark.parametrize("args, what", [
+    (["verifyy"], "No such command 'verifyy'"),
+    (["train", "--bogus"], "No such option: --bogus"),
+    (["select", "abc", "--state", "s.json"], "Invalid value for 'k'"),
+])
+def test_usage_errors_exit_2_with_clicks_message(tmp_path, args, what):
+    r = _run(args, _env(tmp_path), tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert what in r.stderr and "Usage: " in r.stderr and "bandpilot" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    from bandpilot.data.dataset import save_dataset
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.fabric.emulator import EmulatorFabric
+    from bandpilot.topology.cluster import load_cluster
+
+    d = tmp_path_factory.mktemp("ds") / "het"
+    save_dataset(fabric_dataset(EmulatorFabric(load_cluster(ROOT / "params/clusters/het4mix.yaml")), n_cross=60, seed=2), d)
+    p = d.parent / "train.yaml"
+    p.write_text("train:\n  epochs: 3\n  hidden: 16\n  heads: 2\n  folds: 2\n  threads: 1\n  replay_size: 8\n")
+    return d, p
+
+
+def _models(db: Path) -> list[str]:
+    with sqlite3.connect(db) as c:
+        return [r[0] for r in c.execute("select name from registered_models")]
+
+
+@pytest.mark.slow
+def test_registry_follows_the_tracking_uri(tmp_path, tiny_dataset):
+    ds, params = tiny_dataset
+    home = tmp_path / "home"
+    home.mkdir()
+    server = tmp_path / "server.db"
+    r = _run(["train", "--data", str(ds), "--params", str(params)],
+             _env(home, MLFLOW_TRACKING_URI=f"sqlite:///{server}"), home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _models(server) == ["bandpilot-het4mix"]  # runs and registry in the same store
+    assert not (home / "mlruns").exists()  # no split registry in the project
+
+
+@pytest.mark.slow
+def test_local_default_only_when_neither_uri_is_set(tmp_path, tiny_dataset):
+    ds, params = tiny_dataset
+    home = tmp_path / "home"
+    home.mkdir()
+    r = _run(["train", "--data", str(ds), "--params", str(params)], _env(home), home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _models(home / "mlruns" / "mlflow.db") == ["bandpilot-het4mix"]
+    reg = tmp_path / "registry.db"
+    r = _run(["train", "--data", str(ds), "--params", str(params)],
+             _env(home, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 't.db'}", MLFLOW_REGISTRY_URI=f"sqlite:///{reg}"), home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _models(reg) == ["bandpilot-het4mix"]  # an explicit registry URI wins
