@@ -8,6 +8,7 @@ raises a drift event above a threshold (``params/drift.yaml``) - the signal to v
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -46,7 +47,8 @@ def observe_jobs(conn: sa.Connection, measured: Mapping[str, Any], now: float) -
         a = conn.execute(sa.select(T_ASSIGN.c.gpus, T_ASSIGN.c.predicted_gbps).where(T_ASSIGN.c.request_id == job_id)).first()
         if a is None or not a.predicted_gbps:
             continue  # a 1-GPU job has no predicted collective bandwidth: nothing to compare
-        rows.append({"source": "telemetry", "job_id": job_id, "gpus": a.gpus, "predicted_gbps": float(a.predicted_gbps),
+        gpus = ",".join(json.loads(a.gpus))  # assignments keep a JSON list
+        rows.append({"source": "telemetry", "job_id": job_id, "gpus": gpus, "predicted_gbps": float(a.predicted_gbps),
                      "measured_gbps": x, "at": now})
     if rows:
         conn.execute(sa.insert(T_OBS), rows)
