@@ -80,3 +80,40 @@ def test_local_default_only_when_neither_uri_is_set(tmp_path, tiny_dataset):
              _env(home, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 't.db'}", MLFLOW_REGISTRY_URI=f"sqlite:///{reg}"), home)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _models(reg) == ["bandpilot-het4mix"]  # an explicit registry URI wins
+
+
+def test_queue_show_renders_launcher_input(tmp_path, capsys):
+    import json as _json
+
+    from bandpilot import queue as q
+    from bandpilot.cli.main import main
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import EmulatorFabric
+    from bandpilot.topology.cluster import load_cluster
+
+    spec = load_cluster(ROOT / "params/clusters/h100.yaml")
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(spec)
+    q.submit(store, [{"id": "big", "k": 12, "tenant": "t"}, {"id": "wait", "k": 32, "tenant": "t"}])
+    q.run_batch(store, Dispatcher(EmulatorFabric(spec)))
+    a = q.assignment(store, "big")
+    assert sum(len(v) for v in a["hosts"].values()) == 12 and len(a["hosts"]) >= 2
+    capsys.readouterr()
+    assert main(["queue", "show", "big", "--format", "hostfile", "--store", url]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert [ln for ln in lines if ln] == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
+    assert main(["queue", "show", "big", "--format", "slurm", "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert f"#SBATCH --nodelist={','.join(a['hosts'])}" in out and "#SBATCH --ntasks=12" in out
+    for h, v in a["hosts"].items():
+        assert f"{h}) export CUDA_VISIBLE_DEVICES={','.join(map(str, v))} ;;" in out
+    assert main(["queue", "show", "big", "--format", "k8s", "--store", url]) == 0
+    doc = _json.loads(capsys.readouterr().out)
+    assert doc["metadata"]["annotations"]["bandpilot.io/job"] == "big"
+    assert main(["queue", "show", "big", "--format", "env", "--store", url]) == 0
+    assert "BANDPILOT_NGPUS=12" in capsys.readouterr().out
+    for args, msg in ((["wait"], "has no GPUs"), (["nope"], "no request"), (["big", "--format", "pbs"], "unknown format")):
+        assert main(["queue", "show", *args, "--store", url]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and msg in err and err.count("\n") == 1

@@ -205,6 +205,22 @@ def release_cmd(
         typer.echo(f"released {r['job']}: {len(r['freed'])} GPU(s) free{extra}")
 
 
+@queue_app.command("show")
+def show_cmd(
+    job: str = typer.Argument(..., help="Job (= request) id."),
+    fmt: str = typer.Option("json", "--format", "-f", help="json | slurm | hostfile | env | k8s"),
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """A job's GPUs as launcher input: Slurm nodelist + CUDA_VISIBLE_DEVICES, MPI hostfile, env, k8s."""
+    from bandpilot import queue as q
+
+    if fmt not in q.FORMATS:  # before opening the store: a typo costs nothing
+        from bandpilot.errors import RequestError
+
+        raise RequestError(f"unknown format {fmt!r}: use one of {', '.join(q.FORMATS)}")
+    typer.echo(q.render(q.assignment(_store(store), job), fmt))
+
+
 @queue_app.command("cancel")
 def cancel_cmd(requests: List[str] = typer.Argument(..., help="Pending request ids."), store: Optional[str] = STORE_OPT) -> None:
     """Withdraw pending requests."""

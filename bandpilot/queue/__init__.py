@@ -6,6 +6,7 @@ from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_ve
 from bandpilot.queue.clock import iso
 from bandpilot.queue.health import apply_verdicts, health
 from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
+from bandpilot.queue.launch import FORMATS, assignment, render
 from bandpilot.queue.invariants import check_invariants
 from bandpilot.queue.lifecycle import drain, release, release_many, resolve_targets, undrain
 from bandpilot.queue.outcomes import BatchReport, Outcome
@@ -45,6 +46,8 @@ __all__ = [
     "order_pending", "run_batch", "utility_prior", "utility_quotas",
     # lifecycle
     "drain", "release", "release_many", "resolve_targets", "undrain",
+    # launcher input
+    "FORMATS", "assignment", "render",
     # verify verdicts
     "apply_verdicts", "health",
     # telemetry and drift
