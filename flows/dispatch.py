@@ -72,6 +72,13 @@ def dispatch_flow(
     log = get_run_logger()
     uri = model_uri or f"models:/bandpilot-{cluster}@champion"
     url = store_url_for(cluster, store_url)
+    from bandpilot import queue as q
+
+    with q.Store(url) as store:
+        idle = q.nothing_to_place(store) if store.initialized else "the store has no cluster yet"
+    if idle is not None:  # the every-minute schedule's usual case: no model load at all
+        log.info("no batch on %s: %s", cluster, idle)
+        return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
     rep = run_batch_task(url, dispatcher, policy, limit, uri)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")

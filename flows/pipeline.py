@@ -124,7 +124,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 out.append(f"   {src} MAPE: {dec['candidate']['mape']:.2f}%")
         if gate.get("report"):
             out.append(f"   report: {Path(gate['report']).relative_to(root) if Path(gate['report']).is_relative_to(root) else gate['report']}")
-        if batch:
+        if batch and batch.get("skipped"):
+            out.append(f"   dispatch: no batch ({batch['skipped']})")
+        elif batch:
             counts: dict[str, int] = {}
             for o in batch.get("outcomes", []):
                 counts[o["status"]] = counts.get(o["status"], 0) + 1

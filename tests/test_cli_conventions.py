@@ -117,3 +117,27 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
         assert main(["queue", "show", *args, "--store", url]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and msg in err and err.count("\n") == 1
+
+
+def test_no_op_batch_skips_the_model_and_torch(tmp_path):
+    from bandpilot import queue as q
+    from bandpilot.topology.cluster import load_cluster
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(load_cluster(ROOT / "params/clusters/h100.yaml"))
+    code = ("import sys, time; from bandpilot.cli.main import main; t = time.perf_counter(); "
+            f"rc = main(['dispatch', '--batch', '--store', '{url}', '--model', 'models:/nowhere@champion']); "
+            "print(rc, 'torch' in sys.modules, 'mlflow' in sys.modules, round(time.perf_counter() - t, 3))")
+    env = _env(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    rc, torch_loaded, mlflow_loaded, _ = r.stdout.split()[-4:]
+    assert (rc, torch_loaded, mlflow_loaded) == ("0", "False", "False"), r.stdout + r.stderr
+    assert "no batch: nothing pending" in r.stdout
+    q.submit(store, [{"id": "huge", "k": 30, "tenant": "t"}])
+    q.drain(store, "h100-0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split()[-4:-1] == ["0", "False", "False"] and "smallest needs 30 GPUs, 24 free" in r.stdout
+    q.undrain(store, "h100-0")  # now it fits: the model is needed, and the bad URI is a clear error
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.split()[-4] == "2" and "nowhere" in r.stderr

@@ -744,6 +744,13 @@ def test_cli_end_to_end(cli, capsys, tmp_path):
     assert cli.run("cluster", "fragmentation") == 0
     out = capsys.readouterr().out
     assert "largest placeable" in out and "stranded" in out
+    # Nothing pending fits the free GPUs: no batch, no model load (the every-minute schedule's no-op).
+    assert cli.run("dispatch", "--batch", "--json", "--model", "models:/x@challenger", "--commit", "request") == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["batch_id"] is None and "the smallest needs 4 GPUs" in rep["skipped"]
+    assert "models:/x@challenger" not in cli.loaded
+    assert cli.run("cluster", "undrain", "h100-0") == 0  # now a 4-GPU request fits again
+    capsys.readouterr()
     assert cli.run("dispatch", "--batch", "--json", "--model", "models:/x@challenger", "--commit", "request") == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["model_uri"] == "models:/x@challenger" and rep["commit"] == "request"

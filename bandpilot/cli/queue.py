@@ -341,6 +341,13 @@ def dispatch_cmd(
     if commit not in q.COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(q.COMMIT_MODES)}")
     st = _store(store)
+    idle = q.nothing_to_place(st)
+    if idle is not None:  # the every-minute schedule: no model load, no torch import
+        if as_json:
+            _echo_json({"batch_id": None, "skipped": idle})
+        else:
+            typer.echo(f"no batch: {idle}")
+        return
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = q.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)

@@ -30,7 +30,15 @@ from bandpilot.queue.schema import (
 )
 from bandpilot.queue.store import STORE_ENV, Store, StoreError, default_store_url, open_store
 from bandpilot.queue.telemetry import drift, record_observations
-from bandpilot.queue.views import current_state, export_state, format_gpus, fragmentation, list_requests, status
+from bandpilot.queue.views import (
+    current_state,
+    export_state,
+    format_gpus,
+    fragmentation,
+    list_requests,
+    nothing_to_place,
+    status,
+)
 
 __all__ = [
     # requests
@@ -54,5 +62,5 @@ __all__ = [
     "drift", "record_observations",
     # views and checks
     "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
-    "list_requests", "status",
+    "list_requests", "nothing_to_place", "status",
 ]

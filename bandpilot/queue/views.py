@@ -159,3 +159,16 @@ def fragmentation(store: Store) -> dict[str, Any]:
         out["largest_placeable"]["single_domain"] = max((d["free"] for d in doms.values()), default=0)
         out["whole_free_domains"] = sum(1 for d in doms.values() if d["free"] == d["gpus"])
     return out
+
+
+def nothing_to_place(store: Store) -> str | None:
+    """Why a batch would place nothing (no pending request, or none small enough for the free GPUs),
+    from two cheap queries - so a scheduled no-op batch never loads the model; None otherwise."""
+    with store.read() as conn:
+        n, kmin = conn.execute(sa.select(sa.func.count(), sa.func.min(T_REQ.c.k)).where(T_REQ.c.status == "pending")).one()
+        free = conn.execute(sa.select(sa.func.count()).select_from(T_GPUS).where(T_GPUS.c.state == "free")).scalar()
+    if not n:
+        return "nothing pending"
+    if kmin > free:
+        return f"{n} pending, the smallest needs {kmin} GPUs, {free} free"
+    return None
