@@ -29,8 +29,18 @@ SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def project_root() -> Path:
-    """The project directory: ``$BANDPILOT_HOME`` or the current directory."""
-    return Path(os.environ.get("BANDPILOT_HOME", os.getcwd())).resolve()
+    """The project home: ``$BANDPILOT_HOME``, else the BandPilot checkout containing the current
+    directory (``params/pipeline.yaml`` + ``dvc.yaml``), else a per-user data directory - never
+    whatever directory a command happens to run in (no stray ``mlruns/`` in ``~`` or ``/tmp``)."""
+    env = os.environ.get("BANDPILOT_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    for d in (cwd, *cwd.parents):
+        if (d / "params" / "pipeline.yaml").is_file() and (d / "dvc.yaml").is_file():
+            return d
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return (Path(data).expanduser() / "bandpilot").resolve()
 
 
 def default_tracking_uri(root: Path | None = None) -> str:

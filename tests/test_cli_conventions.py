@@ -141,3 +141,16 @@ def test_no_op_batch_skips_the_model_and_torch(tmp_path):
     q.undrain(store, "h100-0")  # now it fits: the model is needed, and the bad URI is a clear error
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.stdout.split()[-4] == "2" and "nowhere" in r.stderr
+
+
+def test_project_home_is_never_just_the_current_directory(tmp_path, monkeypatch):
+    from bandpilot.config import project_root
+
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path / "home"))
+    assert project_root() == (tmp_path / "home").resolve()
+    monkeypatch.delenv("BANDPILOT_HOME")
+    monkeypatch.chdir(ROOT / "bandpilot" / "model")  # inside the checkout: its root
+    assert project_root() == ROOT.resolve()
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)  # anywhere else: the per-user data directory
+    assert project_root() == (tmp_path / "xdg" / "bandpilot").resolve()
