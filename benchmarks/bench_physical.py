@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.bench_constants import with_nic
 from benchmarks.bench_surrogate import ROOT, data_root
-from bandpilot.data.dataset import Dataset, load_dataset
+from bandpilot.data.dataset import load_dataset
 from bandpilot.data.ingest import ingest
 from bandpilot.evaluation.runner import evaluate
 from bandpilot.fabric.emulator import make_fabric
@@ -57,7 +58,7 @@ def main() -> int:
             ingest(src, Path(tmp) / name)
             ds = load_dataset(Path(tmp) / name)
             truth = make_fabric(load_cluster(src))
-            cases = [("declared NIC", ds, {}), ("NIC x4", _nic(ds, 4.0), {})]
+            cases = [("declared NIC", ds, {}), ("NIC x4", with_nic(ds, 4.0), {})]
             if name.startswith("h100"):
                 cases.append(("250 measured", ds, {"holdout": 1.0 - 250 / 486}))
             for label, d, over in cases:
@@ -73,10 +74,6 @@ def main() -> int:
     lines += ["", f"Wall time {time.perf_counter() - t0:.0f} s; load average at end {os.getloadavg()[0]:.1f}."]
     print("\n".join(lines))
     return 0
-
-
-def _nic(ds: Dataset, factor: float) -> Dataset:
-    return Dataset(dataclasses.replace(ds.spec, nic_gbps=ds.spec.nic_gbps * factor), ds.frame, ds.path)
 
 
 if __name__ == "__main__":

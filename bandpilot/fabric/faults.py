@@ -16,10 +16,9 @@ Faults come from a spec (``faults:``) or a YAML/JSON file (``--inject FILE``), o
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -141,12 +140,6 @@ class FaultyFabric(Fabric):
             out = np.where(hit, out * (0.0 if f.kind == "missing_gpu" else f.scale), out)
         return out
 
-    def factors(self, masks: np.ndarray) -> np.ndarray:
-        """Per-row factor of the faulty truth over the healthy one (1 where no fault reaches)."""
-        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        base = self.base.bandwidth_masks(masks)
-        return np.divide(self.bandwidth_masks(masks), base, out=np.ones_like(base), where=base > 0)
-
     def stage1_table(self, h: int) -> np.ndarray:
         t = self.base.stage1[h].copy()
         masks = np.zeros((t.size, self.spec.n_hosts), dtype=np.int64)
@@ -177,11 +170,3 @@ class FaultyFabric(Fabric):
         truth = self.base.bandwidth_masks(masks)
         noise = np.divide(self.base.measure(masks, seed=seed, repeat=repeat), truth, out=np.ones_like(truth), where=truth > 0)
         return self.bandwidth_masks(masks) * noise
-
-    def describe(self) -> str:
-        return json.dumps([f.to_dict() for f in self.faults])
-
-
-def with_faults(fabric: Fabric, faults: Iterable[Fault]) -> Fabric:
-    faults = list(faults)
-    return FaultyFabric(fabric, faults) if faults else fabric
