@@ -107,7 +107,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     from bandpilot.config import default_tracking_uri, project_root
 
     root = project_root()
-    out = [results.get("truth", ""), f"dataset (data.dvc): {results.get('dvc_md5')}"]
+    out = [f"dataset (data.dvc): {results.get('dvc_md5')}"]  # the truth line opens the run (flows/cli.py)
     for name, r in results["clusters"].items():
         rt, batch = r["retrain"], r["batch"]
         gate = rt.get("gate") or {}
