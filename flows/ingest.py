@@ -34,12 +34,13 @@ def ingest_task(source_dir: str, out: str) -> dict[str, Any]:
 
 
 @task(retries=3, retry_delay_seconds=2, cache_policy=NONE)
-def dvc_track_task(data_root: str, push: bool = True) -> str:
-    """``dvc add data`` (idempotent: unchanged data -> same md5, no new version) and push."""
+def dvc_track_task(data_root: str, push: bool = True, git: str = "leave") -> str:
+    """``dvc add data`` (idempotent: unchanged data -> same md5, no new version) and push.
+    ``git``: leave (default: never touch the git index), commit (data.dvc with the version), stage."""
     from bandpilot.data import dvc
 
     root = resolve(data_root)
-    md5 = dvc.track(root / "data", root)
+    md5 = dvc.track(root / "data", root, git=git)
     if push:
         dvc.push(root)
     return md5
@@ -54,6 +55,7 @@ def ingest_flow(
     seed: int = 0,
     runner: str = "emulator",
     track: bool = True,
+    git: str = "leave",
 ) -> dict[str, Any]:
     """Profile ``cluster`` (a spec) or ingest ``source_dir`` (a measurement directory), then version it."""
     prepare()
@@ -69,6 +71,6 @@ def ingest_flow(
         out = ingest_task(source_dir, str(Path(data_root) / "data" / name))
         out["cluster"] = name
     if track:
-        out["dvc_md5"] = dvc_track_task(data_root)
+        out["dvc_md5"] = dvc_track_task(data_root, git=git)
     log.info("dataset %s ready (%s)", out["dataset"], out.get("dvc_md5", "untracked"))
     return out

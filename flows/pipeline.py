@@ -82,7 +82,7 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
             ing = ingest_flow(cluster=src.path, data_root=data_root, samples=int(prof.get("samples", 600)),
                               seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
         datasets[src.path] = (src, ing)
-    results["dvc_md5"] = dvc_track_task(data_root)
+    results["dvc_md5"] = dvc_track_task(data_root, git=str(P.get("dvc_git", "leave")))
     for cluster, (src, ing) in datasets.items():
         rt = retrain_flow(
             data_dir=ing["dataset"], cluster_spec=cluster, params_file=P["train_params"],

@@ -7,6 +7,8 @@ names (start one with ``prefect server start``). Parameters come from ``params/p
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from typing import Any
 
 from flows._common import cluster_sources, load_params, prepare, resolve
@@ -29,6 +31,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     every = int(sched.get("dispatch_interval_s", 60))
     prof, ev, disp, sweep = P["profile"], P["evaluate"], P["dispatch"], P.get("sweep") or {}
     data_root = str(P.get("data_root", "."))
+    git = str(P.get("dvc_git", "leave"))
     out = []
     for src in cluster_sources(P["clusters"], str(params_file)):
         cluster = src.path
@@ -38,7 +41,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
                  "runner": str(prof.get("runner", "emulator"))})
         out.append(ingest_flow.to_deployment(
             name=f"ingest-{name}", cron=ingest_cron, tags=["bandpilot", name],
-            parameters={**what, "data_root": data_root},
+            parameters={**what, "data_root": data_root, "git": git},
         ))
         out.append(retrain_flow.to_deployment(
             name=f"retrain-{name}", cron=cron, tags=["bandpilot", name],
@@ -50,7 +53,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
             name=f"verify-{name}", cron=verify_cron, tags=["bandpilot", name],
             parameters={"cluster": cluster, "runner": str(prof.get("runner", "emulator")), "store_url": disp.get("store"),
                         "data_root": data_root, "samples": int(prof.get("samples", 600)),
-                        "params_file": P["train_params"], "policy": P["promotion_policy"], "evaluate": ev},
+                        "params_file": P["train_params"], "policy": P["promotion_policy"], "evaluate": ev, "git": git},
         ))
         out.append(dispatch_flow.to_deployment(
             name=f"dispatch-{name}", interval=every, tags=["bandpilot", name],
@@ -59,7 +62,45 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
     return out
 
 
-def serve_all(params_file: str = "params/pipeline.yaml") -> None:  # pragma: no cover - long-running
-    from prefect import serve
+def serve_all(params_file: str = "params/pipeline.yaml", *, stop_timeout: float = 8.0) -> None:
+    """Serve the deployments until SIGTERM or SIGINT, then stop within ``stop_timeout`` seconds.
 
-    serve(*deployments(params_file))
+    Prefect's own ``serve`` calls the async ``Runner.stop`` from its SIGTERM handler without awaiting it
+    ("coroutine 'Runner.astop' was never awaited") and keeps running, so a service manager's stop hangs
+    until SIGKILL. Here the signal schedules ``astop`` on the runner's loop; a run in flight is cancelled
+    (its store writes are transactions, so an abandoned batch leaves nothing half-written)."""
+    deps = deployments(params_file)
+    asyncio.run(_serve(deps, stop_timeout))
+
+
+async def _serve(deps: list[Any], stop_timeout: float) -> None:
+    from prefect.runner import Runner
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    class _Runner(Runner):
+        def handle_sigterm(self, *_: Any) -> None:  # Runner.start installs this for SIGTERM
+            loop.call_soon_threadsafe(stop.set)
+
+    runner = _Runner(pause_on_shutdown=False)
+    for d in deps:
+        await runner.aadd_deployment(d)
+    started = asyncio.create_task(runner.start())
+    await asyncio.sleep(0)  # let start() install its SIGTERM handler, then take both signals over
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"serving {len(deps)} deployments; SIGTERM or Ctrl-C stops", flush=True)
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait({started, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if started.done():
+        waiter.cancel()
+        started.result()  # the runner ended by itself: surface its error
+        return
+    print("stopping: cancelling runs in flight", flush=True)
+    try:
+        await asyncio.wait_for(runner.astop(), stop_timeout / 2)
+        await asyncio.wait_for(started, stop_timeout / 2)
+    except (asyncio.TimeoutError, asyncio.CancelledError, RuntimeError):
+        started.cancel()
+    print("stopped", flush=True)

@@ -60,6 +60,7 @@ def verify_flow(
     params_file: str = "params/train.yaml",
     policy: str = "params/promotion.yaml",
     evaluate: dict[str, Any] | None = None,
+    git: str = "leave",
 ) -> dict[str, Any]:
     """Verify ``cluster`` against ``model_uri`` (default: its champion); if anything is degraded or
     failed and ``relearn``: re-measure, version the dataset with DVC, retrain and gate."""
@@ -78,7 +79,7 @@ def verify_flow(
     log.warning("%s: %s", name, ", ".join(f"{h} {v['status']} {v['links'] or v['gpus']}" for h, v in bad.items()))
     if relearn:
         out["dataset"] = remeasure_task(cluster, data_root, runner, samples, seed)
-        out["dvc_md5"] = dvc_track_task(data_root)
+        out["dvc_md5"] = dvc_track_task(data_root, git=git)
         out["retrain"] = retrain_flow(data_dir=out["dataset"], cluster_spec=cluster, params_file=params_file,
                                       policy=policy, evaluate=evaluate)
     return out

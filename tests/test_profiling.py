@@ -408,3 +408,35 @@ def test_dvc_tracking_is_idempotent(tiny, tmp_path):
     md5b = dvc.track("data", repo)
     assert md5b != md5 and dataset_hash(ds) == md5b
     assert _git(repo, "status", "--porcelain").split() == ["M", "data.dvc"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_scheduled_tracking_leaves_git_alone_or_commits_the_version(tiny, tmp_path):
+    from bandpilot.data import dvc
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "ci@example.com")
+    _git(repo, "config", "user.name", "CI")
+    (repo / ".gitignore").write_text("/data/\n")
+    (repo / "notes.txt").write_text("operator's own work\n")
+    _git(repo, "add", "notes.txt")  # staged by the operator: must stay staged, never committed by us
+    profiling.run(tiny, repo, cross_host_samples=2, progress=False, jobs=1)
+
+    md5 = dvc.track("data", repo, git="leave")
+    assert _git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]  # index untouched
+    assert (repo / "data.dvc").is_file()
+    with pytest.raises(DataError, match="unknown git mode 'push'"):
+        dvc.track("data", repo, git="push")
+
+    assert dvc.track("data", repo, git="commit") == md5
+    log = _git(repo, "log", "--format=%s", "--name-only")
+    assert f"data: dataset version {md5}" in log and "data.dvc" in log and "notes.txt" not in log
+    assert _git(repo, "diff", "--cached", "--name-only").split() == ["notes.txt"]
+    head = _git(repo, "rev-parse", "HEAD")
+    assert dvc.track("data", repo, git="commit") == md5 and _git(repo, "rev-parse", "HEAD") == head  # same version: no commit
+
+    profiling.run(tiny, repo, cross_host_samples=4, progress=False, jobs=1)
+    md5b = dvc.track("data", repo, git="commit")
+    assert md5b != md5 and _git(repo, "log", "-1", "--format=%s").strip() == f"data: dataset version {md5b} (data)"

@@ -43,12 +43,21 @@ def _git_toplevel(root: Path) -> Path | None:
     return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def ensure_repo(root: str | Path) -> Path:
+GIT_MODES = ("stage", "leave", "commit")
+
+
+def _check_git_mode(git: str) -> None:
+    if git not in GIT_MODES:
+        raise DataError(f"unknown git mode {git!r}: use one of {', '.join(GIT_MODES)}")
+
+
+def ensure_repo(root: str | Path, *, git: str = "stage") -> Path:
     """Make ``root`` a DVC repo (``dvc init`` if needed) with autostage, no analytics and a default remote.
 
     Inside a git work tree the repo uses git (``--subdir`` below the top level); elsewhere it is
-    initialised with ``--no-scm``. Idempotent.
+    initialised with ``--no-scm``. Idempotent. ``git="leave"`` never touches the git index.
     """
+    _check_git_mode(git)
     _quiet()
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
@@ -66,6 +75,10 @@ def ensure_repo(root: str | Path) -> Path:
                     Repo.init(str(root), no_scm=True)
                 else:
                     Repo.init(str(root), subdir=top != root)
+                    if git == "leave":  # dvc init stages its own files: unstage them, they are new
+                        made = [str(root / ".dvc" / ".gitignore"), str(root / ".dvc" / "config"), str(root / ".dvcignore")]
+                        subprocess.run(["git", "-C", str(top), "reset", "-q", "--", *made],
+                                       capture_output=True, timeout=60, check=False)
             finally:
                 log.setLevel(level)
         repo = Repo(str(root))
@@ -83,7 +96,7 @@ def ensure_repo(root: str | Path) -> Path:
                     conf["remote"][DEFAULT_REMOTE] = {"url": RelPath(str(root / REMOTE_DIR))}
                     conf["core"]["remote"] = DEFAULT_REMOTE
                 (root / REMOTE_DIR).mkdir(exist_ok=True)
-            if not repo.config["core"].get("no_scm") and repo.scm.root_dir:
+            if git != "leave" and not repo.config["core"].get("no_scm") and repo.scm.root_dir:
                 from scmrepo.git import Git
 
                 if isinstance(repo.scm, Git):
@@ -113,13 +126,19 @@ def read_md5(dvc_file: str | Path) -> str:
         raise DataError(f"{p}: not a DVC file with a tracked output") from None
 
 
-def track(path: str | Path, root: str | Path) -> str:
+def track(path: str | Path, root: str | Path, *, git: str = "stage") -> str:
     """``dvc add`` ``path`` (relative to ``root`` or absolute) and return its md5.
 
     Unchanged data gives an unchanged ``.dvc`` file (the same md5), so tracking twice makes no
-    new version. With git, ``core.autostage`` stages the ``.dvc`` file and ``.gitignore``.
+    new version. ``git`` says what happens to the ``.dvc`` file in a git work tree:
+
+    - ``stage`` (interactive default): ``core.autostage`` stages it and ``.gitignore``;
+    - ``leave`` (scheduled runs): the git index is not touched, only the working tree changes;
+    - ``commit``: stage and commit just those files, with a message naming the dataset version
+      (nothing is committed when the version did not change; other staged changes are left staged).
     """
-    root = ensure_repo(root)
+    _check_git_mode(git)
+    root = ensure_repo(root, git=git)
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
@@ -136,12 +155,41 @@ def track(path: str | Path, root: str | Path) -> str:
     try:
         os.chdir(root)  # dvc resolves targets and writes .gitignore relative to the working dir
         with Repo(str(root)) as repo:
+            if git == "leave":
+                repo.scm_context.autostage = False
+                repo.scm_context.quiet = True  # no "To track the changes with git, run" hint
             repo.add(os.path.relpath(p, root))
     except DvcException as exc:
         raise BandPilotError(f"dvc add {p} failed: {exc}") from None
     finally:
         os.chdir(cwd)
-    return read_md5(_dvc_file(p))
+    md5 = read_md5(_dvc_file(p))
+    if git == "commit":
+        setup = [root / ".dvc" / "config", root / ".dvc" / ".gitignore", root / ".dvcignore"]  # first version: DVC's own files
+        _commit(root, [_dvc_file(p), p.parent / ".gitignore", *setup], f"data: dataset version {md5} ({p.name})")
+    return md5
+
+
+def _commit(root: Path, files: list[Path], message: str) -> bool:
+    """Commit only ``files`` (those that exist); False when they did not change."""
+    top = _git_toplevel(root)
+    if top is None:
+        return False
+    paths = [str(f) for f in files if f.exists()]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True, timeout=60, check=False)
+
+    ident: list[str] = []
+    if not git("config", "user.email").stdout.strip():  # a service account may have no identity
+        ident = ["-c", "user.name=BandPilot", "-c", "user.email=bandpilot@localhost"]
+    git("add", "--", *paths)
+    if git("diff", "--cached", "--quiet", "--", *paths).returncode == 0:
+        return False
+    out = git(*ident, "commit", "--quiet", "--only", "-m", message, "--", *paths)
+    if out.returncode != 0:
+        raise BandPilotError(f"git commit of {', '.join(paths)} failed: {out.stderr.strip() or out.stdout.strip()}")
+    return True
 
 
 def push(root: str | Path, targets: list[str] | None = None) -> int:
