@@ -2,6 +2,7 @@
 runs that call the dispatcher inside one transaction, release/drain, and invariant checks. It hands
 on assigned jobs (GPU lists per request) and the cluster state in the dispatcher's JSON format."""
 
+from bandpilot.queue.audit import audit_log, audited
 from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
 from bandpilot.queue.clock import iso
 from bandpilot.queue.health import apply_verdicts, health
@@ -30,13 +31,17 @@ from bandpilot.queue.schema import (
 )
 from bandpilot.queue.store import STORE_ENV, Store, StoreError, default_store_url, open_store
 from bandpilot.queue.telemetry import drift, record_observations
+from bandpilot.queue.tokens import Principal, authenticate, create_token, list_tokens, revoke
 from bandpilot.queue.views import (
     current_state,
     export_state,
     format_gpus,
     fragmentation,
+    fragmentation_history,
     list_requests,
     nothing_to_place,
+    recent_batches,
+    sample_fragmentation,
     status,
 )
 
@@ -60,7 +65,9 @@ __all__ = [
     "apply_verdicts", "health",
     # telemetry and drift
     "drift", "record_observations",
+    # API tokens and audit
+    "Principal", "audit_log", "audited", "authenticate", "create_token", "list_tokens", "revoke",
     # views and checks
-    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
-    "list_requests", "nothing_to_place", "status",
+    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "iso",
+    "list_requests", "nothing_to_place", "recent_batches", "sample_fragmentation", "status",
 ]

@@ -38,6 +38,7 @@ from bandpilot.queue.policies import POLICIES, _PENDING_STMT, _Pending, _row_to_
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
+from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
 #: Test hook: seconds to sleep after each request of a batch (lets a test ``kill -9`` mid-batch).
@@ -342,6 +343,7 @@ def run_batch(
         with store.write() as conn:  # deferral notes are informational: one write at the end
             _flush_outcomes(conn, to_flush, batch_id, pl)
             _finish_batch(conn, batch_id, report)
+            sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
     return report
 
 

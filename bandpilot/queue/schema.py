@@ -14,6 +14,9 @@ PostgreSQL URL at scale:
 ``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
 ``bp_health``             the last verify verdict per host (v2): status, suspects, measured/expected
 ``bp_observations``       measured bandwidth next to its prediction (v3): job telemetry, verify runs
+``bp_tokens``             API bearer tokens (v4): tenant, admin flag, SHA-256 of the secret, revocation
+``bp_audit``              who changed what, when (v4): one row per change through the API or CLI
+``bp_fragmentation``      fragmentation samples over time (v4): after each batch and from the API
 ========================  ==================================================================
 """
 
@@ -165,6 +168,46 @@ T_OBS = sa.Table(
     sa.Index("ix_bp_observations_at", "at"),
 )
 
+T_TOKENS = sa.Table(
+    "bp_tokens",
+    metadata,
+    sa.Column("id", sa.String(16), primary_key=True),  # public part of the token: shown, listed, revoked by
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("admin", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("secret_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("name", sa.String(200), nullable=True),
+    sa.Column("created_at", sa.Double, nullable=False),
+    sa.Column("revoked_at", sa.Double, nullable=True),
+)
+
+T_AUDIT = sa.Table(
+    "bp_audit",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("actor", sa.String(200), nullable=False),  # tenant (token id) or cli:<user>
+    sa.Column("action", sa.String(64), nullable=False),
+    sa.Column("target", sa.Text, nullable=True),
+    sa.Column("outcome", sa.String(16), nullable=False),  # ok | denied | error
+    sa.Column("detail", sa.Text, nullable=True),
+    sa.Index("ix_bp_audit_at", "at"),
+)
+
+T_FRAG = sa.Table(
+    "bp_fragmentation",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("free", sa.Integer, nullable=False),
+    sa.Column("busy", sa.Integer, nullable=False),
+    sa.Column("unavailable", sa.Integer, nullable=False),
+    sa.Column("stranded", sa.Integer, nullable=False),
+    sa.Column("largest_single_host", sa.Integer, nullable=False),
+    sa.Column("largest_single_domain", sa.Integer, nullable=True),
+    sa.Column("fragmentation", sa.Double, nullable=False),
+    sa.Index("ix_bp_fragmentation_at", "at"),
+)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -188,6 +231,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
     (2, "verify verdicts per host", lambda conn: T_HEALTH.create(conn, checkfirst=True)),
     (3, "observed bandwidth next to predictions", lambda conn: T_OBS.create(conn, checkfirst=True)),
+    (4, "API tokens, audit log, fragmentation samples",
+     lambda conn: metadata.create_all(conn, tables=[T_TOKENS, T_AUDIT, T_FRAG], checkfirst=True)),
 ]
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import zlib
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -20,10 +21,15 @@ from bandpilot.dispatch.state import Job, State
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import schema as _schema  # MIGRATIONS read via the module: tests append a step
 from bandpilot.queue.clock import _now
-from bandpilot.queue.schema import T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
+from bandpilot.queue.schema import T_AUDIT, T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 
 STORE_ENV = "BANDPILOT_STORE"
+
+#: The change being audited in this thread/task (set by :func:`bandpilot.queue.audit.audited`): the
+#: first write transaction inserts its audit row before it commits, so a change and its audit
+#: record land together or not at all.
+AUDIT_CONTEXT: ContextVar[dict[str, Any] | None] = ContextVar("bandpilot_audit", default=None)
 
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -137,6 +143,10 @@ class Store:
             with self.engine.connect() as conn:
                 with conn.begin():
                     yield conn
+                    entry = AUDIT_CONTEXT.get()
+                    if entry is not None and not entry["written"]:
+                        conn.execute(sa.insert(T_AUDIT).values(**entry["row"], at=_now(), outcome="ok"))
+                        entry["written"] = True
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
             if "locked" in msg or "busy" in msg:

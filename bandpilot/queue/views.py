@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
-from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
 
 
@@ -119,7 +119,12 @@ def fragmentation(store: Store) -> dict[str, Any]:
     """
     spec = store.spec
     with store.read() as conn:
-        rows = conn.execute(sa.select(T_GPUS.c.host, T_GPUS.c.state, T_GPUS.c.drain_pending)).all()
+        return fragmentation_in(conn, spec)
+
+
+def fragmentation_in(conn: sa.Connection, spec: Any) -> dict[str, Any]:
+    """:func:`fragmentation` inside an open transaction."""
+    rows = conn.execute(sa.select(T_GPUS.c.host, T_GPUS.c.state, T_GPUS.c.drain_pending)).all()
     per: dict[str, dict[str, int]] = {h.name: {"free": 0, "busy": 0, "unavailable": 0, "drain_pending": 0} for h in spec.hosts}
     for host, st, dp in rows:
         per[host][st] += 1
@@ -159,6 +164,45 @@ def fragmentation(store: Store) -> dict[str, Any]:
         out["largest_placeable"]["single_domain"] = max((d["free"] for d in doms.values()), default=0)
         out["whole_free_domains"] = sum(1 for d in doms.values() if d["free"] == d["gpus"])
     return out
+
+
+def sample_fragmentation(conn: sa.Connection, spec: Any, at: float) -> dict[str, Any]:
+    """Record one fragmentation sample (after a batch, or from the API's sampler) and return it."""
+    f = fragmentation_in(conn, spec)
+    lp = f["largest_placeable"]
+    row = {"at": at, "free": f["free"], "busy": f["busy"], "unavailable": f["unavailable"], "stranded": f["stranded"],
+           "largest_single_host": lp["single_host"], "largest_single_domain": lp.get("single_domain"),
+           "fragmentation": f["fragmentation"]}
+    conn.execute(sa.insert(T_FRAG).values(**row))
+    return f
+
+
+def fragmentation_history(store: Store, *, since: float | None = None, limit: int = 2000) -> list[dict[str, Any]]:
+    """Fragmentation samples, oldest first (the newest ``limit``)."""
+    q = sa.select(T_FRAG).order_by(T_FRAG.c.id.desc()).limit(max(1, min(int(limit), 100_000)))
+    if since is not None:
+        q = q.where(T_FRAG.c.at >= since)
+    with store.read() as conn:
+        rows = conn.execute(q).mappings().all()
+    return [{"at": iso(r["at"]), "t": r["at"], "free": r["free"], "busy": r["busy"], "unavailable": r["unavailable"],
+             "stranded": r["stranded"], "largest_single_host": r["largest_single_host"],
+             "largest_single_domain": r["largest_single_domain"], "fragmentation": r["fragmentation"]} for r in reversed(rows)]
+
+
+def recent_batches(store: Store, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest batch runs with what they assigned and the predicted bandwidth of each assignment."""
+    with store.read() as conn:
+        batches = conn.execute(sa.select(T_BATCH).order_by(T_BATCH.c.id.desc()).limit(max(1, min(int(limit), 500)))).all()
+        ids = [b.id for b in batches]
+        assigned: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+        if ids:
+            q = (sa.select(T_ASSIGN.c.request_id, T_ASSIGN.c.batch_id, T_ASSIGN.c.predicted_gbps, T_REQ.c.k, T_REQ.c.tenant)
+                 .join(T_REQ, T_REQ.c.id == T_ASSIGN.c.request_id).where(T_ASSIGN.c.batch_id.in_(ids)))
+            for r in conn.execute(q):
+                assigned[r.batch_id].append({"id": r.request_id, "k": r.k, "tenant": r.tenant, "predicted_gbps": r.predicted_gbps})
+    return [{"id": b.id, "policy": b.policy, "model_version": b.model_version, "started": iso(b.started_at),
+             "finished": iso(b.finished_at), "assigned": b.n_assigned, "deferred": b.n_deferred, "rejected": b.n_rejected,
+             "assignments": assigned[b.id]} for b in batches]
 
 
 def nothing_to_place(store: Store) -> str | None:
