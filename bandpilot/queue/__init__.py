@@ -38,6 +38,7 @@ from bandpilot.queue.views import (
     format_gpus,
     fragmentation,
     fragmentation_history,
+    gpu_grid,
     list_requests,
     nothing_to_place,
     recent_batches,
@@ -68,6 +69,6 @@ __all__ = [
     # API tokens and audit
     "Principal", "audit_log", "audited", "authenticate", "create_token", "list_tokens", "revoke",
     # views and checks
-    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "iso",
+    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "gpu_grid", "iso",
     "list_requests", "nothing_to_place", "recent_batches", "sample_fragmentation", "status",
 ]

@@ -48,8 +48,12 @@ def audited(store: Store, actor: str, action: str, target: str | None = None,
     except BaseException as exc:
         AUDIT_CONTEXT.reset(token)
         token = None
+        why = f"{type(exc).__name__}: {exc}"[:4000]
         if not entry["written"]:
-            record(store, actor, action, target, outcome="error", detail=f"{type(exc).__name__}: {exc}")
+            record(store, actor, action, target, outcome="error", detail=why)
+        else:  # the function committed something and then refused (e.g. a read inside its transaction)
+            with store.write() as conn:
+                conn.execute(sa.update(T_AUDIT).where(T_AUDIT.c.id == entry["id"]).values(outcome="error", detail=why))
         raise
     finally:
         if token is not None:

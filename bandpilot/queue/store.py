@@ -145,8 +145,8 @@ class Store:
                     yield conn
                     entry = AUDIT_CONTEXT.get()
                     if entry is not None and not entry["written"]:
-                        conn.execute(sa.insert(T_AUDIT).values(**entry["row"], at=_now(), outcome="ok"))
-                        entry["written"] = True
+                        res = conn.execute(sa.insert(T_AUDIT).values(**entry["row"], at=_now(), outcome="ok"))
+                        entry["written"], entry["id"] = True, res.inserted_primary_key[0]
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
             if "locked" in msg or "busy" in msg:

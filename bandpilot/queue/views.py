@@ -82,7 +82,8 @@ def status(store: Store) -> dict[str, Any]:
 
 
 def list_requests(
-    store: Store, status: str | None = None, tenant: str | None = None, limit: int | None = None
+    store: Store, status: str | None = None, tenant: str | None = None, limit: int | None = None,
+    request_id: str | None = None,
 ) -> list[dict[str, Any]]:
     if status is not None and status not in REQUEST_STATUSES:
         raise RequestError(f"unknown status {status!r}: use one of {', '.join(REQUEST_STATUSES)}")
@@ -91,6 +92,8 @@ def list_requests(
         q = q.where(T_REQ.c.status == status)
     if tenant:
         q = q.where(T_REQ.c.tenant == tenant)
+    if request_id is not None:
+        q = q.where(T_REQ.c.id == request_id)
     if limit:
         q = q.limit(limit)
     out = []
@@ -203,6 +206,16 @@ def recent_batches(store: Store, limit: int = 20) -> list[dict[str, Any]]:
     return [{"id": b.id, "policy": b.policy, "model_version": b.model_version, "started": iso(b.started_at),
              "finished": iso(b.finished_at), "assigned": b.n_assigned, "deferred": b.n_deferred, "rejected": b.n_rejected,
              "assignments": assigned[b.id]} for b in batches]
+
+
+def gpu_grid(store: Store) -> list[dict[str, Any]]:
+    """Every GPU in cluster order with its state, job, owning tenant and drain flag (the dashboard's grid)."""
+    q = (sa.select(T_GPUS.c.id, T_GPUS.c.host, T_GPUS.c.idx, T_GPUS.c.domain, T_GPUS.c.state, T_GPUS.c.job_id,
+                   T_GPUS.c.drain_pending, T_GPUS.c.note, T_JOBS.c.tenant)
+         .join(T_JOBS, T_JOBS.c.id == T_GPUS.c.job_id, isouter=True).order_by(T_GPUS.c.pos))
+    with store.read() as conn:
+        return [{"id": r.id, "host": r.host, "idx": r.idx, "domain": r.domain, "state": r.state, "job": r.job_id,
+                 "tenant": r.tenant, "drain_pending": bool(r.drain_pending), "note": r.note} for r in conn.execute(q)]
 
 
 def nothing_to_place(store: Store) -> str | None:

@@ -1,0 +1,127 @@
+"""The FastAPI application: routers, JSON errors, a request-body cap, the dashboard page and a
+fragmentation sampler. ``create_app(store)`` works on any :class:`Store` (SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
+
+from bandpilot.api import admin, cluster, problems, requests
+from bandpilot.queue.clock import _now
+from bandpilot.queue.store import Store
+from bandpilot.queue.views import sample_fragmentation
+
+MAX_BODY = 64 * 1024  # a request is a few hundred bytes; anything near this is abuse or a mistake
+
+
+class BodyLimit:
+    """Refuse bodies over ``max_bytes`` with 413 before the app parses them, chunked ones included."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max = app, int(max_bytes)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max):
+            return await self._too_large(send)
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if len(body) > self.max:
+                return await self._too_large(send)
+            more = msg.get("more_body", False)
+        done = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal done
+            if not done:
+                done = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Any) -> None:
+        data = json.dumps({"error": f"request body over {self.max} bytes", "status": 413}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
+class _Sampler:
+    """A fragmentation sample every ``every`` seconds (batches add their own), for the dashboard's chart."""
+
+    def __init__(self, store: Store, every: float | None) -> None:
+        self.store, self.every = store, every
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.every:
+            self.thread = threading.Thread(target=self._run, name="bandpilot-fragmentation", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every):
+            try:
+                if self.store.initialized:
+                    with self.store.write() as conn:
+                        sample_fragmentation(conn, self.store.spec, _now())
+            except Exception:  # noqa: BLE001 - a busy store skips one sample; the API keeps serving
+                continue
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(5)
+
+
+def dashboard_html() -> str:
+    return resources.files("bandpilot.api").joinpath("static/dashboard.html").read_text(encoding="utf-8")
+
+
+def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY) -> Any:
+    """The API (and dashboard at ``/``) over ``store`` (a Store or a URL)."""
+    st = store if isinstance(store, Store) else Store(store)
+    sampler = _Sampler(st, sample_s)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        sampler.start()
+        try:
+            yield
+        finally:
+            sampler.close()
+
+    app = FastAPI(
+        title="BandPilot", version="0.2", lifespan=lifespan,
+        description="Bandwidth-aware GPU dispatcher: submit gang requests, read assignments, operate the cluster. "
+                    "Authenticate with `Authorization: Bearer <token>` (`bandpilot tokens create --tenant T`).",
+    )
+    app.state.store = st
+    problems.install(app)
+    for r in (requests.router, cluster.router, admin.router):
+        app.include_router(r)
+
+    @app.get("/healthz", tags=["service"], summary="Liveness and store reachability (no token)")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "cluster": st.spec.name if st.initialized else None}
+
+    page = dashboard_html()
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> str:
+        return page
+
+    return BodyLimit(app, max_body) if max_body else app

@@ -1,0 +1,43 @@
+"""Request bodies of the API: unknown fields are refused (a typo must not be silently ignored)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitBody(_Body):
+    id: Optional[str] = Field(None, max_length=200, description="Request id (generated when omitted).")
+    k: int = Field(..., ge=1, le=1_000_000, description="Number of GPUs, all at once.")
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    utility: Optional[float] = Field(None, ge=0)
+    constraints: Optional[dict[str, Any]] = None
+    tenant: Optional[str] = Field(None, max_length=200, description="Admin tokens only: submit for this tenant.")
+
+
+class ReleaseBody(_Body):
+    measured_gbps: Optional[float] = Field(None, ge=0, description="Bandwidth the job measured (drift monitor).")
+
+
+class TelemetryBody(_Body):
+    measured_gbps: float = Field(..., ge=0, description="Collective bus bandwidth the job measured, GB/s.")
+
+
+class DrainBody(_Body):
+    target: str = Field(..., min_length=1, max_length=400, description="A GPU id, a host, or 'domain:NAME'.")
+    reason: Optional[str] = Field(None, max_length=400)
+
+
+class UndrainBody(_Body):
+    target: str = Field(..., min_length=1, max_length=400)
+
+
+class TokenBody(_Body):
+    tenant: str = Field(..., min_length=1, max_length=200)
+    admin: bool = False
+    name: Optional[str] = Field(None, max_length=200)
