@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint bench install clean-state help
+.PHONY: run test test-fast lint bench install browser clean-state help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -21,11 +21,19 @@ install: $(STAMP)  ## create .venv and install pinned dependencies
 run: $(STAMP)  ## main job: emulated H100 + Het-4Mix -> profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch
 	$(BIN)/bandpilot pipeline
 
-test: $(STAMP)  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
+# The dashboard test drives Debian's chromium through chromedriver; install them when missing (root or sudo).
+APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo "sudo -n apt-get")
+browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips without them)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
+	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
+
+test: $(STAMP) browser  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP)  ## layer contracts + test suite without the slow end-to-end tests
+test-fast: $(STAMP) browser  ## layer contracts + test suite without the slow end-to-end tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 

@@ -322,6 +322,7 @@ def run_batch(
             _flush_outcomes(conn, to_flush, batch_id, pl)
             report.finished_at = _now()
             _finish_batch(conn, batch_id, report)
+            sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
     else:
         with store.write() as conn:
             batch_id = new_batch(conn)

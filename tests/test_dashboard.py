@@ -1,0 +1,137 @@
+"""Issue 15: the web dashboard in a real headless browser (Debian's chromium + chromedriver, driven
+by Selenium) against a live API server on a temporary store: the GPU grid by domain and host (free /
+busy / yours / drained / degraded), the queue with deferral reasons, recent batches with predicted
+bandwidth, fragmentation over time, and a bad token's error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bandpilot import queue as q
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.fabric.emulator import make_fabric
+
+from test_queue import domain_spec, new_store  # pytest puts tests/ on sys.path
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
+                                reason="chromium/chromedriver not installed (`make test` installs Debian's packages)")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live(tmp_path):
+    import uvicorn
+
+    from bandpilot.api import create_app
+
+    store = new_store(f"sqlite:///{tmp_path / 'queue.db'}", domain_spec(2))
+    admin, _ = q.create_token(store, "ops", admin=True)
+    alice, _ = q.create_token(store, "alice")
+    q.submit(store, [{"id": "a-train", "k": 8, "tenant": "alice"}, {"id": "b-eval", "k": 4, "tenant": "bob"}])
+    q.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+    q.drain(store, "h100-3:7", "fan")
+    q.apply_verdicts(store, {"h100-2": {"status": "degraded", "gpus": ["h100-2:1"], "links": [], "ratio": 0.6}}, "test")
+    q.submit(store, [{"id": "a-big", "k": 24, "tenant": "alice"}])
+    q.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")  # a-big is deferred: not enough GPUs
+    port = _port()
+    server = uvicorn.Server(uvicorn.Config(create_app(store, sample_s=None), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield {"url": f"http://127.0.0.1:{port}/", "admin": admin, "alice": alice, "store": store}
+    server.should_exit = True
+    t.join(10)
+    store.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1000",
+              f"--user-data-dir={tmp_path / 'chrome'}"):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+def _connect(browser, url: str, token: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(url)
+    browser.find_element(By.ID, "token").send_keys(token)
+    browser.find_element(By.ID, "connect").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
+                                     or d.find_element(By.ID, "error").text)
+
+
+def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    _connect(browser, live["url"], live["alice"])
+    assert browser.find_element(By.ID, "error").text == ""
+    assert browser.find_element(By.ID, "who").text == "alice"
+    cells = browser.find_elements(By.CSS_SELECTOR, "#grid .gpu")
+    assert len(cells) == 32
+    domains = browser.find_elements(By.CSS_SELECTOR, "#grid .domain")
+    assert [d.get_attribute("data-domain") for d in domains] == ["h100-d0", "h100-d1"]
+    assert len(domains[0].find_elements(By.CSS_SELECTOR, ".host")) == 2
+    by_gpu = {c.get_attribute("data-gpu"): c for c in cells}
+    mine = [g for g, c in by_gpu.items() if "mine" in c.get_attribute("class").split()]
+    busy = [g for g, c in by_gpu.items() if "busy" in c.get_attribute("class").split()]
+    assert len(mine) == 8 and len(busy) == 4  # alice's job, bob's job (id hidden from alice)
+    assert all(by_gpu[g].get_attribute("data-job") == "a-train" for g in mine)
+    assert all(by_gpu[g].get_attribute("data-job") == "" for g in busy)
+    assert "drained" in by_gpu["h100-3:7"].get_attribute("class") and "fan" in by_gpu["h100-3:7"].get_attribute("title")
+    assert "degraded" in by_gpu["h100-2:0"].get_attribute("class")  # the host's verdict outlines every GPU
+    g21 = next(g for g in q.gpu_grid(live["store"]) if g["id"] == "h100-2:1")  # the suspect GPU leaves the pool:
+    want = "pending-drain" if g21["state"] == "busy" else "drained"  # now, or when its job ends
+    assert want in by_gpu["h100-2:1"].get_attribute("class").split()
+    rows = {r.get_attribute("data-request"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr")}
+    assert set(rows) == {"a-train", "a-big"}  # bob's request is not alice's to see
+    assert "insufficient_gpus" in rows["a-big"] and "pending" in rows["a-big"]
+    batches = browser.find_elements(By.CSS_SELECTOR, "#batches tbody tr")
+    assert len(batches) == 2 and any(ch.isdigit() for ch in batches[-1].find_elements(By.TAG_NAME, "td")[4].text)
+    svg = browser.find_element(By.ID, "frag")
+    assert svg.get_attribute("data-samples") == "2" and len(svg.find_elements(By.TAG_NAME, "polyline")) == 3
+    assert "stranded" in browser.find_element(By.ID, "fragnow").text
+    browser.save_screenshot(str(tmp_path / "dashboard.png"))
+    if os.environ.get("BANDPILOT_KEEP_SCREENSHOT"):
+        shutil.copy(tmp_path / "dashboard.png", os.environ["BANDPILOT_KEEP_SCREENSHOT"])
+    assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def test_dashboard_admin_sees_every_job_and_a_bad_token_sees_nothing(live, browser):
+    from selenium.webdriver.common.by import By
+
+    _connect(browser, live["url"], live["admin"])
+    jobs = {c.get_attribute("data-job") for c in browser.find_elements(By.CSS_SELECTOR, "#grid .gpu[data-state=busy]")}
+    assert jobs == {"a-train", "b-eval"}
+    assert browser.find_element(By.ID, "who").text == "ops (admin)"
+
+    browser.execute_script("sessionStorage.clear()")
+    _connect(browser, live["url"], live["alice"][:-3] + "xyz")
+    assert "revoked bearer token" in browser.find_element(By.ID, "error").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#grid .gpu") == []
