@@ -278,3 +278,24 @@ def test_isolation_and_audit_on_postgresql():
         with eng.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         eng.dispose()
+
+
+def test_a_revocation_made_elsewhere_takes_effect_within_the_token_ttl(tmp_path):
+    import time
+
+    store = new_store(f"sqlite:///{tmp_path / 'queue.db'}", h100())
+    tok, rec = q.create_token(store, "alice")
+    with TestClient(create_app(store, sample_s=None, token_ttl=0.5)) as c:
+        h = {"Authorization": f"Bearer {tok}"}
+        assert c.get("/v1/whoami", headers=h).status_code == 200
+        q.revoke(store, token_id=rec["id"])  # e.g. `bandpilot tokens revoke` on another machine
+        t0 = time.monotonic()
+        while c.get("/v1/whoami", headers=h).status_code == 200:
+            assert time.monotonic() - t0 < 0.5 + 1.0, "revoked token still accepted after the ttl"
+            time.sleep(0.05)
+    with TestClient(create_app(store, sample_s=None, token_ttl=0)) as c:  # ttl 0: every request looks it up
+        t2, r2 = q.create_token(store, "bob")
+        assert c.get("/v1/whoami", headers={"Authorization": f"Bearer {t2}"}).status_code == 200
+        q.revoke(store, tenant="bob")
+        assert c.get("/v1/whoami", headers={"Authorization": f"Bearer {t2}"}).status_code == 401
+    store.close()

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from bandpilot.api import admin, cluster, problems, requests
+from bandpilot.api.auth import TokenCache
 from bandpilot.queue.clock import _now
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
@@ -91,8 +92,10 @@ def dashboard_html() -> str:
     return resources.files("bandpilot.api").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
 
-def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY) -> Any:
-    """The API (and dashboard at ``/``) over ``store`` (a Store or a URL)."""
+def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
+               token_ttl: float = 5.0) -> Any:
+    """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
+    valid token is trusted without a lookup (0: every request looks it up)."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
 
@@ -110,13 +113,15 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
                     "Authenticate with `Authorization: Bearer <token>` (`bandpilot tokens create --tenant T`).",
     )
     app.state.store = st
+    app.state.tokens = TokenCache(token_ttl)
     problems.install(app)
     for r in (requests.router, cluster.router, admin.router):
         app.include_router(r)
 
     @app.get("/healthz", tags=["service"], summary="Liveness and store reachability (no token)")
     def healthz() -> dict[str, Any]:
-        return {"ok": True, "cluster": st.spec.name if st.initialized else None}
+        st.refresh()  # one small query: the store answers (and a replaced cluster is noticed)
+        return {"ok": True, "cluster": st.spec.name}
 
     page = dashboard_html()
 

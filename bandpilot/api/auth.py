@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import time
+
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -16,8 +20,42 @@ def store_of(request: Request) -> Store:
     return request.app.state.store
 
 
+class TokenCache:
+    """Valid tokens remembered for ``ttl`` seconds: one indexed lookup per token per ttl instead of per
+    request. Revoking through this process's API clears it at once; a revocation made elsewhere (the
+    CLI, another worker) takes effect within ``ttl``. Unknown tokens are never cached."""
+
+    def __init__(self, ttl: float = 5.0) -> None:
+        self.ttl = float(ttl)
+        self._hits: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, store: Store, token: str | None) -> Principal | None:
+        if not token or self.ttl <= 0:
+            return authenticate(store, token)
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        hit = self._hits.get(key)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        p = authenticate(store, token)
+        with self._lock:
+            if p is None:
+                self._hits.pop(key, None)
+            else:
+                if len(self._hits) > 10_000:  # bounded: drop everything expired
+                    self._hits = {k: v for k, v in self._hits.items() if v[1] > now}
+                self._hits[key] = (p, now + self.ttl)
+        return p
+
+    def clear(self) -> None:
+        with self._lock:
+            self._hits.clear()
+
+
 def principal(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
-    p = authenticate(store_of(request), cred.credentials if cred and cred.scheme.lower() == "bearer" else None)
+    token = cred.credentials if cred and cred.scheme.lower() == "bearer" else None
+    p = request.app.state.tokens.lookup(store_of(request), token)
     if p is None:
         raise HTTPException(401, "missing, malformed, unknown or revoked bearer token",
                             headers={"WWW-Authenticate": "Bearer"})

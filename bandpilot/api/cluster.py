@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fastapi.responses import JSONResponse
 from fastapi import APIRouter, Depends, Query, Request
 
 from bandpilot.api.auth import admin, principal, store_of
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/v1/cluster", tags=["cluster"])
 
 
 @router.get("", summary="Cluster summary, GPU grid and host health")
-def cluster(request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+def cluster(request: Request, p: Principal = Depends(principal)) -> JSONResponse:
     store = store_of(request)
     grid = gpu_grid(store)
     if not p.admin:
@@ -31,39 +32,39 @@ def cluster(request: Request, p: Principal = Depends(principal)) -> dict[str, An
     st = status(store)
     if not p.admin:
         st["tenants"] = {t: v for t, v in st["tenants"].items() if t == p.tenant}
-    return {"status": st, "gpus": grid, "health": health(store), "viewer": {"tenant": p.tenant, "admin": p.admin}}
+    return JSONResponse({"status": st, "gpus": grid, "health": health(store), "viewer": {"tenant": p.tenant, "admin": p.admin}})
 
 
 @router.get("/fragmentation", summary="Where the free GPUs are, and samples over time")
 def frag(request: Request, p: Principal = Depends(principal),
          since: Optional[float] = Query(None, description="epoch seconds"),
-         limit: int = Query(2000, ge=1, le=100_000)) -> dict[str, Any]:
+         limit: int = Query(2000, ge=1, le=100_000)) -> JSONResponse:
     store = store_of(request)
-    return {"now": fragmentation(store), "history": fragmentation_history(store, since=since, limit=limit)}
+    return JSONResponse({"now": fragmentation(store), "history": fragmentation_history(store, since=since, limit=limit)})
 
 
 @router.get("/batches", summary="Recent batch runs and the predicted bandwidth of what they assigned")
-def batches(request: Request, p: Principal = Depends(principal), limit: int = Query(20, ge=1, le=500)) -> dict[str, Any]:
+def batches(request: Request, p: Principal = Depends(principal), limit: int = Query(20, ge=1, le=500)) -> JSONResponse:
     out = recent_batches(store_of(request), limit)
     if not p.admin:
         for b in out:
             for a in b["assignments"]:
                 if a["tenant"] != p.tenant:
                     a["id"] = a["tenant"] = None
-    return {"batches": out}
+    return JSONResponse({"batches": out})
 
 
 @router.post("/drain", summary="Take a GPU, host or domain out of the pool (admin)")
-def drain_(body: DrainBody, request: Request, p: Principal = Depends(admin)) -> dict[str, Any]:
+def drain_(body: DrainBody, request: Request, p: Principal = Depends(admin)) -> JSONResponse:
     store = store_of(request)
     with audited(store, p.actor, "drain", body.target, {"reason": body.reason}):
-        return drain(store, body.target, body.reason)
+        return JSONResponse(drain(store, body.target, body.reason))
 
 
 @router.post("/undrain", summary="Return drained hardware to the pool (admin)")
-def undrain_(body: UndrainBody, request: Request, p: Principal = Depends(admin)) -> dict[str, Any]:
+def undrain_(body: UndrainBody, request: Request, p: Principal = Depends(admin)) -> JSONResponse:
     store = store_of(request)
     with audited(store, p.actor, "undrain", body.target):
-        return undrain(store, body.target)
+        return JSONResponse(undrain(store, body.target))
 
 

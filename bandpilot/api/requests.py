@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from bandpilot.api.auth import principal, store_of
 from bandpilot.api.schemas import ReleaseBody, SubmitBody, TelemetryBody
@@ -36,7 +36,7 @@ def _own(request: Request, p: Principal, rid: str) -> str:
     return tenant
 
 
-def _one(request: Request, rid: str) -> dict[str, Any]:
+def _one(request: Request, rid: str) -> JSONResponse:
     rows = list_requests(store_of(request), request_id=rid)
     if not rows:
         raise HTTPException(404, f"no request {rid!r}")
@@ -44,7 +44,7 @@ def _one(request: Request, rid: str) -> dict[str, Any]:
 
 
 @router.post("", status_code=201, summary="Submit a gang request")
-def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
     tenant = p.tenant
     if body.tenant is not None and body.tenant != p.tenant:
         if not p.admin:
@@ -57,26 +57,26 @@ def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(pr
     store = store_of(request)
     with audited(store, p.actor, "submit", doc["id"], {"k": body.k, "tenant": tenant}):
         submit(store, [doc], labels=["body"])
-    return _one(request, doc["id"])
+    return JSONResponse(_one(request, doc["id"]), status_code=201)
 
 
 @router.get("", summary="List requests (a tenant's own; all for admins)")
 def list_(request: Request, p: Principal = Depends(principal),
           status: Optional[str] = Query(None, description=" | ".join(REQUEST_STATUSES)),
           tenant: Optional[str] = Query(None, description="Admins: only this tenant."),
-          limit: int = Query(500, ge=1, le=10_000)) -> dict[str, Any]:
+          limit: int = Query(500, ge=1, le=10_000)) -> JSONResponse:
     if not p.admin:
         if tenant is not None and tenant != p.tenant:
             raise HTTPException(403, f"tenant {p.tenant!r} cannot list tenant {tenant!r}")
         tenant = p.tenant
     rows = list_requests(store_of(request), status=status, tenant=tenant, limit=limit)
-    return {"requests": rows, "count": len(rows)}
+    return JSONResponse({"requests": rows, "count": len(rows)})
 
 
 @router.get("/{rid}", summary="One request with its assignment")
-def show(rid: str, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+def show(rid: str, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
     _own(request, p, rid)
-    return _one(request, rid)
+    return JSONResponse(_one(request, rid))
 
 
 @router.get("/{rid}/launch", summary="Launcher input: json | slurm | hostfile | env | k8s")
@@ -85,35 +85,35 @@ def launch(rid: str, request: Request, p: Principal = Depends(principal),
     _own(request, p, rid)
     a = assignment(store_of(request), rid)
     if format == "json":
-        return a
+        return JSONResponse(a)
     return PlainTextResponse(render(a, format))
 
 
 @router.post("/{rid}/cancel", summary="Withdraw a pending request")
-def cancel_(rid: str, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+def cancel_(rid: str, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
     _own(request, p, rid)
     store = store_of(request)
     with audited(store, p.actor, "cancel", rid):
         cancel(store, rid)
-    return _one(request, rid)
+    return JSONResponse(_one(request, rid))
 
 
 @router.post("/{rid}/release", summary="End a job: its GPUs return to the pool")
 def release_(rid: str, request: Request, body: Optional[ReleaseBody] = None,
-             p: Principal = Depends(principal)) -> dict[str, Any]:
+             p: Principal = Depends(principal)) -> JSONResponse:
     _own(request, p, rid)
     store = store_of(request)
     measured = body.measured_gbps if body else None
     with audited(store, p.actor, "release", rid, {"measured_gbps": measured}):
         out = release(store, rid, measured)
-    return {**out, "request": _one(request, rid)}
+    return JSONResponse({**out, "request": _one(request, rid)})
 
 
 @router.post("/{rid}/telemetry", summary="Report the bandwidth a running job measures")
-def telemetry(rid: str, body: TelemetryBody, request: Request, p: Principal = Depends(principal)) -> dict[str, Any]:
+def telemetry(rid: str, body: TelemetryBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
     _own(request, p, rid)
     store = store_of(request)
     with audited(store, p.actor, "telemetry", rid, {"measured_gbps": body.measured_gbps}):
         with store.write() as conn:
             n = observe_jobs(conn, {rid: body.measured_gbps}, _now())
-    return {"job": rid, "recorded": n}
+    return JSONResponse({"job": rid, "recorded": n})

@@ -1,26 +1,45 @@
-"""``bandpilot api``: uvicorn serving the app; SIGTERM/SIGINT finish requests in flight and exit."""
+"""``bandpilot api``: uvicorn serving the app; SIGTERM/SIGINT finish requests in flight and exit 0.
+
+``workers > 1`` runs that many processes on one port (uvicorn's supervisor); each opens its own
+store connection pool, so this is for PostgreSQL stores (SQLite serialises writers anyway)."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 from typing import Any
 
+_ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
 
-def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers_timeout: float = 8.0,
-          sample_s: float | None = 60.0, log_level: str = "warning", **uvicorn_kw: Any) -> None:
+
+def app_from_env() -> Any:
+    """uvicorn factory for worker processes."""
+    from bandpilot.api.app import create_app
+
+    cfg = json.loads(os.environ[_ENV])
+    return create_app(cfg["store"], sample_s=cfg["sample_s"] if cfg["first"] else None, token_ttl=cfg["token_ttl"])
+
+
+def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
+          graceful_s: float = 8.0, sample_s: float | None = 60.0, token_ttl: float = 5.0,
+          log_level: str = "warning") -> None:
     import uvicorn
 
     from bandpilot.api.app import create_app
     from bandpilot.queue.store import Store
 
+    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s)
+    if workers > 1:
+        os.environ[_ENV] = json.dumps({"store": Store(store_url).url, "sample_s": sample_s, "token_ttl": token_ttl,
+                                       "first": True})
+        uvicorn.run("bandpilot.api.server:app_from_env", factory=True, workers=workers, **common)
+        return
     store = Store(store_url)
-    app = create_app(store, sample_s=sample_s)
     # uvicorn's own handlers: stop accepting, let requests in flight finish (each is one transaction),
-    # give up on stragglers after the timeout - well inside a service manager's 10 s stop window.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=workers_timeout, **uvicorn_kw)
-    server = _Server(config)
+    # give up on stragglers after graceful_s - well inside a service manager's 10 s stop window.
+    server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl), **common))
     try:
         server.run()
     finally:
@@ -29,19 +48,18 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
         print(f"stopped on {signal.Signals(server.stopped_by).name}", file=sys.stderr, flush=True)
 
 
-class _Server:  # built lazily: uvicorn is imported only when serving
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
+def _server(config: Any) -> Any:
+    import uvicorn
 
-        class Server(uvicorn.Server):
-            """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown (exit status -15 / 130); a stop
-            the service asked for is a clean exit here (status 0)."""
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown (exit status -15 / 130); a stop
+        the service asked for is a clean exit here (status 0)."""
 
-            stopped_by = 0
+        stopped_by = 0
 
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                super().handle_exit(sig, frame)
-                self.stopped_by = sig
-                self._captured_signals.clear()
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            self.stopped_by = sig
+            self._captured_signals.clear()
 
-        return Server(config)
+    return Server(config)

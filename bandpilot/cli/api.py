@@ -32,6 +32,9 @@ def api_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     sample_s: float = typer.Option(60.0, "--sample-s", min=0.0, help="Fragmentation sample period (0: only after batches)."),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="Server processes (PostgreSQL stores)."),
+    token_ttl: float = typer.Option(5.0, "--token-ttl", min=0.0,
+                                    help="Seconds a valid token is trusted without a lookup; revocations elsewhere take this long."),
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C."""
     from bandpilot.api.server import serve
@@ -42,7 +45,7 @@ def api_cmd(
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}", err=True)
     s.close()
-    serve(store, host, port, sample_s=sample_s or None)
+    serve(store, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl)
 
 
 @tokens_app.command("create")

@@ -1,0 +1,166 @@
+"""API load benchmark: concurrent tenants submitting and listing against a live ``bandpilot api``.
+
+    python -m benchmarks.bench_api                                  # 200 clients, 60 s, PostgreSQL
+    python -m benchmarks.bench_api --clients 50 --duration 20 --store sqlite:///tmp/q.db
+
+Each client is one tenant with its own token; it loops { submit a request; list its pending
+requests (newest 100); sleep ``--think`` s }. The server is the real CLI (`bandpilot api`, uvicorn)
+in its own process on a fresh PostgreSQL schema (or the given store), the clients share an asyncio
+loop in this process. Reported: requests, throughput, p50/p95/p99 latency per call, 5xx, and the
+loss check - every acknowledged submit is stored exactly once and nothing unacknowledged beyond the
+calls cut off at the end. Target: no 5xx, p99 <= 200 ms, zero lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bandpilot import queue as q  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _client(http, base: str, token: str, tenant: str, stop_at: float, think: float, lat: dict, acked: list,
+                  errors: list) -> None:
+    import httpx
+
+    h = {"Authorization": f"Bearer {token}"}
+    n = 0
+    while time.monotonic() < stop_at:
+        rid = f"{tenant}-{n}"
+        n += 1
+        for kind, call in (("submit", lambda: http.post(f"{base}/v1/requests", json={"id": rid, "k": 1 + n % 4}, headers=h)),
+                           ("list", lambda: http.get(f"{base}/v1/requests?status=pending&limit=100", headers=h))):
+            t0 = time.perf_counter()
+            try:
+                r = await call()
+            except httpx.TransportError as exc:
+                errors.append(f"{kind}: {type(exc).__name__}")
+                continue
+            lat[kind].append(time.perf_counter() - t0)
+            if r.status_code >= 500:
+                errors.append(f"{kind}: HTTP {r.status_code} {r.text[:80]}")
+            elif kind == "submit":
+                if r.status_code == 201:
+                    acked.append(rid)
+                else:
+                    errors.append(f"submit: HTTP {r.status_code} {r.text[:80]}")
+        await asyncio.sleep(think * (0.5 + np.random.random()))  # jittered: clients do not march in step
+
+
+async def _run(base: str, tokens: list[tuple[str, str]], duration: float, think: float):
+    import httpx
+
+    lat: dict[str, list[float]] = {"submit": [], "list": []}
+    acked: list[str] = []
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=len(tokens) + 10, max_keepalive_connections=len(tokens) + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+        stop_at = time.monotonic() + duration
+        await asyncio.gather(*(_client(http, base, tok, ten, stop_at, think, lat, acked, errors) for ten, tok in tokens))
+    return lat, acked, errors
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--think", type=float, default=1.0, help="mean pause between a client's rounds, s")
+    ap.add_argument("--workers", type=int, default=2, help="API server processes")
+    ap.add_argument("--store", default=None, help=f"store URL (default: a fresh schema on {PG})")
+    args = ap.parse_args()
+
+    schema = None
+    url = args.store
+    if url is None:
+        url, schema = PG, f"bpbench_{uuid.uuid4().hex[:8]}"
+        try:
+            sa.create_engine(PG, connect_args={"connect_timeout": 2}).connect().close()
+        except Exception as exc:  # noqa: BLE001
+            print(f"error: no PostgreSQL at {PG} ({type(exc).__name__}); pass --store", file=sys.stderr)
+            return 2
+    store = q.Store(url, schema=schema)
+    store.init_cluster(load_cluster(ROOT / "params/clusters/h100-128.yaml"))
+    tokens = [(f"t{i:03d}", q.create_token(store, f"t{i:03d}")[0]) for i in range(args.clients)]
+    server_url = url if schema is None else f"{url}?options=-csearch_path%3D{schema}"
+    port = _port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bandpilot", "api", "--store", server_url, "--port", str(port),
+                             "--sample-s", "0", "--workers", str(args.workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                print(f"error: API did not start: {proc.stderr.read()[-500:]}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        time.sleep(3.0 if args.workers > 1 else 0.0)  # the first worker answered; let the others start
+        t0 = time.perf_counter()
+        lat, acked, errors = asyncio.run(_run(base, tokens, args.duration, args.think))
+        wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    with store.read() as conn:
+        ids = list(conn.execute(sa.select(q.T_REQ.c.id)).scalars())
+    stored, acked_set = set(ids), set(acked)
+    lost = sorted(acked_set - stored)
+    dup = len(ids) - len(stored) + (len(acked) - len(acked_set))
+    unacked = len(stored - acked_set)
+    n = sum(len(v) for v in lat.values())
+    print(f"API load: {args.clients} clients x {args.duration:.0f} s, think {args.think} s, store "
+          f"{'PostgreSQL' if url.startswith('postgresql') else 'SQLite'}, {args.workers} uvicorn process(es); {platform.machine()}, "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}\n")
+    print("| call | requests | p50 ms | p95 ms | p99 ms | max ms |")
+    print("|---|---|---|---|---|---|")
+    for kind, v in lat.items():
+        a = np.array(v) * 1000
+        print(f"| {kind} | {len(a)} | {np.median(a):.1f} | {np.percentile(a, 95):.1f} | {np.percentile(a, 99):.1f} | {a.max():.1f} |")
+    allv = np.concatenate([np.array(v) for v in lat.values()]) * 1000
+    p99 = float(np.percentile(allv, 99))
+    n5xx = sum(1 for e in errors if "HTTP 5" in e)
+    print(f"\n{n} requests in {wall:.1f} s = {n / wall:.0f} req/s; p99 over all {p99:.1f} ms; 5xx: {n5xx}; "
+          f"other errors: {len(errors) - n5xx}; acknowledged submits {len(acked)}, stored {len(ids)}, "
+          f"lost {len(lost)}, duplicated {dup}, stored but cut off unanswered {unacked}")
+    ok = n5xx == 0 and p99 <= 200 and not lost and dup == 0
+    print(f"target (no 5xx, p99 <= 200 ms, nothing lost or duplicated): {'met' if ok else 'MISSED'}")
+    if schema:
+        store.close()
+        eng = sa.create_engine(PG)
+        with eng.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
