@@ -154,3 +154,20 @@ def test_project_home_is_never_just_the_current_directory(tmp_path, monkeypatch)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)  # anywhere else: the per-user data directory
     assert project_root() == (tmp_path / "xdg" / "bandpilot").resolve()
+
+
+@pytest.mark.parametrize("args", [["queue", "status"], ["queue", "list"], ["queue", "show", "r1"], ["tokens", "list"]])
+def test_queue_views_never_import_torch_or_mlflow(tmp_path, args):
+    from bandpilot import queue as q
+    from bandpilot.topology.cluster import load_cluster
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(load_cluster(ROOT / "params/clusters/h100.yaml"))
+    q.submit(store, [{"id": "r1", "k": 2, "tenant": "t"}])
+    code = ("import sys; from bandpilot.cli.main import main; "
+            f"rc = main({args + ['--store', url]!r}); "
+            "print('@@', rc, 'torch' in sys.modules, 'mlflow' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    tail = r.stdout.rsplit("@@", 1)[-1].split()
+    assert tail[1:] == ["False", "False"], r.stdout + r.stderr
