@@ -29,7 +29,7 @@ router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
 def _own(request: Request, p: Principal, rid: str) -> str:
     """The request's tenant if ``p`` may see it; 404 otherwise (unknown or another tenant's)."""
-    with store_of(request).read() as conn:
+    with store_of(request).read(snapshot=False) as conn:
         tenant = conn.execute(sa.select(T_REQ.c.tenant).where(T_REQ.c.id == rid)).scalar()
     if tenant is None or (not p.admin and tenant != p.tenant):
         raise HTTPException(404, f"no request {rid!r}")

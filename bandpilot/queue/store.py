@@ -154,12 +154,14 @@ class Store:
             raise StoreError(f"store {self.safe_url}: {msg}") from None
 
     @contextmanager
-    def read(self) -> Iterator[sa.Connection]:
-        """A read-only snapshot (deferred on SQLite, REPEATABLE READ on PostgreSQL)."""
+    def read(self, *, snapshot: bool = True) -> Iterator[sa.Connection]:
+        """A read-only snapshot (deferred on SQLite, REPEATABLE READ on PostgreSQL). ``snapshot=False``
+        is for a single statement, which is consistent on its own: PostgreSQL's default isolation
+        saves the two round trips that set and reset the level."""
         try:
             with self.engine.connect() as conn:
                 opts: dict[str, Any] = {"bp_readonly": True}
-                if self.backend == "postgresql":
+                if self.backend == "postgresql" and snapshot:
                     opts["isolation_level"] = "REPEATABLE READ"
                 conn.execution_options(**opts)
                 with conn.begin():

@@ -92,7 +92,7 @@ def authenticate(store: Store, token: str | None) -> Principal | None:
     m = _TOKEN_RE.match(token or "")
     if m is None:
         return None
-    with store.read() as conn:
+    with store.read(snapshot=False) as conn:
         r = conn.execute(sa.select(T_TOKENS.c.tenant, T_TOKENS.c.admin, T_TOKENS.c.secret_sha256, T_TOKENS.c.revoked_at)
                          .where(T_TOKENS.c.id == m.group(1))).first()
     if r is None or r.revoked_at is not None or not hmac.compare_digest(r.secret_sha256, _sha(token)):

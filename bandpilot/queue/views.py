@@ -97,7 +97,7 @@ def list_requests(
     if limit:
         q = q.limit(limit)
     out = []
-    with store.read() as conn:
+    with store.read(snapshot=False) as conn:
         for r in conn.execute(q).mappings():
             out.append(
                 {
