@@ -12,14 +12,16 @@ import sys
 from typing import Any
 
 _ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
+POOL = 20  # PostgreSQL connections per process: about half of uvicorn's 40 request threads
 
 
 def app_from_env() -> Any:
     """uvicorn factory for worker processes."""
     from bandpilot.api.app import create_app
+    from bandpilot.queue.store import Store
 
     cfg = json.loads(os.environ[_ENV])
-    return create_app(cfg["store"], sample_s=cfg["sample_s"] if cfg["first"] else None, token_ttl=cfg["token_ttl"])
+    return create_app(Store(cfg["store"], pool_size=POOL), sample_s=cfg["sample_s"] if cfg["first"] else None, token_ttl=cfg["token_ttl"])
 
 
 def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
@@ -36,7 +38,7 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
                                        "first": True})
         uvicorn.run("bandpilot.api.server:app_from_env", factory=True, workers=workers, **common)
         return
-    store = Store(store_url)
+    store = Store(store_url, pool_size=POOL)
     # uvicorn's own handlers: stop accepting, let requests in flight finish (each is one transaction),
     # give up on stragglers after graceful_s - well inside a service manager's 10 s stop window.
     server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl), **common))

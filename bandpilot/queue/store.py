@@ -52,7 +52,8 @@ class Store:
     :func:`default_store_url`. On PostgreSQL, ``schema`` puts every table in that schema
     (created if missing) - tests use one per run."""
 
-    def __init__(self, url: str | None = None, *, schema: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, url: str | None = None, *, schema: str | None = None, timeout: float = 120.0,
+                 pool_size: int | None = None) -> None:
         self.url = url or default_store_url()
         try:
             u = sa.engine.make_url(self.url)
@@ -61,6 +62,7 @@ class Store:
         self.backend = u.get_backend_name()
         self.schema = schema
         self.timeout = float(timeout)
+        self.pool_size = pool_size  # PostgreSQL connections kept open (SQLAlchemy's default 5 + 10 overflow)
         self.safe_url = u.render_as_string(hide_password=True)
         if self.backend == "sqlite":
             self.engine = self._sqlite_engine(u)
@@ -112,7 +114,8 @@ class Store:
             if not _SCHEMA_RE.match(self.schema):
                 raise StoreError(f"invalid schema name {self.schema!r}")
             connect_args["options"] = f"-csearch_path={self.schema}"
-        engine = sa.create_engine(u, connect_args=connect_args, pool_pre_ping=True)
+        pool = {} if not self.pool_size else {"pool_size": int(self.pool_size), "max_overflow": int(self.pool_size)}
+        engine = sa.create_engine(u, connect_args=connect_args, pool_pre_ping=True, **pool)
         if self.schema:
             try:
                 with engine.begin() as conn:
