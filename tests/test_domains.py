@@ -1,0 +1,173 @@
+"""Issue 13: multi-node NVLink domains in the spec, the Slurm topology/block export and its CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bandpilot.errors import SpecError
+from bandpilot.topology.cluster import load_cluster, spec_from_dict
+from bandpilot.topology.domains import hostlist, slurm_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+NVL = ROOT / "params" / "clusters" / "nvl72x16.yaml"
+TRAY = ["X NV18 NV18 NV18", "NV18 X NV18 NV18", "NV18 NV18 X NV18", "NV18 NV18 NV18 X"]
+PAIR = ["X NV4", "NV4 X"]
+
+
+def tray(name, gpu="GB200", topo=TRAY, **kw):
+    return {"name": name, "gpu": gpu, "topology": topo, **kw}
+
+
+def test_nvl72x16_spec_shape():
+    spec = load_cluster(NVL)
+    assert (spec.n_gpus, spec.n_hosts, len(spec.nvlink_domains)) == (1152, 288, 16)
+    doms = [h.domain for h in spec.hosts]
+    assert all(doms.count(d) == 18 for d in spec.nvlink_domains)
+    assert doms[0] == doms[17] == "gb200-nvl0" and doms[18] == "gb200-nvl1"
+    assert spec.rails_per_host == 4 and set(spec.gpus_per_host.tolist()) == {4}
+    # the embedded form (model artifacts, the queue store) round-trips with the same fingerprint
+    again = spec_from_dict(spec.to_dict())
+    assert again.nvlink_domains == spec.nvlink_domains and again.fingerprint() == spec.fingerprint()
+
+
+def test_existing_specs_have_no_nvlink_domains_and_stable_fingerprints():
+    # fingerprints pinned from before NVLink domains existed: stored models and queues stay valid
+    pinned = {"h100": "966b0f582358f928", "h100-64": "0ac57bc0e47498e2", "h100-128": "0f25d310d76f8b14",
+              "het4mix": "8dcf4764b6531ca0"}
+    for name, fp in pinned.items():
+        spec = load_cluster(ROOT / "params" / "clusters" / f"{name}.yaml")
+        assert spec.nvlink_domains == () and spec.fingerprint() == fp
+        assert "nvlink_domains" not in spec.to_dict()
+
+
+def test_explicit_nvlink_domains():
+    doc = {"name": "x", "hosts": [tray("a"), tray("b"), tray("c", domain="r1"), tray("d", domain="r1")],
+           "nvlink_domains": [{"name": "n0", "hosts": ["a", "b"]}, "r1"]}
+    spec = spec_from_dict(doc)
+    assert spec.nvlink_domains == ("n0", "r1")
+    assert [h.domain for h in spec.hosts] == ["n0", "n0", "r1", "r1"]
+
+
+def _spec_file(tmp_path, doc) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def _line_of(p: Path, needle: str) -> int:
+    return next(i for i, line in enumerate(p.read_text().splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("case, hosts, domains, msg, at", [
+    ("mixed gpu", [tray("a"), tray("b", gpu="H100")], [{"name": "n0", "hosts": ["a", "b"]}],
+     r"nvlink_domains\[0\]: NVLink domain 'n0' mixes GPU types \['GB200', 'H100'\]", "name: n0"),
+    ("mixed size", [tray("a"), tray("b", topo=PAIR)], [{"name": "n0", "hosts": ["a", "b"]}],
+     r"NVLink domain 'n0' mixes tray sizes \[2, 4\] GPUs", "name: n0"),
+    ("two domains", [tray("a"), tray("b")], [{"name": "n0", "hosts": ["a", "b"]}, {"name": "n1", "hosts": ["b"]}],
+     r"nvlink_domains\[1\]\.hosts\[0\]: tray 'b' is in two NVLink domains: 'n0' .* and 'n1'", "name: n1"),
+    ("unknown tray", [tray("a")], [{"name": "n0", "hosts": ["zz"]}], r"unknown tray 'zz'", "name: n0"),
+    ("label conflict", [tray("a", domain="r9")], [{"name": "n0", "hosts": ["a"]}],
+     r"tray 'a' is labelled domain 'r9' but listed in NVLink domain 'n0'", "name: n0"),
+    ("no such label", [tray("a")], ["ghost"], r"no host has domain 'ghost'", "ghost"),
+])
+def test_bad_nvlink_domains_name_file_line_and_key(tmp_path, case, hosts, domains, msg, at):
+    p = _spec_file(tmp_path, {"name": "bad", "hosts": hosts, "nvlink_domains": domains})
+    with pytest.raises(SpecError, match=msg) as e:
+        load_cluster(p)
+    # the error names the file and a line at or after the offending entry
+    m = re.match(rf"{re.escape(str(p))}:(\d+): nvlink_domains", str(e.value))
+    assert m, str(e.value)
+    assert int(m.group(1)) >= _line_of(p, at) - 1
+
+
+def test_bad_nvlink_domain_size(tmp_path):
+    doc = {"name": "bad", "host_groups": [{"prefix": "t", "count": 4, "gpu": "GB200", "topology": TRAY,
+                                          "nvlink_domain_size": 0}]}
+    with pytest.raises(SpecError, match=r"c\.yaml:\d+: host_groups\[0\]\.nvlink_domain_size: must be a positive integer"):
+        load_cluster(_spec_file(tmp_path, doc))
+    doc["host_groups"][0].update(nvlink_domain_size=2, domain_size=2)
+    with pytest.raises(SpecError, match="not both"):
+        load_cluster(_spec_file(tmp_path, doc))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.text(max_size=3), st.integers(), st.none(),
+                          st.fixed_dictionaries({"name": st.sampled_from(["n0", "n1", "", 3])},
+                                                optional={"hosts": st.lists(st.sampled_from(["a", "b", "c", 1]), max_size=4),
+                                                          "extra": st.just(1)})),
+                max_size=4))
+def test_nvlink_domains_fuzz_only_raises_spec_error(entries):
+    doc = {"name": "f", "hosts": [tray("a"), tray("b", gpu="H100"), tray("c", domain="n1")], "nvlink_domains": entries}
+    try:
+        spec = spec_from_dict(doc)
+    except SpecError:
+        return
+    for d in spec.nvlink_domains:  # whatever was accepted is consistent
+        assert len({h.gpu for h in spec.hosts if h.domain == d}) == 1
+
+
+# ---- Slurm export -------------------------------------------------------------------------------
+def _expand(expr: str) -> list[str]:
+    out = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expr):
+        m = re.fullmatch(r"(.*)\[(.*)\]", part)
+        if not m:
+            out.append(part)
+            continue
+        for run in m.group(2).split(","):
+            lo, _, hi = run.partition("-")
+            w = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+            out.extend(f"{m.group(1)}{i:0{w}d}" for i in range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+@given(st.lists(st.one_of(st.integers(0, 40).map(lambda i: f"gb-{i}"), st.integers(0, 30).map(lambda i: f"n{i:03d}"),
+                          st.sampled_from(["login", "x-a"])), min_size=1, max_size=30, unique=True))
+def test_hostlist_round_trips(names):
+    assert sorted(_expand(hostlist(names))) == sorted(names)
+
+
+def test_slurm_topology_conf_for_nvl72x16():
+    text = slurm_topology(load_cluster(NVL))
+    blocks = [line for line in text.splitlines() if line.startswith("BlockName=")]
+    assert len(blocks) == 16
+    assert blocks[0] == "BlockName=gb200-nvl0 Nodes=gb200-[0-17]"
+    assert blocks[15] == "BlockName=gb200-nvl15 Nodes=gb200-[270-287]"
+    assert text.splitlines()[-1] == "BlockSizes=18"
+    nodes = [n for b in blocks for n in _expand(b.split("Nodes=")[1])]
+    assert sorted(nodes) == sorted(load_cluster(NVL).host_names)  # every tray in exactly one block
+
+
+def test_slurm_topology_rack_domains_and_errors():
+    text = slurm_topology(load_cluster(ROOT / "params" / "clusters" / "h100-64.yaml"))
+    assert "BlockName=h100-d0 Nodes=h100-[0-15]" in text and "BlockSizes=16" in text
+    with pytest.raises(SpecError, match="declares no domains"):
+        slurm_topology(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
+
+
+def _cli(args, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BANDPILOT_HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "bandpilot", *args], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_cluster_topology_slurm(tmp_path):
+    out = tmp_path / "topology.conf"
+    r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "slurm", "--output", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == slurm_topology(load_cluster(NVL))
+    r = _cli(["cluster", "topology", "--cluster", str(ROOT / "params/clusters/h100.yaml"), "--format", "slurm",
+              "--output", str(tmp_path / "none.conf")], tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and "declares no domains" in r.stderr
+    assert not (tmp_path / "none.conf").exists()
+    r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "yaml"], tmp_path)
+    assert r.returncode == 2 and "unknown --format 'yaml'" in r.stderr
