@@ -171,3 +171,77 @@ def test_cli_cluster_topology_slurm(tmp_path):
     assert not (tmp_path / "none.conf").exists()
     r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "yaml"], tmp_path)
     assert r.returncode == 2 and "unknown --format 'yaml'" in r.stderr
+
+
+# ---- emulator ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nvl():
+    from bandpilot.fabric.emulator import make_fabric
+
+    return make_fabric(load_cluster(NVL))
+
+
+def _alloc(spec, parts):
+    import numpy as np
+
+    m = np.zeros(spec.n_hosts, dtype=np.int64)
+    for h, c in parts:
+        m[h] = (1 << c) - 1
+    return m
+
+
+def test_emulator_cliff_at_the_domain_boundary(nvl):
+    import numpy as np
+
+    s = nvl.spec
+    rows = np.array([
+        _alloc(s, [(0, 4), (1, 4)]),  # two trays, one domain: NVLink switches
+        _alloc(s, [(0, 4), (18, 4)]),  # two trays, two domains: NIC rails
+        _alloc(s, [(i, 4) for i in range(18)]),  # a whole domain
+        _alloc(s, [(i, 4) for i in range(9)] + [(18 + i, 4) for i in range(9)]),  # 72 over two domains
+        _alloc(s, [(0, 1), (1, 1)]),
+        _alloc(s, [(0, 1), (18, 1)]),
+    ])
+    b = nvl.bandwidth_masks(rows)
+    assert b[0] > 2.5 * b[1] and b[2] > 2.5 * b[3] and b[4] > 8 * b[5]
+    assert b[0] == pytest.approx(b[2], rel=0.05)  # non-blocking switches: trays barely matter
+    # the in-domain value depends only on per-tray counts: any 2 trays of any domain are alike
+    same = np.array([_alloc(s, [(3, 4), (17, 4)]), _alloc(s, [(200, 4), (201, 4)])])
+    assert np.allclose(nvl.bandwidth_masks(same), b[0])
+    assert (nvl.cap_masks(rows) >= b).all()
+
+
+def test_emulator_faults_follow_the_nvlink_domain(nvl):
+    import numpy as np
+
+    from bandpilot.fabric.faults import Fault, FaultyFabric
+
+    s = nvl.spec
+    rows = np.array([_alloc(s, [(0, 1), (1, 1)]), _alloc(s, [(0, 1), (18, 1)]), _alloc(s, [(2, 1), (3, 1)])])
+    base = nvl.bandwidth_masks(rows)
+    rail = FaultyFabric(nvl, [Fault("nic_rail", "gb200-0", 0, factor=0.5)]).bandwidth_masks(rows)
+    assert rail[0] == pytest.approx(base[0])  # in-domain traffic never touches the NIC
+    assert rail[1] == pytest.approx(0.5 * base[1]) and rail[2] == pytest.approx(base[2])
+    narrow = FaultyFabric(nvl, [Fault("nvlink_width", "gb200-0", 0, factor=0.5)]).bandwidth_masks(rows)
+    assert narrow[0] == pytest.approx(0.5 * base[0])  # a lone GPU's NVLink carries cross-tray traffic
+    assert narrow[1] == pytest.approx(base[1]) and narrow[2] == pytest.approx(base[2])
+    # measurement noise still wraps the faulty truth
+    m = FaultyFabric(nvl, [Fault("slow_host", "gb200-0")]).measure(rows, seed=1)
+    assert np.all(m > 0) and not np.allclose(m, base)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 287), st.integers(1, 15)), min_size=1, max_size=12, unique_by=lambda t: t[0]),
+       st.integers(0, 17))
+def test_emulator_is_hierarchical_over_trays(nvl, parts, shift):
+    """Rotating trays inside their domains keeps per-tray masks and per-domain counts: same bandwidth."""
+    import numpy as np
+
+    s = nvl.spec
+    m = np.zeros(s.n_hosts, dtype=np.int64)
+    r = np.zeros(s.n_hosts, dtype=np.int64)
+    for h, bits in parts:
+        m[h] = bits
+        r[(h // 18) * 18 + (h % 18 + shift) % 18] = bits
+    b = nvl.bandwidth_masks(np.array([m, r]))
+    assert b[0] == pytest.approx(b[1]) and b[0] <= nvl.cap_masks(m[None, :])[0] + 1e-9
