@@ -279,9 +279,10 @@ class EmulatorFabric(Fabric):
         """
         used = counts > 0
         onehot = self._unit_onehot
-        ucount = np.rint(counts @ onehot).astype(np.int64)  # per-unit sums as one matmul each
-        urails = (np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
-        utrays = np.rint(used.astype(float) @ onehot).astype(np.int64)
+        cf = counts.astype(np.float64)  # per-unit sums as one float matmul each (BLAS)
+        ucount = np.rint(cf @ onehot).astype(np.int64)
+        urails = (np.minimum(cf, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
+        utrays = np.rint(used.astype(np.float64) @ onehot).astype(np.int64)
         uused = ucount > 0
         n_u = uused.sum(axis=1)
         # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency

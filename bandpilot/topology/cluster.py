@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 
 from bandpilot.errors import SpecError
-from bandpilot.topology.domains import resolve_nvlink_domains
+from bandpilot.topology.domains import nvlink_units, resolve_nvlink_domains
 
 #: Link classes of ``nvidia-smi topo -m``, best first. NV# carries its link count separately.
 LINK_CLASSES = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -210,6 +210,12 @@ class ClusterSpec:
     def full_masks(self) -> np.ndarray:
         """Per-host mask with every GPU set."""
         return (np.int64(1) << self.gpus_per_host) - 1
+
+    @cached_property
+    def units(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scale-out unit per host (its NVLink domain, else the host itself) and which units are
+        NVLink domains (:func:`bandpilot.topology.domains.nvlink_units`)."""
+        return nvlink_units(self.hosts, self.nvlink_domains)
 
     @cached_property
     def gpu_types(self) -> tuple[str, ...]:
