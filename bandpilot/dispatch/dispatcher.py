@@ -164,10 +164,13 @@ def _check_model(model: Any, what: str = "model") -> ClusterSpec:
 class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
-    def __init__(self, model: Any, seed: int = 0) -> None:
+    def __init__(self, model: Any, seed: int = 0, frag_tie: float | None = None) -> None:
         self.spec = _check_model(model)
         self.model = model
         self.seed = int(seed)
+        #: NVLink-domain clusters: relative bandwidth margin within which the least fragmenting
+        #: candidate wins (None: :data:`bandpilot.dispatch.search.domains.DOMAIN_TIE`)
+        self.frag_tie = frag_tie
         from bandpilot.topology.domains import domain_index
 
         self._domains = domain_index(self.spec.hosts)[0]
@@ -344,6 +347,7 @@ class Dispatcher:
             return best
         ctx = SearchContext(guide, st, free, k, predictor=pred)
         ctx.segment = cons.segment
+        ctx.tie = self.frag_tie
         if cons.single_host:
             return single_host(ctx)
         if algorithm in ("bandpilot", "ideal"):

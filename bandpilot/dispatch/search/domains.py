@@ -20,8 +20,9 @@ outside any):
   depends on ``D`` and on contention, the in-domain parts only cap it from far above.
 
 Among candidates within :data:`DOMAIN_TIE` of the best value the choice keeps the cluster
-unfragmented: fewest units, best-fit units (fewest free GPUs left in them), fewest GPUs stranded
-on partly used trays, fewest trays. ``segment`` (Slurm's ``--segment``, in GPUs) makes every
+unfragmented: fewest units, keeping the largest placeable gang (not taking from every unit with the
+most free GPUs), best-fit units (fewest free GPUs left in them), fewest GPUs stranded on partly
+used trays, fewest trays. ``segment`` (Slurm's ``--segment``, in GPUs) makes every
 unit's share a multiple of it, so each segment lies inside one domain.
 """
 
@@ -135,7 +136,10 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
     unit_left = (uused * units.free[None, :]).sum(axis=1) - ucount.sum(axis=1)
     tray_left = (used * ctx.fcount[None, :]).sum(axis=1) - c.sum(axis=1)
     n_trays = used.sum(axis=1)
-    return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, n_units))[0]])
+    # keep the largest placeable gang: avoid the unit(s) with the most free GPUs when others do
+    top = units.free == units.free.max()
+    hits_top = (uused & top[None, :]).sum(axis=1) >= top.sum()
+    return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, hits_top, n_units))[0]])
 
 
 def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float) -> Found | None:

@@ -33,7 +33,8 @@ def bandpilot(ctx: SearchContext) -> Found:
     """The product search: exhaustive count-vector search when tractable, else the hybrid; on
     clusters with NVLink domains the hierarchical :func:`domain_search`."""
     if ctx.spec.nvlink_domains:
-        return domain_search(ctx, segment=getattr(ctx, "segment", None))
+        tie = getattr(ctx, "tie", None)
+        return domain_search(ctx, segment=ctx.segment, **({} if tie is None else {"tie": tie}))
     if ctx.count_vectors() <= COUNT_SEARCH_LIMIT:
         # On hosts exposed to contending jobs also try the Pareto subsets (stage-1 of the subset
         # vs. of its unions with the jobs' GPUs) when that keeps the space within the limit.
