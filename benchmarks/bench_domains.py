@@ -12,8 +12,9 @@ fragmentation of a batch queue under churn.
   fit a domain; target >= 99 % in every profile. Gangs larger than any domain's free GPUs have no
   tractable exact optimum at this scale: their GBE is reported against an upper bound (the best
   balanced split of an idle cluster, standalone) - a *lower bound* on GBE, labelled as such.
-* **queue**: 1,000 queued requests assigned by one ``run_batch`` on the NVL72x16 cluster (SQLite in a
-  temp dir), the emulator as the model. Target <= 60 s.
+* **queue**: 1,000 queued requests on the NVL72x16 cluster (SQLite in a temp dir, the emulator as the
+  model), ``run_batch`` with a random half of the jobs released between batches until none is
+  pending. Target: the batches take <= 60 s in all.
 * **churn**: a seeded 2,000-request arrival/departure sequence placed by BandPilot and by the
   Slurm-block-like baseline; fragmentation after it (stranded GPUs, largest placeable gang,
   whole free domains). Target: BandPilot at least as good on both.
@@ -141,19 +142,37 @@ def workload(spec, n: int, seed: int) -> list[dict]:
 
 
 def bench_queue(fab, n: int, seed: int) -> dict:
+    """Submit ``n`` requests, then loop { run_batch; release a random half of the active jobs } until
+    nothing is pending (as ``bench_queue`` does); the time of the batches is the figure."""
     from bandpilot import queue as q
 
+    rng = np.random.default_rng(seed)
+    d = Dispatcher(fab, seed)
+    batch_s = 0.0
+    batches = assigned = 0
     with tempfile.TemporaryDirectory() as tmp:
         store = q.Store(f"sqlite:///{tmp}/q.db")
         store.init_cluster(fab.spec)
         q.submit(store, workload(fab.spec, n, seed))
-        t0 = time.perf_counter()
-        rep = q.run_batch(store, Dispatcher(fab, seed))
-        secs = time.perf_counter() - t0
-        c = rep.counts()
-        frag = q.fragmentation(store)
-    return {"requests": n, "seconds": secs, **{k: c[k] for k in ("assigned", "deferred", "rejected")},
-            "stranded": frag["stranded"], "largest_single_domain": frag["largest_placeable"].get("single_domain")}
+        worst = None
+        while True:
+            t0 = time.perf_counter()
+            rep = q.run_batch(store, d)
+            batch_s += time.perf_counter() - t0
+            batches += 1
+            assigned += rep.counts()["assigned"]
+            frag = fragmentation_metrics(fab.spec, q.current_state(store).free)
+            if worst is None or frag["largest_placeable"] < worst["largest_placeable"]:
+                worst = frag
+            pending = q.list_requests(store, status="pending")
+            if not pending or batches >= 200:
+                break
+            active = [r["id"] for r in q.list_requests(store, status="assigned")]
+            for jid in rng.choice(active, size=(len(active) + 1) // 2, replace=False) if active else []:
+                q.release(store, str(jid))
+        rejected = len(q.list_requests(store, status="rejected"))
+    return {"requests": n, "seconds": batch_s, "batches": batches, "assigned": assigned, "rejected": rejected,
+            "pending": len(pending)}
 
 
 def churn(fab, n: int, seed: int, algorithm: str, frag_tie: float | None = None) -> dict:
@@ -242,10 +261,10 @@ def main() -> None:
         r = bench_queue(fab, args.requests, args.seed)
         hit = r["seconds"] <= TARGET_QUEUE
         ok &= hit
-        print(f"## queue: {r['requests']} requests, one run_batch\n")
-        print("| seconds | assigned | deferred | rejected | stranded | largest single-domain gang |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        print(f"| {r['seconds']:.1f} | {r['assigned']} | {r['deferred']} | {r['rejected']} | {r['stranded']} | {r['largest_single_domain']} |")
+        print(f"## queue: {r['requests']} queued requests, batches with releases in between until none is pending\n")
+        print("| seconds (batches) | batches | assigned | rejected | left pending |")
+        print("|---:|---:|---:|---:|---:|")
+        print(f"| {r['seconds']:.1f} | {r['batches']} | {r['assigned']} | {r['rejected']} | {r['pending']} |")
         print(f"\n<= {TARGET_QUEUE:.0f} s: {'PASS' if hit else 'FAIL'}\n")
     if "churn" not in args.skip:
         print(f"## fragmentation after a seeded {args.churn}-request churn\n")

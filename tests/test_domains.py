@@ -245,3 +245,35 @@ def test_emulator_is_hierarchical_over_trays(nvl, parts, shift):
         r[(h // 18) * 18 + (h % 18 + shift) % 18] = bits
     b = nvl.bandwidth_masks(np.array([m, r]))
     assert b[0] == pytest.approx(b[1]) and b[0] <= nvl.cap_masks(m[None, :])[0] + 1e-9
+
+
+# ---- profiling plan -----------------------------------------------------------------------------
+def test_domain_plan_three_stages():
+    import numpy as np
+
+    from bandpilot.data.domain_planning import _partitions, plan_domains
+
+    spec = load_cluster(NVL)
+    p = plan_domains(spec, domain_samples=120, cross_domain_samples=60, seed=3)
+    unit = spec.units[0]
+    strata = [m.stratum for m in p]
+    assert sum(s.startswith("1h:") for s in strata) == 288 * 15  # every subset of every tray
+    in_dom = [m for m in p if m.stratum.startswith("1d:")]
+    assert 100 <= len(in_dom) <= 120
+    for m in in_dom:  # one domain, >= 2 trays, the stratum is the per-tray count pattern
+        used = np.flatnonzero(np.array(m.masks))
+        assert len(set(unit[used].tolist())) == 1 and used.size >= 2
+        assert m.stratum == "1d:" + "+".join(map(str, sorted(m.counts, reverse=True)))
+    assert len({tuple(sorted(m.counts)) for m in in_dom}) == len(in_dom)  # each pattern once: shared by domains
+    assert len({int(unit[np.flatnonzero(np.array(m.masks))[0]]) for m in in_dom}) == 16  # rotating over domains
+    cross = [m for m in p if m.stratum[0].isdigit() and "d:" in m.stratum and not m.stratum.startswith("1d")]
+    assert len(cross) >= 55 and all(len(set(unit[np.flatnonzero(np.array(m.masks))].tolist())) >= 2 for m in cross)
+    assert len({m.masks for m in p}) == len(p)  # no allocation twice
+    assert plan_domains(spec, domain_samples=120, cross_domain_samples=60, seed=3) == p  # deterministic
+    assert len(_partitions(8, 18, 4)) == 15  # partitions of 8 into 2..18 parts of <= 4
+    small = spec_from_dict({"name": "s", "gpus_per_host": 4, "host_groups": [
+        {"prefix": "t", "count": 4, "gpu": "GB200", "topology": TRAY, "nvlink_domain_size": 2}]})
+    pats = [m.stratum for m in plan_domains(small, cross_domain_samples=0) if m.stratum.startswith("1d")]
+    assert sorted(pats) == sorted("1d:" + "+".join(map(str, q)) for t in range(2, 9) for q in _partitions(t, 2, 4))
+    with pytest.raises(SpecError, match="no NVLink domains"):
+        plan_domains(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
