@@ -301,23 +301,10 @@ def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> Non
 
 
 @cluster_app.command("fragmentation")
-def fragmentation_cmd(
-    store: Optional[str] = STORE_OPT,
-    as_json: bool = JSON_OPT,
-    history: Optional[int] = typer.Option(None, "--history", min=1, help="The domain fragmentation after the last N batches."),
-) -> None:
+def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
     """Free GPUs stranded per host (and domain) and the largest request that still fits."""
     from bandpilot import queue as q
 
-    if history is not None:
-        rows = q.fragmentation_history(_store(store), history)
-        if as_json:
-            _echo_json(rows)
-            return
-        typer.echo(_table([[r["batch"], r["at"], r["free"], r["stranded"], r["stranded_trays"], r["largest_placeable"],
-                            r["whole_free_domains"]] for r in rows],
-                          ["batch", "at", "free", "stranded", "stranded on trays", "largest placeable", "whole free domains"]))
-        return
     f = q.fragmentation(_store(store))
     if as_json:
         _echo_json(f)

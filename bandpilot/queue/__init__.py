@@ -4,7 +4,6 @@ on assigned jobs (GPU lists per request) and the cluster state in the dispatcher
 
 from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
 from bandpilot.queue.clock import iso
-from bandpilot.queue.frag_history import fragmentation_history
 from bandpilot.queue.health import apply_verdicts, health
 from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
 from bandpilot.queue.launch import FORMATS, assignment, render
@@ -62,6 +61,6 @@ __all__ = [
     # telemetry and drift
     "drift", "record_observations",
     # views and checks
-    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "iso",
+    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "iso",
     "list_requests", "nothing_to_place", "status",
 ]

@@ -32,7 +32,6 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import _now
-from bandpilot.queue.frag_history import record_fragmentation
 from bandpilot.queue.outcomes import BatchReport, Outcome
 from bandpilot.queue.placer import _Deferred, _Placer
 from bandpilot.queue.policies import POLICIES, _PENDING_STMT, _Pending, _row_to_pending, order_pending, utility_quotas
@@ -322,7 +321,6 @@ def run_batch(
             _flush_outcomes(conn, to_flush, batch_id, pl)
             report.finished_at = _now()
             _finish_batch(conn, batch_id, report)
-            record_fragmentation(conn, batch_id, mspec, placer.state.free)
     else:
         with store.write() as conn:
             batch_id = new_batch(conn)
@@ -344,7 +342,6 @@ def run_batch(
         with store.write() as conn:  # deferral notes are informational: one write at the end
             _flush_outcomes(conn, to_flush, batch_id, pl)
             _finish_batch(conn, batch_id, report)
-            record_fragmentation(conn, batch_id, mspec, store.load_state(conn, mspec).free)
     return report
 
 

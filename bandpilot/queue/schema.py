@@ -14,8 +14,6 @@ PostgreSQL URL at scale:
 ``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
 ``bp_health``             the last verify verdict per host (v2): status, suspects, measured/expected
 ``bp_observations``       measured bandwidth next to its prediction (v3): job telemetry, verify runs
-``bp_fragmentation``      domain fragmentation after each batch (v6): stranded GPUs, largest
-                          placeable gang, per-domain free GPUs
 ========================  ==================================================================
 """
 
@@ -167,21 +165,6 @@ T_OBS = sa.Table(
     sa.Index("ix_bp_observations_at", "at"),
 )
 
-T_FRAG = sa.Table(
-    "bp_fragmentation",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("batch_id", sa.Integer, nullable=True),
-    sa.Column("at", sa.Double, nullable=False),
-    sa.Column("free", sa.Integer, nullable=False),
-    sa.Column("stranded", sa.Integer, nullable=False),  # free GPUs in partly used domains
-    sa.Column("stranded_trays", sa.Integer, nullable=False),  # free GPUs on partly used trays
-    sa.Column("largest", sa.Integer, nullable=False),  # largest gang placeable inside one domain
-    sa.Column("whole_free", sa.Integer, nullable=False),  # wholly free domains
-    sa.Column("domains", sa.Text, nullable=False),  # JSON {domain: free GPUs}
-    sa.Index("ix_bp_fragmentation_at", "at"),
-)
-
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -205,9 +188,6 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
     (2, "verify verdicts per host", lambda conn: T_HEALTH.create(conn, checkfirst=True)),
     (3, "observed bandwidth next to predictions", lambda conn: T_OBS.create(conn, checkfirst=True)),
-    # 4 and 5 are reserved for parallel branches (API tokens/audit, workload simulation); a store
-    # migrates by the versions it lacks, so the gap and any merge order work.
-    (6, "domain fragmentation per batch", lambda conn: T_FRAG.create(conn, checkfirst=True)),
 ]
 
 
