@@ -91,7 +91,9 @@ class ContentionPredictor:
             unit = self.spec.units[0]
             self._units = np.zeros((self.spec.n_hosts, int(unit.max()) + 1), dtype=np.float32)
             self._units[np.arange(self.spec.n_hosts), unit] = 1.0
-        jobs = [j for j in state.jobs if j.demand_gbps > 0 and self._spans(j.mask[None, :])[0]]
+        live = [j for j in state.jobs if j.demand_gbps > 0]
+        spans = self._spans(np.array([j.mask for j in live], dtype=np.int64).reshape(len(live), self.spec.n_hosts))
+        jobs = [j for j, sp in zip(live, spans) if sp]
         n_h = self.spec.n_hosts
         self.job_ids = [j.id for j in jobs]
         self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)

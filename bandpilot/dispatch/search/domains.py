@@ -43,7 +43,7 @@ DOMAIN_TIE = 0.005
 #: Unit-level local-search iterations (each one batched prediction).
 UNIT_LOCAL_ITERS = 8
 #: Model evaluations (rows incl. super allocations) after which the local search stops.
-UNIT_EVAL_BUDGET = 6_000
+UNIT_EVAL_BUDGET = 2_000
 #: Unused units a local-search move may target (most free GPUs clear of contending jobs first).
 UNIT_TARGETS = 6
 
@@ -59,6 +59,7 @@ class Units:
         self.size = np.bincount(self.unit, weights=ctx.spec.gpus_per_host, minlength=self.U).astype(np.int64)
         self.exposed_free = np.bincount(self.unit, weights=ctx.fcount * ctx.exposed, minlength=self.U).astype(np.int64)
         self._parts: dict[tuple[int, int], np.ndarray] = {}
+        self._sigs: dict[tuple[int, bool], tuple] = {}
         self.ctx = ctx
 
     def allowed(self, u: int) -> np.ndarray:
@@ -69,12 +70,18 @@ class Units:
     def signature(self, u: int, coarse: bool = False) -> tuple:
         """Units with equal signatures are interchangeable (same free trays, no exposure; ``coarse``:
         exposure ignored)."""
+        got = self._sigs.get((u, coarse))
+        if got is not None:
+            return got
         ctx = self.ctx
         if self.exposed_free[u] and not coarse:
-            return ("exposed", u)
-        hs = self.members[u]
-        hs = hs[ctx.fcount[hs] > 0]
-        return (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(int(ctx.ccls[h]) for h in hs)))
+            sig: tuple = ("exposed", u)
+        else:
+            hs = self.members[u]
+            hs = hs[ctx.fcount[hs] > 0]
+            sig = (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(int(ctx.ccls[h]) for h in hs)))
+        self._sigs[(u, coarse)] = sig
+        return sig
 
     def part(self, u: int, t: int) -> np.ndarray:
         """Per-host counts putting ``t`` GPUs in unit ``u``: unexposed trays first, whole trays
@@ -113,11 +120,13 @@ class Units:
 
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
-        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        for i, d in enumerate(D):
-            for u in np.flatnonzero(d):
-                out[i] += self.part(int(u), int(d[u]))
-        return out
+        ri, ui = np.nonzero(D)
+        keys = ui * (int(D.max(initial=0)) + 1) + D[ri, ui]
+        uniq, inv = np.unique(keys, return_inverse=True)
+        width = int(D.max(initial=0)) + 1
+        parts = np.array([self.part(int(key // width), int(key % width)) for key in uniq]).reshape(uniq.size, self.ctx.H)
+        starts = np.searchsorted(ri, np.arange(D.shape[0]))  # np.nonzero is row-major: rows are contiguous
+        return np.add.reduceat(parts[inv.ravel()], starts, axis=0)
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
