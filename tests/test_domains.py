@@ -277,3 +277,23 @@ def test_domain_plan_three_stages():
     assert sorted(pats) == sorted("1d:" + "+".join(map(str, q)) for t in range(2, 9) for q in _partitions(t, 2, 4))
     with pytest.raises(SpecError, match="no NVLink domains"):
         plan_domains(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
+
+
+def test_cli_select_with_domain_constraints(tmp_path):
+    import json
+
+    from bandpilot.dispatch.state import State
+
+    spec = load_cluster(NVL)
+    st = tmp_path / "state.json"
+    st.write_text(json.dumps(State.idle(spec).to_dict()))
+    r = _cli(["select", "96", "-s", str(st), "-c", str(NVL), "--segment", "24", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    gpus = json.loads(r.stdout)["gpus"]
+    per = {}
+    for g in gpus:
+        d = spec.hosts[spec.host_index[g.rpartition(":")[0]]].domain
+        per[d] = per.get(d, 0) + 1
+    assert len(gpus) == 96 and all(v % 24 == 0 for v in per.values())
+    r = _cli(["select", "96", "-s", str(st), "-c", str(NVL), "--segment", "7"], tmp_path)
+    assert r.returncode == 2 and "segment 7 does not divide k=96" in r.stderr
