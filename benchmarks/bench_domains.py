@@ -215,6 +215,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--churn", type=int, default=2000)
+    ap.add_argument("--churn-seeds", type=int, nargs="*", default=[], help="extra churn seeds (one row each)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "quality", "queue", "churn"])
     args = ap.parse_args()
@@ -280,6 +281,13 @@ def main() -> None:
         ok &= hit
         print(f"\nBandPilot at least as good as block (largest placeable gang, stranded GPUs): {'PASS' if hit else 'FAIL'}\n")
         print("```json\n" + json.dumps(res) + "\n```")
+        if args.churn_seeds:
+            print("\n| seed | BandPilot stranded / largest (end) | block | BandPilot mean stranded / largest | block |")
+            print("|---:|---|---|---|---|")
+            for sd in args.churn_seeds:
+                b, s_ = churn(fab, args.churn, sd, "bandpilot"), churn(fab, args.churn, sd, "block")
+                print(f"| {sd} | {b['stranded_gpus']} / {b['largest_placeable']} | {s_['stranded_gpus']} / {s_['largest_placeable']} | "
+                      f"{b['mean_stranded']:.1f} / {b['mean_largest']:.1f} | {s_['mean_stranded']:.1f} / {s_['mean_largest']:.1f} |")
     print(f"\nall targets: {'PASS' if ok else 'FAIL'}")
 
 
