@@ -165,3 +165,30 @@ def test_block_baseline_is_best_fit_then_compact(nvl72):
     assert domains_of(spec, sel.gpus) == {"gb200-nvl0"} and len(sel.hosts) == 8  # best fit, fewest trays
     sel = Dispatcher(nvl72).select(100, State(spec, free, ()), "block")
     assert len(sel.gpus) == 100
+
+
+def test_stage_1_5_domain_patterns_predict_unmeasured_patterns(nvl72):
+    """Fit on the plan's in-domain measurements (2 % noise), predict held-out patterns and random
+    in-domain allocations; compose with a cross-domain model for the dispatcher."""
+    from bandpilot.data.domain_planning import plan_domains
+    from bandpilot.errors import ModelError
+    from bandpilot.model.domain_patterns import DomainAwareModel, DomainPatterns
+
+    spec = nvl72.spec
+    pl = [m for m in plan_domains(spec, domain_samples=200, cross_domain_samples=0, seed=1) if m.stratum.startswith("1d")]
+    masks = np.array([m.masks for m in pl])
+    y = nvl72.measure(masks, seed=1)
+    test = np.random.default_rng(0).random(len(pl)) < 0.25
+    dp = DomainPatterns.fit(spec, nvl72.stage1, masks[~test], y[~test])
+    err = np.abs(dp.predict(masks[test]) / nvl72.bandwidth_masks(masks[test]) - 1)
+    assert err.mean() < 0.02 and err.max() < 0.1
+    model = DomainAwareModel(nvl72, dp)
+    st_ = random_state(spec, nvl72, np.random.default_rng(4), busy_frac=0.4)
+    sel = Dispatcher(model).select(16, st_)
+    assert len(domains_of(spec, sel.gpus)) == 1
+    truth = ContentionPredictor(nvl72, st_).predict(spec.to_mask(sel.gpus)[None, :]).value[0]
+    assert truth >= 0.99 * Dispatcher(nvl72).select(16, st_, "exact").predicted_gbps
+    with pytest.raises(ModelError, match="no NVLink domains"):
+        DomainPatterns.fit(make_fabric(load_cluster(ROOT / "params/clusters/h100.yaml")).spec, nvl72.stage1, masks, y)
+    with pytest.raises(ModelError, match="different clusters"):
+        DomainAwareModel(make_fabric(nvl_spec()), dp)
