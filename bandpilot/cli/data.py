@@ -34,7 +34,12 @@ def profile_cmd(
     if runner not in runners.RUNNERS:
         raise SpecError(f"unknown runner {runner!r}; expected one of {', '.join(runners.RUNNERS)}")
     spec = load_cluster(resolve_spec(cluster))
-    measurements = planning.plan(spec, cross_host_samples=samples, seed=seed)
+    if spec.nvlink_domains:  # per tray, in-domain count patterns shared by identical domains, cross-domain
+        from bandpilot.data.domain_planning import plan_domains
+
+        measurements = plan_domains(spec, cross_domain_samples=samples, seed=seed)
+    else:
+        measurements = planning.plan(spec, cross_host_samples=samples, seed=seed)
     if dry_run:
         for m in measurements:
             where = f"{m.hosts[0]}$" if not m.cross_host else "launcher$"

@@ -72,6 +72,8 @@ def submit_cmd(
     utility: Optional[float] = typer.Option(None, "--utility", "-u", help="Job utility score (utility policy)."),
     single_host: bool = typer.Option(False, "--single-host", help="All GPUs on one host."),
     single_domain: bool = typer.Option(False, "--single-domain", help="All GPUs in one domain (rack)."),
+    whole_domains: bool = typer.Option(False, "--whole-domains", help="Only wholly free domains (Slurm --exclusive=topo)."),
+    segment: Optional[int] = typer.Option(None, "--segment", help="GPUs per segment kept in one NVLink domain (divides k)."),
     allowed_hosts: Optional[str] = typer.Option(None, "--allowed-hosts", help="Comma-separated host names."),
     allowed_gpus: Optional[str] = typer.Option(None, "--allowed-gpus", help="Comma-separated GPU ids."),
     min_gbps: Optional[float] = typer.Option(None, "--min-gbps", help="Minimum predicted bandwidth (GB/s)."),
@@ -107,6 +109,10 @@ def submit_cmd(
             cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
         if min_gbps is not None:
             cons["min_gbps"] = min_gbps
+        if whole_domains:
+            cons["whole_domains"] = True
+        if segment is not None:
+            cons["segment"] = segment
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         if utility is not None:
             doc["utility"] = utility

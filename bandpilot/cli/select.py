@@ -25,11 +25,14 @@ def select_cmd(
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec (YAML or measurement dir).")] = None,
     algorithm: Annotated[str, typer.Option("--algorithm", "-a",
-                                           help="bandpilot, eha, pts, topo, default, random, ideal, exact.")] = "bandpilot",
+                                           help="bandpilot, eha, pts, topo, default, random, block, ideal, exact.")] = "bandpilot",
     seed: Annotated[int, typer.Option("--seed", help="Seed (random baseline).")] = 0,
     single_host: Annotated[bool, typer.Option("--single-host", help="All K GPUs on one host.")] = False,
     allowed_hosts: Annotated[str | None, typer.Option("--allowed-hosts", help="Comma-separated host names.")] = None,
     min_gbps: Annotated[float | None, typer.Option("--min-gbps", help="Reject results predicted below this.")] = None,
+    single_domain: Annotated[bool, typer.Option("--single-domain", help="All K GPUs in one domain.")] = False,
+    whole_domains: Annotated[bool, typer.Option("--whole-domains", help="Only wholly free domains.")] = False,
+    segment: Annotated[int | None, typer.Option("--segment", help="GPUs per segment kept in one NVLink domain.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the selection as JSON.")] = False,
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
@@ -51,6 +54,9 @@ def select_cmd(
         "single_host": single_host,
         "allowed_hosts": [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None,
         "min_gbps": min_gbps,
+        "single_domain": single_domain,
+        "whole_domains": whole_domains,
+        "segment": segment,
     }
     sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints)
     out = sel.to_dict()

@@ -109,3 +109,38 @@ def topo_select(spec: ClusterSpec, free: np.ndarray, k: int) -> np.ndarray:
     for h in np.flatnonzero(counts):
         out[h] = compact_subset(spec.hosts[h].topology, int(free[h]), int(counts[h]))
     return out
+
+
+def block_select(spec: ClusterSpec, free: np.ndarray, k: int, segment: int | None = None) -> np.ndarray:
+    """Slurm ``topology/block``-like: blocks are the units (NVLink domains, else hosts). A job that
+    fits a block goes to the best-fit block (fewest free nodes' GPUs left, then block order);
+    a larger one is cut into segments (``segment`` GPUs, default a whole block) and each segment
+    goes to the best-fit block in turn. Inside a block, :func:`topo_select` (compact)."""
+    free = np.asarray(free, dtype=np.int64)
+    unit, _ = spec.units
+    U = int(unit.max()) + 1
+    f = popcount(free)
+    ufree = np.bincount(unit, weights=f, minlength=U).astype(np.int64)
+    size = np.bincount(unit, weights=spec.gpus_per_host, minlength=U).astype(np.int64)
+    out = np.zeros(spec.n_hosts, dtype=np.int64)
+    if int(ufree.max()) >= k:
+        chunks = [k]
+    else:
+        seg = int(segment or size.max())
+        chunks = [seg] * (k // seg) + ([k % seg] if k % seg else [])
+    for c in chunks:
+        fit = np.flatnonzero(ufree >= c)
+        if fit.size:
+            u = int(fit[np.lexsort((fit, ufree[fit]))[0]])
+        else:  # no block holds the chunk: the fullest block, the rest to the next chunks
+            u = int(np.argmax(ufree))
+            c = int(ufree[u])
+        if c == 0:
+            break
+        part = topo_select(spec, np.where(unit == u, free, 0), c)
+        out |= part
+        free = free & ~part
+        ufree[u] -= c
+    if int(popcount(out).sum()) < k:  # defensive: fill anywhere compactly
+        out |= topo_select(spec, free, k - int(popcount(out).sum()))
+    return out

@@ -16,6 +16,10 @@ Two decisions the paper leaves open, made explicit here:
 * **Single-host candidates are never contended.** The paper models contention only among
   cross-host allocations sharing hosts (the NIC / inter-node fabric); a single-host ``S`` talks
   over NVLink/PCIe only, so ``B̂(S, τ) = B̂(S)`` even if a cross-host job shares its host.
+* **NVLink-domain traffic is never contended.** On clusters with multi-node NVLink domains a
+  job or candidate inside one domain talks over the non-blocking NVLink switches only (each GPU has
+  its own links), so "cross-host" above means *spanning several scale-out units* (domains, or
+  hosts outside one); clusters without NVLink domains are unchanged.
 * **Jobs with zero demand do not contend.** A job with ``d_j = 0`` puts no load on the fabric,
   so it does not enter ``J_c`` (otherwise its super allocation's capacity could still cap ``S``,
   and the idle profile would not reduce to ``B̂(S, τ_idle) = B̂(S)`` as Sec. III requires).
@@ -81,7 +85,15 @@ class ContentionPredictor:
         self.model = model
         self.spec = state.spec
         self.state = state
-        jobs = [j for j in state.jobs if j.cross_host and j.demand_gbps > 0]
+        #: host -> scale-out unit one-hot (NVLink-domain clusters only): what "cross-host" means there
+        self._units: np.ndarray | None = None
+        if self.spec.nvlink_domains:
+            unit = self.spec.units[0]
+            self._units = np.zeros((self.spec.n_hosts, int(unit.max()) + 1), dtype=np.float32)
+            self._units[np.arange(self.spec.n_hosts), unit] = 1.0
+        live = [j for j in state.jobs if j.demand_gbps > 0]
+        spans = self._spans(np.array([j.mask for j in live], dtype=np.int64).reshape(len(live), self.spec.n_hosts))
+        jobs = [j for j, sp in zip(live, spans) if sp]
         n_h = self.spec.n_hosts
         self.job_ids = [j.id for j in jobs]
         self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)
@@ -111,13 +123,20 @@ class ContentionPredictor:
         self.calls += 1
         return vals[inv]
 
+    def _spans(self, masks: np.ndarray) -> np.ndarray:
+        """Rows whose traffic leaves NVLink: several hosts, or several NVLink domains."""
+        used = (np.atleast_2d(masks) != 0).astype(np.float32)
+        if self._units is None:
+            return used.sum(axis=1) >= 2
+        return ((used @ self._units) > 0.5).sum(axis=1) >= 2
+
     def contenders(self, masks: np.ndarray) -> np.ndarray:
         """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if self.n_jobs == 0:
             return np.zeros((masks.shape[0], 0), dtype=bool)
         used = (masks != 0).astype(np.float32)
-        cross = used.sum(axis=1) >= 2
+        cross = self._spans(masks)
         return ((used @ self._job_used_t) > 0.5) & cross[:, None]
 
     def predict(self, masks: np.ndarray) -> Prediction:

@@ -13,6 +13,7 @@ contention-aware bandwidth ``B̂(S, τ)`` (paper Sec. III, IV-C, IV-D).
 bandpilot    count-vector search when tractable, else EHA + PTS + local search (:mod:`~bandpilot.dispatch.search`)
 eha, pts     the paper's two search components on their own
 topo         Slurm-like compactness (fewest hosts, best fit, best link classes)
+block        Slurm topology/block-like: best-fit block (NVLink domain), then compact
 default      proximity: host order, then NUMA/index order
 random       ``k`` free GPUs at random (seeded: same seed + same request -> same answer)
 ideal        ``bandpilot`` guided by the true fabric (``fabric=``): Ideal-BP
@@ -20,8 +21,11 @@ exact        true optimum by enumeration (``fabric=``); raises if intractable
 ===========  ================================================================================
 
 Constraints (batch queue): ``single_host`` (all ``k`` GPUs on one host), ``allowed_hosts``
-(only these hosts), ``min_gbps`` (reject results predicted below it). Like a Kubernetes
-scheduler, hosts are filtered first (free mask restricted), then candidates are scored.
+(only these hosts), ``min_gbps`` (reject results predicted below it), and for domains
+``single_domain`` (one domain), ``whole_domains`` (only wholly free domains) and ``segment``
+(NVLink-domain clusters: every domain's share a multiple of it, so each segment stays in one
+domain; it must divide ``k``). Like a Kubernetes scheduler, hosts are filtered first (free mask
+restricted), then candidates are scored.
 
 Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > free GPUs),
 ``constraint_unmet`` (feasible after filtering < k, no single host fits, below ``min_gbps``) and
@@ -38,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.baselines import default_select, random_select, topo_select
+from bandpilot.dispatch.baselines import block_select, default_select, random_select, topo_select
 from bandpilot.topology.cluster import ClusterSpec, popcount
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
@@ -46,6 +50,7 @@ from bandpilot.dispatch.search import (
     IntractableError,
     SearchContext,
     bandpilot,
+    domain_exact,
     eha,
     exact,
     pts,
@@ -56,7 +61,7 @@ from bandpilot.dispatch.state import State
 __all__ = ["ALGORITHMS", "Constraints", "Dispatcher", "IntractableError", "PlacementError", "Selection"]
 
 MODEL_ALGORITHMS = ("bandpilot", "eha", "pts")
-BASELINES = ("topo", "default", "random")
+BASELINES = ("topo", "default", "random", "block")
 ORACLES = ("ideal", "exact")
 ALGORITHMS = MODEL_ALGORITHMS + BASELINES + ORACLES
 
@@ -96,8 +101,11 @@ class Constraints:
     single_host: bool = False
     allowed_hosts: tuple[str, ...] | None = None
     min_gbps: float | None = None
+    single_domain: bool = False
+    whole_domains: bool = False
+    segment: int | None = None
 
-    KEYS = ("single_host", "allowed_hosts", "min_gbps")
+    KEYS = ("single_host", "allowed_hosts", "min_gbps", "single_domain", "whole_domains", "segment")
 
     @classmethod
     def parse(cls, value: Any) -> Constraints:
@@ -125,7 +133,18 @@ class Constraints:
             if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not np.isfinite(mg) or mg < 0:
                 raise PlacementError("invalid_request", f"constraint min_gbps must be a finite number >= 0, got {mg!r}")
             mg = float(mg)
-        return cls(sh, ah, mg)
+        flags = {}
+        for key in ("single_domain", "whole_domains"):
+            v = value.get(key, False)
+            if v is None:
+                v = False
+            if not isinstance(v, bool):
+                raise PlacementError("invalid_request", f"constraint {key} must be true/false, got {v!r}")
+            flags[key] = v
+        seg = value.get("segment")
+        if seg is not None and (isinstance(seg, bool) or not isinstance(seg, (int, np.integer)) or seg < 1):
+            raise PlacementError("invalid_request", f"constraint segment must be a positive integer (GPUs), got {seg!r}")
+        return cls(sh, ah, mg, flags["single_domain"], flags["whole_domains"], None if seg is None else int(seg))
 
 
 def _check_model(model: Any, what: str = "model") -> ClusterSpec:
@@ -145,10 +164,16 @@ def _check_model(model: Any, what: str = "model") -> ClusterSpec:
 class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
-    def __init__(self, model: Any, seed: int = 0) -> None:
+    def __init__(self, model: Any, seed: int = 0, frag_tie: float | None = None) -> None:
         self.spec = _check_model(model)
         self.model = model
         self.seed = int(seed)
+        #: NVLink-domain clusters: relative bandwidth margin within which the least fragmenting
+        #: candidate wins (None: :data:`bandpilot.dispatch.search.domains.DOMAIN_TIE`)
+        self.frag_tie = frag_tie
+        from bandpilot.topology.domains import domain_index
+
+        self._domains = domain_index(self.spec.hosts)[0]
 
     @classmethod
     def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
@@ -183,6 +208,20 @@ class Dispatcher:
         if cons.single_host:
             fits = popcount(free) >= k
             free = np.where(fits, free, 0)
+        if cons.segment is not None:
+            if not self.spec.nvlink_domains:
+                raise PlacementError("invalid_request", f"constraint segment needs NVLink domains; cluster {self.spec.name!r} has none")
+            if k % cons.segment:
+                raise PlacementError("invalid_request", f"segment {cons.segment} does not divide k={k}")
+        if cons.whole_domains or cons.single_domain:
+            dom = self._domains
+            per = np.bincount(dom, weights=popcount(free), minlength=int(dom.max()) + 1)
+            if cons.whole_domains:  # every GPU of the domain free (and allowed)
+                size = np.bincount(dom, weights=self.spec.gpus_per_host, minlength=per.size)
+                free = np.where((per == size)[dom], free, 0)
+                per = np.where(per == size, per, 0)
+            if cons.single_domain:
+                free = np.where((per >= k)[dom], free, 0)
         n = int(popcount(free).sum())
         if n < k:
             what = []
@@ -190,6 +229,10 @@ class Dispatcher:
                 what.append(f"allowed_hosts ({len(cons.allowed_hosts)} hosts)")
             if cons.single_host:
                 what.append("single_host")
+            if cons.whole_domains:
+                what.append("whole_domains")
+            if cons.single_domain:
+                what.append("single_domain")
             raise PlacementError(
                 "constraint_unmet",
                 f"only {n} of {state.n_free} free GPUs satisfy {' and '.join(what)}; {k} requested",
@@ -257,27 +300,21 @@ class Dispatcher:
                     h = int(np.flatnonzero(popcount(free) >= k)[0])
                     free = np.where(np.arange(free.size) == h, free, 0)
                 mask = default_select(self.spec, free, k)
+            elif algorithm == "block":
+                mask = block_select(self.spec, free, k, cons.segment)
             else:
                 mask = topo_select(self.spec, free, k)
             p = pred.predict(mask[None, :])
             value, solo = float(p.value[0]), float(p.standalone[0])
         else:
-            ctx = SearchContext(guide, st, free, k, predictor=pred)
-            if cons.single_host:
-                got = single_host(ctx)
-            elif algorithm in ("bandpilot", "ideal"):
-                got = bandpilot(ctx)
-            elif algorithm == "eha":
-                got = eha(ctx)
-            elif algorithm == "pts":
-                got = pts(ctx)
-            else:
-                got = exact(ctx)
+            got = self._search(algorithm, guide, st, free, k, pred, cons)
             mask, value, solo = got.mask, got.value, got.standalone
 
         mask = np.asarray(mask, dtype=np.int64)
         if np.any(mask & ~free) or int(popcount(mask).sum()) != k:  # never hand out a busy GPU
             raise AssertionError(f"{algorithm} produced an invalid allocation {self.spec.from_mask(mask)}")
+        if cons.single_domain and np.unique(self._domains[mask != 0]).size != 1:
+            raise AssertionError(f"{algorithm} spread a single_domain request over several domains")
         if cons.min_gbps is not None and value < cons.min_gbps:
             raise PlacementError(
                 "constraint_unmet",
@@ -293,6 +330,33 @@ class Dispatcher:
             k=k,
             mask=mask,
         )
+
+    def _search(self, algorithm: str, guide: Any, st: State, free: np.ndarray, k: int,
+                pred: ContentionPredictor, cons: Constraints) -> Any:
+        if cons.single_domain and not self.spec.nvlink_domains:
+            # plain clusters: one search per domain label that can hold k, the best wins
+            best = None
+            for d in np.unique(self._domains[popcount(free) > 0]):
+                sub = np.where(self._domains == d, free, 0)
+                if int(popcount(sub).sum()) < k:
+                    continue
+                got = self._search(algorithm, guide, st, sub, k, pred, Constraints(cons.single_host))
+                if best is None or got.value > best.value:
+                    best = got
+            assert best is not None  # _filter left only domains that fit
+            return best
+        ctx = SearchContext(guide, st, free, k, predictor=pred)
+        ctx.segment = cons.segment
+        ctx.tie = self.frag_tie
+        if cons.single_host:
+            return single_host(ctx)
+        if algorithm in ("bandpilot", "ideal"):
+            return bandpilot(ctx)
+        if algorithm == "eha":
+            return eha(ctx)
+        if algorithm == "pts":
+            return pts(ctx)
+        return domain_exact(ctx) if self.spec.nvlink_domains else exact(ctx)
 
     def predict(self, gpus: list[str], state: State | Mapping[str, Any]) -> dict[str, Any]:
         """``B̂(S, τ)`` breakdown of a given allocation under the model (what-if / debugging)."""

@@ -91,3 +91,12 @@ class Fabric:
 
     def _network_cap(self, counts: np.ndarray) -> np.ndarray:
         return np.full(counts.shape[0], np.inf)
+
+    # -- which links an allocation uses (fault injection) ---------------------------------------
+    def scale_out(self, counts: np.ndarray) -> np.ndarray:
+        """Rows of per-host counts whose traffic rides NIC rails (here: any cross-host row)."""
+        return (np.atleast_2d(counts) > 0).sum(axis=1) >= 2
+
+    def nvlink_spanning(self, counts: np.ndarray) -> np.ndarray:
+        """Rows whose cross-host traffic rides NVLink (multi-node NVLink domains; none here)."""
+        return np.zeros(np.atleast_2d(counts).shape[0], dtype=bool)

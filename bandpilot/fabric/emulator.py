@@ -1,8 +1,10 @@
 """How would a cluster we cannot measure perform? :class:`EmulatorFabric`, a parametric physical
 model: the ring model inside a host (:mod:`bandpilot.fabric.rings`), NIC rails per host (so
 cross-host bandwidth follows the smallest per-host GPU count), a switch cap that falls with the
-number of hosts, an optional domain (rack) level, and seeded measurement noise for profiling. Its
-parameters are fitted to measurement tables by :mod:`bandpilot.fabric.calibration`.
+number of hosts, an optional domain (rack) level, multi-node NVLink domains (NVL72-class: trays
+talk over the NVLink switches inside a domain, over NIC rails between domains - a bandwidth cliff at
+the domain boundary), and seeded measurement noise for profiling. Its parameters are fitted to
+measurement tables by :mod:`bandpilot.fabric.calibration`.
 :func:`make_fabric` picks measured tables when a spec has them, else this emulator.
 """
 
@@ -16,8 +18,9 @@ import numpy as np
 from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster
 from bandpilot.errors import SpecError
 from bandpilot.fabric.base import Fabric
-from bandpilot.fabric.rings import emulated_stage1
+from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
+from bandpilot.topology.domains import nvlink_units
 
 # Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
 # ``bandpilot calibrate`` against the public BandPilot tables (H100 from its four host tables,
@@ -120,6 +123,29 @@ DEFAULT_NETWORK: dict[str, float] = {
 }
 
 
+# Multi-node NVLink domains (spec ``emulator.nvlink``): a ring across trays of one domain runs
+# through the NVLink switch trays at ``efficiency`` x the GPU type's host ceiling (``cap``) x its
+# rank-count efficiency, or at an explicit ``gbps``. Uncalibrated (no NVL72 measurements here).
+DEFAULT_NVLINK: dict[str, float | None] = {"efficiency": 0.9, "gbps": None}
+#: The fitted count gain (more channels with more GPUs per host) is not extrapolated past the
+#: largest host it was fitted on (8 GPUs): a domain with 72 GPUs in an allocation is not 2x faster.
+COUNT_GAIN_MAX = 8
+
+
+def nvlink_params(spec: ClusterSpec) -> dict[str, float | None]:
+    over = spec.emulator.get("nvlink") or {}
+    if not isinstance(over, dict):
+        raise SpecError(f"cluster {spec.name!r}: emulator.nvlink must be a mapping")
+    unknown = set(over) - set(DEFAULT_NVLINK)
+    if unknown:
+        raise SpecError(f"cluster {spec.name!r}: unknown emulator.nvlink keys {sorted(unknown)}")
+    out = {**DEFAULT_NVLINK, **over}
+    for key, val in out.items():
+        if val is not None and (isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0):
+            raise SpecError(f"cluster {spec.name!r}: emulator.nvlink.{key} must be a positive number, got {val!r}")
+    return out
+
+
 def gpu_params(spec: ClusterSpec, gpu: str) -> dict[str, Any]:
     """Emulator parameters for a GPU type: spec overrides on top of the built-in defaults."""
     base = DEFAULT_GPU_PARAMS.get(gpu, GENERIC_GPU_PARAMS)
@@ -173,6 +199,16 @@ class EmulatorFabric(Fabric):
         uniq = {d: i for i, d in enumerate(dict.fromkeys(doms))}
         self._domain = np.array([uniq[d] for d in doms], dtype=np.int64)
         self._n_domains = len(uniq)
+        self._nvl = bool(spec.nvlink_domains)
+        if self._nvl:
+            self._unit, self._unit_nvl = nvlink_units(spec.hosts, spec.nvlink_domains)
+            self._unit_onehot = np.zeros((spec.n_hosts, self._unit_nvl.size))
+            self._unit_onehot[np.arange(spec.n_hosts), self._unit] = 1.0
+            nv = nvlink_params(spec)
+            # per host: in-domain cross-tray busbw before the rank-count efficiency
+            self._nvl_gbps = np.array(
+                [float(nv["gbps"]) if nv["gbps"] else float(nv["efficiency"]) * float(p["cap"]) for p in self._host_params]
+            )
 
     def stage1_table(self, h: int) -> np.ndarray:
         return emulated_stage1(self.spec.hosts[h].topology, self._host_params[h])
@@ -206,6 +242,8 @@ class EmulatorFabric(Fabric):
         * The two combine by a smooth minimum of exponent ``sharpness``.
         """
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+        if self._nvl:
+            return self._network_nvl(counts)
         used = counts > 0
         n_hosts = used.sum(axis=1)
         rails_used = np.minimum(counts, self._rails[None, :])
@@ -228,8 +266,75 @@ class EmulatorFabric(Fabric):
         with np.errstate(over="ignore", divide="ignore"):
             return (nic**-p + cap**-p) ** (-1.0 / p)
 
+    def _network_nvl(self, counts: np.ndarray) -> np.ndarray:
+        """Cross-host busbw on a cluster with NVLink domains: the unit that talks over NIC rails is
+        the NVLink domain (a host outside any domain is its own unit).
+
+        * Inside one domain (several trays): the NVLink switch path, ``nvl_gbps * ring_eff(k)``,
+          the same for every split over trays (the switches are non-blocking).
+        * Across units: the inter-host formula of :meth:`network` with units for hosts - NIC term
+          ``min_u Σ_trays min(count, rails) * rail``, switch cap by units used, smallest and mean
+          unit count (count gain capped at :data:`COUNT_GAIN_MAX`) - and never above the NVLink
+          term of a domain the allocation spans several trays of.
+        """
+        used = counts > 0
+        onehot = self._unit_onehot
+        cf = counts.astype(np.float64)  # per-unit sums as one float matmul each (BLAS)
+        ucount = np.rint(cf @ onehot).astype(np.int64)
+        urails = (np.minimum(cf, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
+        utrays = np.rint(used.astype(np.float64) @ onehot).astype(np.int64)
+        uused = ucount > 0
+        n_u = uused.sum(axis=1)
+        # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency
+        unvl = np.full(self._unit_nvl.size, np.inf)
+        np.minimum.at(unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
+        eff = np.ones(ucount.shape)
+        multi = (utrays >= 2) & self._unit_nvl[None, :]
+        if multi.any():
+            p0 = self._host_params[int(np.flatnonzero(self._unit_nvl[self._unit])[0])]
+            eff[multi] = ring_efficiency(p0, ucount[multi])
+        nvl_term = np.where(multi, unvl[None, :] * eff, np.inf).min(axis=1)
+        out = nvl_term.copy()
+        cross = n_u >= 2
+        if cross.any():
+            uc, ur, uu = ucount[cross], urails[cross], uused[cross]
+            nic = np.where(uu, ur, np.inf).min(axis=1)
+            big = np.iinfo(np.int64).max
+            min_count = np.maximum(np.where(uu, uc, big).min(axis=1), 1)
+            rail_unit = np.where(used[cross], self._rail_gbps[None, :], np.inf).min(axis=1)
+            net = self.net
+            nu = n_u[cross]
+            cap = rail_unit * (net["switch_base"] + net["switch_peer"] / np.maximum(nu - 1, 1))
+            cap = cap * (1.0 + net["count_gain"] * np.log(np.minimum(min_count, COUNT_GAIN_MAX)))
+            mean_count = uc.sum(axis=1) / nu
+            cap = cap / (1.0 + net["imbalance"] * (nu >= 3) * (mean_count / min_count - 1.0))
+            p = net["sharpness"]
+            with np.errstate(over="ignore", divide="ignore"):
+                x = (nic**-p + cap**-p) ** (-1.0 / p)
+            out[cross] = np.minimum(x, nvl_term[cross])
+        return out
+
+    def scale_out(self, counts: np.ndarray) -> np.ndarray:
+        """Rows whose traffic rides NIC rails: several NVLink domains (or hosts outside one)."""
+        counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+        if not self._nvl:
+            return super().scale_out(counts)
+        return ((counts > 0).astype(float) @ self._unit_onehot > 0.5).sum(axis=1) >= 2
+
+    def nvlink_spanning(self, counts: np.ndarray) -> np.ndarray:
+        """Rows spanning >= 2 trays of some NVLink domain (their GPUs' NVLinks carry cross-tray traffic)."""
+        counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
+        if not self._nvl:
+            return super().nvlink_spanning(counts)
+        trays = (counts > 0).astype(float) @ self._unit_onehot
+        return ((trays >= 1.5) & self._unit_nvl[None, :]).any(axis=1)
+
     def _network_cap(self, counts: np.ndarray) -> np.ndarray:
         used = counts > 0
+        if self._nvl:  # line rate of the NIC rails between units; NVLink inside a domain: unbounded here
+            line = (np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :]) @ self._unit_onehot
+            bound = np.where(line > 0, line, np.inf).min(axis=1) / self.net["rail_efficiency"]
+            return np.where(self.scale_out(counts), bound, np.inf)
         line = np.where(used, np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :] / self.net["rail_efficiency"], np.inf)
         return line.min(axis=1)
 

@@ -120,7 +120,8 @@ class FaultyFabric(Fabric):
         idx = base.spec.host_index
         self._where = [(f, idx[f.host]) for f in self.faults]
 
-    def _hits(self, masks: np.ndarray, kinds: tuple[str, ...], cross: np.ndarray | None = None) -> np.ndarray:
+    def _hits(self, masks: np.ndarray, kinds: tuple[str, ...], cross: np.ndarray | None = None,
+              spanning: np.ndarray | None = None) -> np.ndarray:
         out = np.ones(masks.shape[0])
         for f, h in self._where:
             if f.kind not in kinds:
@@ -134,7 +135,8 @@ class FaultyFabric(Fabric):
             else:  # nvlink_width, missing_gpu, nic_rail: the GPU (or the rail it drives) is used
                 hit = ((m >> f.gpu) & 1).astype(bool)
                 if f.kind == "nvlink_width":
-                    hit &= popcount(m) >= 2  # a lone GPU uses no NVLink
+                    # stage 1: a lone GPU uses no NVLink; network: only rows across trays of an NVLink domain
+                    hit &= (popcount(m) >= 2) if spanning is None else spanning
                 if f.kind == "nic_rail" and cross is not None:
                     hit &= cross
             out = np.where(hit, out * (0.0 if f.kind == "missing_gpu" else f.scale), out)
@@ -158,7 +160,11 @@ class FaultyFabric(Fabric):
         out = np.where(used.sum(axis=1) == 1, intra.sum(axis=1), 0.0)
         if cross.any():
             c = masks[cross]
-            net = self.base.network(counts[cross]) * self._hits(c, ("nic_rail", "slow_host"), np.ones(c.shape[0], bool))
+            # NIC faults hit traffic that leaves NVLink (every cross-host row, except inside an
+            # NVLink domain); a narrow NVLink also slows the rows crossing a domain's switches
+            net = self.base.network(counts[cross]) * self._hits(
+                c, ("nic_rail", "slow_host", "nvlink_width"), self.base.scale_out(counts[cross]),
+                self.base.nvlink_spanning(counts[cross]))
             if self.combine == "min_intra":
                 net = np.minimum(net, np.where(counts[cross] >= 2, intra[cross], np.inf).min(axis=1))
             out[cross] = net

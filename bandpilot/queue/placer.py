@@ -129,7 +129,7 @@ class _Placer:
         if c.allowed_gpus is not None:
             # Hide free GPUs outside the list: hidden free GPUs carry no traffic, so contention is unchanged.
             view = State(st.spec, elig.copy(), st.jobs)
-        if not c.single_domain:
+        if not c.single_domain or self.spec.nvlink_domains:  # NVLink domains: the dispatcher keeps it in one
             return self._call(req, view, list(c.allowed_hosts) if c.allowed_hosts is not None else None)
         best, last = None, None
         for d in np.argsort(-per_dom, kind="stable"):
@@ -160,6 +160,12 @@ class _Placer:
             cons["allowed_hosts"] = allowed_hosts
         if c.min_gbps is not None:
             cons["min_gbps"] = c.min_gbps
+        if c.single_domain and self.spec.nvlink_domains:
+            cons["single_domain"] = True
+        if c.whole_domains:
+            cons["whole_domains"] = True
+        if c.segment is not None:
+            cons["segment"] = c.segment
         try:
             return self.dispatcher.select(req.k, view, algorithm=self.algorithm, constraints=cons)
         except self.PlacementError as exc:

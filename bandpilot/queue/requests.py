@@ -24,7 +24,7 @@ from bandpilot.queue.clock import iso
 from bandpilot.topology.cluster import ClusterSpec, popcount
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps")
+_CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps", "whole_domains", "segment")
 _REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints")
 
 
@@ -52,13 +52,17 @@ class Constraints:
     queue (one dispatcher call per candidate domain, best prediction wins / free GPUs outside the
     list hidden from the dispatcher); the rest are passed to :meth:`Dispatcher.select`. Hosts
     without a ``domain`` form one implicit domain, so ``single_domain`` on a cluster without
-    domains only requires ``k`` to fit the cluster."""
+    domains only requires ``k`` to fit the cluster. ``whole_domains`` (only wholly free domains) and
+    ``segment`` (Slurm's ``--segment`` in GPUs, NVLink-domain clusters: it must divide ``k``, each
+    segment stays in one domain) are passed to the dispatcher."""
 
     single_host: bool = False
     single_domain: bool = False
     allowed_hosts: tuple[str, ...] | None = None
     allowed_gpus: tuple[str, ...] | None = None
     min_gbps: float | None = None
+    whole_domains: bool = False
+    segment: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -72,6 +76,10 @@ class Constraints:
             out["allowed_gpus"] = list(self.allowed_gpus)
         if self.min_gbps is not None:
             out["min_gbps"] = self.min_gbps
+        if self.whole_domains:
+            out["whole_domains"] = True
+        if self.segment is not None:
+            out["segment"] = self.segment
         return out
 
     @cached_property
@@ -88,7 +96,7 @@ class Constraints:
         if unknown:
             raise RequestError(f"{where}: unknown constraint {unknown[0]!r} (known: {', '.join(_CONSTRAINT_KEYS)})")
         flags = {}
-        for key in ("single_host", "single_domain"):
+        for key in ("single_host", "single_domain", "whole_domains"):
             v = doc.get(key, False)
             if not isinstance(v, bool):
                 raise RequestError(f"{where}: constraint {key!r} must be true or false, got {v!r}")
@@ -113,7 +121,11 @@ class Constraints:
             if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not math.isfinite(mg) or mg <= 0:
                 raise RequestError(f"{where}: constraint 'min_gbps' must be a positive number, got {mg!r}")
             mg = float(mg)
-        return cls(flags["single_host"], flags["single_domain"], lists["allowed_hosts"], lists["allowed_gpus"], mg)
+        seg = doc.get("segment")
+        if seg is not None and (isinstance(seg, bool) or not isinstance(seg, int) or seg < 1):
+            raise RequestError(f"{where}: constraint 'segment' must be a positive integer (GPUs), got {seg!r}")
+        return cls(flags["single_host"], flags["single_domain"], lists["allowed_hosts"], lists["allowed_gpus"], mg,
+                   flags["whole_domains"], seg)
 
 
 @dataclass(frozen=True)
@@ -225,6 +237,30 @@ def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
         best = int(np.bincount(dom, weights=per_host).max())
         if best < req.k:
             raise RequestError(f"{w}: k={req.k} cannot fit in a single domain (largest allowed has {best} GPUs)")
+    if c.whole_domains or c.segment is not None:
+        _validate_domain_units(req, spec, per_host, w)
+
+
+def _validate_domain_units(req: Request, spec: ClusterSpec, per_host: np.ndarray, w: str) -> None:
+    """``segment`` divides ``k`` and fits a domain; ``whole_domains`` fits the domains allowed whole."""
+    c = req.constraints
+    dom = _domain_ids(spec)[0]
+    size = np.bincount(dom, weights=spec.gpus_per_host)
+    if c.segment is not None:
+        if not spec.nvlink_domains:
+            raise RequestError(f"{w}: constraint 'segment' needs NVLink domains; cluster {spec.name!r} has none")
+        if req.k % c.segment:
+            raise RequestError(f"{w}: segment {c.segment} does not divide k={req.k}")
+        if c.segment > int(size.max()):
+            raise RequestError(f"{w}: segment {c.segment} is larger than any domain ({int(size.max())} GPUs)")
+    if c.whole_domains:
+        whole = np.bincount(dom, weights=per_host) == size
+        total = int(size[whole].sum())
+        if req.k > total:
+            raise RequestError(
+                f"{w}: whole_domains request k={req.k} is larger than the {int(whole.sum())} whole domains "
+                f"it may use ({total} GPUs)"
+            )
 
 
 @dataclass

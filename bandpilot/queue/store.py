@@ -200,7 +200,7 @@ class Store:
             raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
         if cur > target:
             raise StoreError(f"store {self.safe_url} has schema v{cur}, newer than this BandPilot (v{target}); upgrade BandPilot")
-        if cur == target:
+        if cur == target and not self._missing_versions():
             return cur
         with self.write() as conn:
             if self.backend == "postgresql":
@@ -208,13 +208,20 @@ class Store:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
             if not sa.inspect(conn).has_table("bp_schema"):
                 T_SCHEMA.create(conn, checkfirst=True)
-            cur = self.current_version(conn)  # re-read under the lock: another process may have won
+            # re-read under the lock (another process may have won); apply every migration not
+            # recorded yet, in order - version numbers may have gaps filled by later merges
+            done = set(conn.execute(sa.select(T_SCHEMA.c.version)).scalars())
             for version, name, fn in _schema.MIGRATIONS:
-                if version > cur:
+                if version not in done:
                     fn(conn)
                     conn.execute(sa.insert(T_SCHEMA).values(version=version, name=name, applied_at=_now()))
-                    cur = version
+            cur = self.current_version(conn)
         return cur
+
+    def _missing_versions(self) -> list[int]:
+        with self.read() as conn:
+            done = set(conn.execute(sa.select(T_SCHEMA.c.version)).scalars())
+        return [v for v, _, _ in _schema.MIGRATIONS if v not in done]
 
     # -- cluster --------------------------------------------------------------------------
     def init_cluster(self, spec: ClusterSpec, *, force: bool = False) -> bool:

@@ -18,7 +18,9 @@ The YAML shape is the one used by the measurement directories in ``shared/data/m
 
 Emulated clusters add ``emulator:`` parameters and may declare hosts in bulk with ``host_groups``
 (``{prefix, count, gpu, topology, domain_size}``) so a 128-host spec stays a few lines long.
-Paths are relative to the spec file.
+Paths are relative to the spec file. Multi-node NVLink domains (NVL72-class racks of trays) are
+declared with ``host_groups[i].nvlink_domain_size`` or a top-level ``nvlink_domains`` list
+(:mod:`bandpilot.topology.domains`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 import yaml
 
 from bandpilot.errors import SpecError
+from bandpilot.topology.domains import nvlink_units, resolve_nvlink_domains
 
 #: Link classes of ``nvidia-smi topo -m``, best first. NV# carries its link count separately.
 LINK_CLASSES = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
@@ -175,6 +178,8 @@ class ClusterSpec:
     inter: InterSpec | None = None
     emulator: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    #: multi-node NVLink domains (host ``domain`` labels whose trays share an NVLink switch fabric)
+    nvlink_domains: tuple[str, ...] = ()
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -207,6 +212,12 @@ class ClusterSpec:
         return (np.int64(1) << self.gpus_per_host) - 1
 
     @cached_property
+    def units(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scale-out unit per host (its NVLink domain, else the host itself) and which units are
+        NVLink domains (:func:`bandpilot.topology.domains.nvlink_units`)."""
+        return nvlink_units(self.hosts, self.nvlink_domains)
+
+    @cached_property
     def gpu_types(self) -> tuple[str, ...]:
         return tuple(sorted({h.gpu for h in self.hosts}))
 
@@ -223,6 +234,8 @@ class ClusterSpec:
             "name": self.name,
             "hosts": [[h.name, h.gpu, h.topology.as_rows(), h.domain] for h in self.hosts],
         }
+        if self.nvlink_domains:  # only then: fingerprints of specs without NVLink domains are unchanged
+            doc["nvlink_domains"] = list(self.nvlink_domains)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---- GPU ids <-> masks ---------------------------------------------------------------
@@ -285,6 +298,7 @@ class ClusterSpec:
                 for h in self.hosts
             ],
             **({"emulator": self.emulator} if self.emulator else {}),
+            **({"nvlink_domains": list(self.nvlink_domains)} if self.nvlink_domains else {}),
         }
 
 
@@ -323,8 +337,11 @@ def _with_numa(topo: Topology, numa: Any, source: str) -> Topology:
     return Topology(topo.links, topo.nvlinks, tuple(numa))
 
 
-def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = "<spec>") -> ClusterSpec:
-    """Build a :class:`ClusterSpec` from a parsed YAML/JSON document."""
+def spec_from_dict(
+    doc: dict[str, Any], base: Path | None = None, source: str = "<spec>", lines: dict[tuple, int] | None = None
+) -> ClusterSpec:
+    """Build a :class:`ClusterSpec` from a parsed YAML/JSON document (``lines``: source line of
+    each key path, for error messages; :func:`load_cluster` fills it in)."""
     base = base or Path.cwd()
     if not isinstance(doc, dict):
         raise SpecError(f"{source}: a cluster spec must be a mapping")
@@ -347,6 +364,7 @@ def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = 
         intra = h.get("intra")
         intra_p = (base / intra).resolve() if intra else None
         hosts.append(Host(hname, str(_req(h, "gpu", where)), topo, h.get("domain"), intra_p))
+    group_domains: dict[str, tuple] = {}
     for i, g in enumerate(doc.get("host_groups") or []):
         where = f"{source}: host_groups[{i}]"
         count = _req(g, "count", where, int)
@@ -355,11 +373,25 @@ def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = 
         prefix = str(_req(g, "prefix", where))
         topo = _with_numa(topo_for(_req(g, "topology", where), where), g.get("numa"), where)
         dsize = g.get("domain_size")
+        nsize = g.get("nvlink_domain_size")
+        if nsize is not None:
+            if isinstance(nsize, bool) or not isinstance(nsize, int) or nsize <= 0:
+                raise SpecError(f"{_where(source, lines, ('host_groups', i, 'nvlink_domain_size'))}: must be a positive integer (trays per NVLink domain), got {nsize!r}")
+            if dsize is not None or g.get("domain") is not None:
+                raise SpecError(f"{_where(source, lines, ('host_groups', i))}: give nvlink_domain_size or domain_size/domain, not both")
+            dsize = nsize
         for j in range(count):
-            dom = f"{prefix}d{j // dsize}" if dsize else g.get("domain")
+            if nsize:
+                dom = f"{prefix}nvl{j // nsize}"
+                group_domains.setdefault(dom, ("host_groups", i))
+            else:
+                dom = f"{prefix}d{j // dsize}" if dsize else g.get("domain")
             hosts.append(Host(f"{prefix}{j}", str(_req(g, "gpu", where)), topo, dom))
     if not hosts:
         raise SpecError(f"{source}: the spec declares no hosts")
+    nvlink: tuple[str, ...] = ()
+    if group_domains or doc.get("nvlink_domains") is not None:
+        hosts, nvlink = resolve_nvlink_domains(doc, hosts, group_domains, lambda key: _where(source, lines, key))
     names = [h.name for h in hosts]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -404,7 +436,30 @@ def spec_from_dict(doc: dict[str, Any], base: Path | None = None, source: str = 
         inter=inter,
         emulator=emulator,
         path=None,
+        nvlink_domains=nvlink,
     )
+
+
+def _where(source: str, lines: dict[tuple, int] | None, key: tuple) -> str:
+    """``file:line: key[0].key`` for a spec key path (line when known)."""
+    text = "".join(f"[{k}]" if isinstance(k, int) else (f".{k}" if n else str(k)) for n, k in enumerate(key))
+    line = (lines or {}).get(tuple(key))
+    return f"{source}:{line}: {text}" if line else f"{source}: {text}"
+
+
+def _key_lines(node: Any, path: tuple = (), out: dict[tuple, int] | None = None) -> dict[tuple, int]:
+    """Source line (1-based) of every key path in a composed YAML node tree."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                _key_lines(v, path + (k.value,), out)
+                out[path + (k.value,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _key_lines(v, path + (i,), out)
+    return out
 
 
 def resolve_spec(value: str | Path) -> Path:
@@ -436,6 +491,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise SpecError(f"{p}{line}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    spec = spec_from_dict(doc, p.parent.resolve(), str(p))
+    lines = None
+    if isinstance(doc, dict) and ("nvlink_domains" in doc or "host_groups" in doc):
+        lines = _key_lines(yaml.compose(p.read_text()))
+    spec = spec_from_dict(doc, p.parent.resolve(), str(p), lines)
     object.__setattr__(spec, "path", p.resolve())
     return spec

@@ -69,6 +69,8 @@ class SearchContext:
         self.H = self.spec.n_hosts
         self.G = int(self.spec.gpus_per_host.max())
         self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
+        self.segment: int | None = None  # NVLink-domain search: each domain's share a multiple of it
+        self.tie: float | None = None  # NVLink-domain search: fragmentation decides within this margin
         stage1 = np.asarray(model.stage1, dtype=float)
         if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
             raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")

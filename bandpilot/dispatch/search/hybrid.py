@@ -18,6 +18,7 @@ import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext
 from bandpilot.dispatch.search.count_vector import coarse_count_search, count_search
+from bandpilot.dispatch.search.domains import domain_search
 from bandpilot.dispatch.search.eha import eha
 from bandpilot.dispatch.search.local import local_search
 from bandpilot.dispatch.search.pts import pts
@@ -29,7 +30,11 @@ COARSE_SEARCH_LIMIT = 4_096
 
 
 def bandpilot(ctx: SearchContext) -> Found:
-    """The product search: exhaustive count-vector search when tractable, else the hybrid."""
+    """The product search: exhaustive count-vector search when tractable, else the hybrid; on
+    clusters with NVLink domains the hierarchical :func:`domain_search`."""
+    if ctx.spec.nvlink_domains:
+        tie = getattr(ctx, "tie", None)
+        return domain_search(ctx, segment=ctx.segment, **({} if tie is None else {"tie": tie}))
     if ctx.count_vectors() <= COUNT_SEARCH_LIMIT:
         # On hosts exposed to contending jobs also try the Pareto subsets (stage-1 of the subset
         # vs. of its unions with the jobs' GPUs) when that keeps the space within the limit.

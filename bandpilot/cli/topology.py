@@ -1,0 +1,48 @@
+"""``bandpilot cluster topology``: the cluster's domains, or a Slurm ``topology.conf`` (topology/block,
+one block per NVLink domain) for operators who schedule the same racks with Slurm."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from bandpilot.cli.queue import STORE_OPT, _store, cluster_app
+from bandpilot.errors import RequestError
+
+FORMATS = ("text", "slurm")
+
+
+@cluster_app.command("topology")
+def topology_cmd(
+    fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays) or slurm (topology.conf, topology/block)."),
+    cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (default: the store's cluster)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to FILE (atomically) instead of stdout."),
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """The cluster's NVLink domains (or rack domains) and their trays; --format slurm exports them as blocks."""
+    from bandpilot.io import write_text_atomic
+    from bandpilot.topology.cluster import load_cluster, resolve_spec
+    from bandpilot.topology.domains import slurm_topology
+
+    if fmt not in FORMATS:
+        raise RequestError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
+    spec = load_cluster(resolve_spec(cluster)) if cluster else _store(store).spec
+    if fmt == "slurm":
+        text = slurm_topology(spec)
+    else:
+        nv = set(spec.nvlink_domains)
+        rows = [f"cluster {spec.name}: {spec.n_hosts} hosts, {spec.n_gpus} GPUs, {len(nv)} NVLink domains"]
+        doms: dict[str, list[str]] = {}
+        for h in spec.hosts:
+            doms.setdefault(h.domain or "(none)", []).append(h.name)
+        for d, hosts in doms.items():
+            kind = "nvlink" if d in nv else "rack" if d != "(none)" else "-"
+            n = sum(spec.hosts[spec.host_index[h]].n_gpus for h in hosts)
+            rows.append(f"{d}\t{kind}\t{len(hosts)} hosts\t{n} GPUs")
+        text = "\n".join(rows) + "\n"
+    if output:
+        write_text_atomic(output, text)
+        typer.echo(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)

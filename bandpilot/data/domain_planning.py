@@ -1,0 +1,134 @@
+"""What should be measured on a cluster of multi-node NVLink domains? A plan that scales to rack-scale
+systems, in three stages:
+
+* **stage 1, per tray**: every GPU subset of every tray (what :func:`~bandpilot.data.planning.plan`
+  measures per host) - it also verifies each tray, the seed's "measure, don't trust labels";
+* **stage 1.5, inside a domain**: count patterns over trays (the multiset of per-tray counts, >= 2
+  trays) - the in-domain value depends on nothing else, so identical domains (same GPU type, tray
+  topology and tray count) *share* their patterns: each pattern is measured once, on one domain of
+  the class (rotating, so every domain is exercised), not once per domain;
+* **stage 2, across domains**: a sample stratified by the number of domains and the per-domain
+  counts (what the scale-out term depends on), each domain's part on random trays.
+
+Strata: ``1h:3`` (one tray), ``1d:4+4+2`` (one domain, per-tray counts), ``2d:36+12`` (domains,
+per-domain counts).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from bandpilot.data.planning import PlannedMeasurement, _check_sizes, _measurement, plan
+from bandpilot.errors import SpecError
+from bandpilot.topology.cluster import ClusterSpec
+
+
+def _partitions(t: int, parts: int, most: int) -> list[tuple[int, ...]]:
+    """Partitions of ``t`` into 2..``parts`` parts of at most ``most`` (descending tuples)."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(left: int, cap: int, acc: tuple[int, ...]) -> None:
+        if left == 0:
+            if len(acc) >= 2:
+                out.append(acc)
+            return
+        if len(acc) == parts:
+            return
+        for v in range(min(cap, left), 0, -1):
+            if v * (parts - len(acc)) < left:
+                break
+            rec(left - v, v, acc + (v,))
+
+    rec(t, most, ())
+    return out
+
+
+def domain_classes(spec: ClusterSpec) -> dict[tuple, list[int]]:
+    """NVLink domains grouped by (GPU type, tray topology, trays): domains of a class are identical."""
+    unit, is_nvl = spec.units
+    out: dict[tuple, list[int]] = {}
+    for u in np.flatnonzero(is_nvl):
+        hs = np.flatnonzero(unit == u)
+        h0 = spec.hosts[int(hs[0])]
+        key = (h0.gpu, h0.topology, hs.size)
+        out.setdefault(key, []).append(int(u))
+    return out
+
+
+def _random_subset(n: int, c: int, rng: np.random.Generator) -> int:
+    return int(sum(1 << int(i) for i in rng.choice(n, size=c, replace=False)))
+
+
+def plan_domains(
+    spec: ClusterSpec,
+    *,
+    domain_samples: int = 300,
+    cross_domain_samples: int = 200,
+    seed: int = 0,
+    sizes: Iterable[int] | None = None,
+    repeats: int = 1,
+    intra: bool = True,
+) -> list[PlannedMeasurement]:
+    """The three-stage plan (see the module docstring). ``domain_samples`` caps stage 1.5 per domain
+    class (spread evenly over the GPU count, every pattern when they fit); deterministic per seed."""
+    if not spec.nvlink_domains:
+        raise SpecError(f"cluster {spec.name!r} has no NVLink domains; use the host-level plan")
+    if domain_samples < 0 or cross_domain_samples < 0:
+        raise SpecError("domain_samples and cross_domain_samples must be >= 0")
+    sz = _check_sizes(sizes, spec.message_bytes)
+    rng = np.random.default_rng(seed)
+    out = plan(spec, cross_host_samples=0, seed=seed, sizes=sz, repeats=repeats, intra=intra)
+    unit, _ = spec.units
+    seen: set[tuple[int, ...]] = set()
+
+    def emit(masks: np.ndarray, stratum: str) -> None:
+        key = tuple(int(x) for x in masks)
+        if key in seen:
+            return
+        seen.add(key)
+        for r in range(repeats):
+            out.append(_measurement(spec, key, sz, stratum, r))
+
+    def place(u: int, counts: tuple[int, ...], masks: np.ndarray) -> None:
+        hs = np.flatnonzero(unit == u)
+        pick = rng.choice(hs, size=len(counts), replace=False)
+        for h, c in zip(pick, counts):
+            masks[h] = _random_subset(spec.hosts[int(h)].n_gpus, c, rng)
+
+    # stage 1.5: in-domain count patterns, once per class of identical domains
+    for (_, topo, trays), members in domain_classes(spec).items():
+        by_t = [_partitions(t, trays, topo.n) for t in range(2, trays * topo.n + 1)]
+        total = sum(len(p) for p in by_t)
+        chosen: list[tuple[int, ...]] = []
+        if total <= domain_samples:
+            chosen = [p for ps in by_t for p in ps]
+        else:  # even over the GPU count t, random patterns within
+            for i, ps in enumerate(by_t):
+                quota = (i + 1) * domain_samples // len(by_t) - i * domain_samples // len(by_t)
+                idx = rng.choice(len(ps), size=min(quota, len(ps)), replace=False) if ps else []
+                chosen += [ps[int(j)] for j in sorted(idx)]
+        for i, pat in enumerate(chosen):
+            masks = np.zeros(spec.n_hosts, dtype=np.int64)
+            place(members[i % len(members)], pat, masks)
+            emit(masks, "1d:" + "+".join(map(str, pat)))
+    # stage 2: across domains, stratified by the number of domains
+    doms = sorted(set(unit[np.isin(unit, np.flatnonzero(spec.units[1]))].tolist()))
+    size = {u: int(spec.gpus_per_host[unit == u].sum()) for u in doms}
+    levels = list(range(2, len(doms) + 1))
+    for li, m in enumerate(levels):
+        quota = (li + 1) * cross_domain_samples // len(levels) - li * cross_domain_samples // len(levels)
+        for _ in range(quota):
+            pick = [int(u) for u in rng.choice(doms, size=m, replace=False)]
+            per = [int(rng.integers(1, size[u] + 1)) for u in pick]
+            masks = np.zeros(spec.n_hosts, dtype=np.int64)
+            for u, t in zip(pick, per):
+                trays = np.flatnonzero(unit == u)
+                g = int(spec.gpus_per_host[trays[0]])
+                n = int(rng.integers(-(-t // g), min(t, trays.size) + 1))  # trays used
+                counts = np.full(n, t // n)
+                counts[: t % n] += 1
+                place(u, tuple(int(c) for c in counts), masks)
+            emit(masks, f"{m}d:" + "+".join(map(str, sorted(per, reverse=True))))
+    return out
