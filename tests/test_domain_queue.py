@@ -147,7 +147,7 @@ def test_batch_places_gangs_in_one_domain_on_nvl72x16(tmp_path):
 
 def test_migrations_fill_gaps_in_any_merge_order(tmp_path, monkeypatch):
     """Version numbers are reserved across parallel branches: a store migrated by a branch with a
-    higher version (6) still gets a lower one (4) merged in later - once, in order."""
+    higher version still gets a lower one merged in later - once."""
     import sqlalchemy as sa
 
     from bandpilot.queue import schema as q_schema
@@ -156,12 +156,13 @@ def test_migrations_fill_gaps_in_any_merge_order(tmp_path, monkeypatch):
     q.Store(url)
     calls = []
     base = list(q_schema.MIGRATIONS)
-    monkeypatch.setattr(q_schema, "MIGRATIONS", base + [(6, "branch b", lambda c: calls.append(6))])
+    a, b = base[-1][0] + 1, base[-1][0] + 2  # two versions reserved by two branches; b merges first
+    monkeypatch.setattr(q_schema, "MIGRATIONS", base + [(b, "branch b", lambda c: calls.append(b))])
     q.Store(url)
-    monkeypatch.setattr(q_schema, "MIGRATIONS", base + [(4, "branch a", lambda c: calls.append(4)),
-                                                       (6, "branch b", lambda c: calls.append(6))])
+    monkeypatch.setattr(q_schema, "MIGRATIONS", base + [(a, "branch a", lambda c: calls.append(a)),
+                                                       (b, "branch b", lambda c: calls.append(b))])
     s = q.Store(url)
     q.Store(url)
-    assert calls == [6, 4]
+    assert calls == [b, a]
     with s.read() as conn:
-        assert sorted(r.version for r in conn.execute(sa.select(q.T_SCHEMA)).all()) == [v for v, _, _ in base] + [4, 6]
+        assert sorted(r.version for r in conn.execute(sa.select(q.T_SCHEMA)).all()) == [v for v, _, _ in base] + [a, b]
