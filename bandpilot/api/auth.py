@@ -8,6 +8,7 @@ import time
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from bandpilot.queue.audit import record
 from bandpilot.queue.store import Store
@@ -29,6 +30,13 @@ class TokenCache:
         self.ttl = float(ttl)
         self._hits: dict[str, tuple[Principal, float]] = {}
         self._lock = threading.Lock()
+
+    def cached(self, token: str | None) -> Principal | None:
+        """The principal of a token looked up less than ``ttl`` ago, without touching the store."""
+        if not token or self.ttl <= 0:
+            return None
+        hit = self._hits.get(hashlib.sha256(token.encode()).hexdigest())
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
 
     def lookup(self, store: Store, token: str | None) -> Principal | None:
         if not token or self.ttl <= 0:
@@ -53,9 +61,13 @@ class TokenCache:
             self._hits.clear()
 
 
-def principal(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+async def principal(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+    # async: a cached token costs no trip through the thread pool (the endpoint itself takes one)
     token = cred.credentials if cred and cred.scheme.lower() == "bearer" else None
-    p = request.app.state.tokens.lookup(store_of(request), token)
+    cache: TokenCache = request.app.state.tokens
+    p = cache.cached(token)
+    if p is None:
+        p = await run_in_threadpool(cache.lookup, store_of(request), token)
     if p is None:
         raise HTTPException(401, "missing, malformed, unknown or revoked bearer token",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -63,9 +75,10 @@ def principal(request: Request, cred: HTTPAuthorizationCredentials | None = Depe
     return p
 
 
-def admin(request: Request, p: Principal = Depends(principal)) -> Principal:
+async def admin(request: Request, p: Principal = Depends(principal)) -> Principal:
     if not p.admin:
         if request.method not in ("GET", "HEAD"):  # a refused change attempt is audited too
-            record(store_of(request), p.actor, f"{request.method} {request.url.path}"[:64], outcome="denied")
+            await run_in_threadpool(record, store_of(request), p.actor, f"{request.method} {request.url.path}"[:64],
+                                    outcome="denied")
         raise HTTPException(403, f"tenant {p.tenant!r}: this call needs an admin token")
     return p
