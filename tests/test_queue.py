@@ -315,7 +315,8 @@ def test_migrations_ordered_once_and_newer_schema_refused(tmp_path, monkeypatch,
     with s.read() as conn:
         cols = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
         assert "note2" in cols
-        assert [r.version for r in conn.execute(sa.select(q.T_SCHEMA)).all()] == list(range(1, nxt + 1))
+        # versions need not be contiguous (4 and 6 are reserved for parallel branches)
+        assert [r.version for r in conn.execute(sa.select(q.T_SCHEMA)).all()] == [v for v, _, _ in q_schema.MIGRATIONS]
     monkeypatch.setattr(q_schema, "MIGRATIONS", q_schema.MIGRATIONS[:1])
     with pytest.raises(q.StoreError, match="newer than this BandPilot"):
         q.Store(url)

@@ -14,6 +14,8 @@ PostgreSQL URL at scale:
 ``bp_batches``            one row per batch run (an unfinished row marks an interrupted run)
 ``bp_health``             the last verify verdict per host (v2): status, suspects, measured/expected
 ``bp_observations``       measured bandwidth next to its prediction (v3): job telemetry, verify runs
+``bp_entropy``            normalized-entropy reports per job and epoch, with the utility derived (v5)
+``bp_estimates``          expected run time per request (v5), the key of the ``sjf`` policy
 ========================  ==================================================================
 """
 
@@ -165,6 +167,27 @@ T_OBS = sa.Table(
     sa.Index("ix_bp_observations_at", "at"),
 )
 
+T_ENTROPY = sa.Table(
+    "bp_entropy",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("entropy", sa.Double, nullable=False),
+    sa.Column("utility", sa.Double, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.CheckConstraint("entropy >= 0 AND entropy <= 1", name="ck_bp_entropy_range"),
+    sa.Index("ix_bp_entropy_request", "request_id", "epoch"),
+)
+
+T_ESTIMATES = sa.Table(
+    "bp_estimates",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("expected_s", sa.Double, nullable=False),
+    sa.CheckConstraint("expected_s > 0", name="ck_bp_estimates_positive"),
+)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -188,6 +211,9 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
     (2, "verify verdicts per host", lambda conn: T_HEALTH.create(conn, checkfirst=True)),
     (3, "observed bandwidth next to predictions", lambda conn: T_OBS.create(conn, checkfirst=True)),
+    # v4 (API tokens) and v6 (rack-scale domains) are reserved for parallel branches: a gap is fine,
+    # Store.migrate applies every listed version above the store's.
+    (5, "entropy reports and run-time estimates", lambda conn: metadata.create_all(conn, tables=[T_ENTROPY, T_ESTIMATES], checkfirst=True)),
 ]
 
 
