@@ -267,6 +267,20 @@ def test_cli_simulate_writes_report_and_mlflow_run(tmp_path, mlflow_uri, capsys)
     assert len(runs) == 1 and runs.iloc[0]["metrics.completed"] == 12 and runs.iloc[0]["params.policy"] == "sjf"
 
 
+def test_cli_simulate_with_a_trained_surrogate(tmp_path, spec, fab):
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.model.train import train
+
+    tiny = {"epochs": 6, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 20, "n_train": 80, "threads": 1, "split": "random"}
+    path = train(fabric_dataset(fab, n_cross=120, seed=1), tiny, plots=False).surrogate.save(tmp_path / "m")
+    trace = write_trace(poisson_workload(15, rate_per_h=40, sizes={2: 1, 8: 1, 12: 1}, seed=3, max_k=32), tmp_path / "t.csv")
+    out = tmp_path / "out"
+    assert _cli("simulate", "--trace", trace, "--model", path, "--policy", "utility", "--out", out, "--no-log", "--no-figures") == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["completed"] == 15 and s["model"] == str(path) and s["truth"].startswith("emulator")
+    assert s["avg_service_s"] >= np.mean([j.compute_s for j in parse_trace(trace)]) - 1e-6
+
+
 def test_cli_bad_trace_runs_nothing(tmp_path, capsys):
     p = tmp_path / "bad.csv"
     p.write_text(HEADER + "\na,0,2,t,10,0.5\nb,1,2,t,10,2\n")
@@ -297,13 +311,14 @@ def test_sweep_table_and_errors(tmp_path, capsys):
 
     write_trace(seed001_workload(2)[:10], tmp_path / "a.csv")
     y = tmp_path / "sweep.yaml"
-    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv]\npolicies: [fifo, utility]\nalgorithms: [topo]\nseeds: [0, 1]\nworkers: 2\n")
+    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv, {{generate: helios, n: 15}}]\npolicies: [fifo, utility]\nalgorithms: [topo]\nseeds: [0, 1]\nworkers: 2\n")
     out = tmp_path / "sw"
     assert _cli("simulate", "--sweep", y, "--out", out, "--no-log", "--no-figures") == 0
     rows = (out / "comparison.csv").read_text().splitlines()
-    assert len(rows) == 3 and rows[0].startswith("trace,policy,algorithm,seeds")
+    assert len(rows) == 5 and rows[0].startswith("trace,policy,algorithm,seeds")
     assert all(",2," in r for r in rows[1:])  # two seeds averaged per row
-    assert len(list((out / "cells").iterdir())) == 4
+    assert {r.split(",")[0] for r in rows[1:]} == {"0-a", "1-helios"}
+    assert len(list((out / "cells").iterdir())) == 8
     y.write_text("model: emulator\ntraces: [a.csv]\npolicies: [lifo]\n")
     with pytest.raises(SweepError, match="policies: unknown 'lifo'"):
         load_sweep(y)

@@ -1,11 +1,12 @@
 """How long do jobs take under a queue policy and a placement algorithm? A discrete-event simulation
 that drives the REAL queue (a temporary SQLite store) and the real dispatcher.
 
-Events, in this order at equal times: completions (``release_many``), arrivals (``submit``, with
-the job's run-time estimate for ``sjf`` and a warm-up entropy measurement), and - every
-``interval_s`` when something changed and requests wait - one batch (``run_batch`` with the policy
-and algorithm), after running jobs report the entropy of the epochs they finished (which updates
-their utility in the store, seed 001).
+Events, in this order at equal times: completions, arrivals, and - every ``interval_s`` when
+something changed and requests wait - one batch. Before each batch the store catches up: arrivals
+are submitted (with their trace submit times, the run-time estimate for ``sjf`` and a warm-up
+entropy measurement), running and finished jobs report the entropy of the epochs they completed
+(updating their utility, seed 001) and finished jobs are released (``release_many``); then
+``run_batch`` runs with the policy and algorithm.
 
 A running job's progress rate is ``1 / (compute_s · ((1-f) + f · B_ref / B_achieved(t)))``: ``f`` its
 communication fraction, ``B_ref`` the best standalone bandwidth of its size on the idle cluster and
@@ -160,35 +161,38 @@ class _Sim:
         self.tl: dict[str, list[float]] = {k: [] for k in ("t", "busy", "free", "stranded", "running", "pending")}
         self.batches = 0
         self.done = 0
+        self._to_submit: list[TraceJob] = []
+        self._to_release: list[str] = []
+        self._final_rows: list[dict[str, Any]] = []
 
     # -- store operations ------------------------------------------------------------------
-    def _arrive(self, batch: list[TraceJob]) -> None:
-        reqs = [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s) for j in batch]
-        submit(self.store, reqs)
-        set_estimates(self.store, {j.id: j.compute_s for j in batch})
-        warm = []
-        for j in batch:
-            if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
-                c = curve_for(j.id, self.cfg.seed)
-                warm += [{"job": j.id, "epoch": 0, "entropy": c.at(0, self.cfg.epochs)},
-                         {"job": j.id, "epoch": 1, "entropy": c.at(1, self.cfg.epochs)}]
-        if warm:
-            report_entropy(self.store, warm, lam=self.cfg.lam)
-        self.pending.update(j.id for j in batch)
-
-    def _report_epochs(self) -> None:
-        rows = []
+    # The queue acts only at batches, so arrivals, releases and entropy reports since the last one
+    # are written just before it (submit times come from the trace): four transactions per batch.
+    def _flush(self) -> None:
+        rows = self._final_rows
+        self._final_rows = []
+        if self._to_submit:
+            batch, self._to_submit = self._to_submit, []
+            submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s) for j in batch])
+            set_estimates(self.store, {j.id: j.compute_s for j in batch})
+            for j in batch:
+                if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
+                    c = curve_for(j.id, self.cfg.seed)
+                    rows += [{"job": j.id, "epoch": 0, "entropy": c.at(0, self.cfg.epochs)},
+                             {"job": j.id, "epoch": 1, "entropy": c.at(1, self.cfg.epochs)}]
         for jid, r in self.running.items():
             now_epoch = min(self.cfg.epochs, int(r.progress * self.cfg.epochs + 1e-9))
-            for e in range(r.reported + 1, now_epoch + 1):
-                rows.append({"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)})
+            rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)} for e in range(r.reported + 1, now_epoch + 1)]
             r.reported = max(r.reported, now_epoch)
         if rows:
             for out in report_entropy(self.store, rows, lam=self.cfg.lam):
                 self.recs[out["job"]].final_utility = out["utility"]
+        if self._to_release:
+            ids, self._to_release = self._to_release, []
+            release_many(self.store, ids)
 
     def _batch(self, t: float) -> int:
-        self._report_epochs()
+        self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm)
         self.batches += 1
         for o in rep.outcomes:
@@ -209,24 +213,14 @@ class _Sim:
         return len(rep.assigned)
 
     def _complete(self, t: float, ids: list[str]) -> None:
-        self._report_final(ids)
-        release_many(self.store, ids)
         for jid in ids:
             r = self.running.pop(jid)
+            self._final_rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)}
+                                 for e in range(r.reported + 1, self.cfg.epochs + 1)]
+            self._to_release.append(jid)
             self.busy &= ~r.mask
             r.rec.end_s, r.rec.status = t, "done"
             self.done += 1
-
-    def _report_final(self, ids: list[str]) -> None:
-        rows = []
-        for jid in ids:
-            r = self.running[jid]
-            for e in range(r.reported + 1, self.cfg.epochs + 1):
-                rows.append({"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)})
-            r.reported = self.cfg.epochs
-        if rows:
-            for out in report_entropy(self.store, rows, lam=self.cfg.lam):
-                self.recs[out["job"]].final_utility = out["utility"]
 
     # -- rates and progress ---------------------------------------------------------------
     def _rates(self) -> None:
@@ -294,7 +288,8 @@ class _Sim:
                 batch.append(trace[ai])
                 ai += 1
             if batch:
-                self._arrive(batch)
+                self._to_submit += batch
+                self.pending.update(j.id for j in batch)
                 dirty = True
             if self.pending and dirty and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9:
                 placed = self._batch(t)
@@ -305,5 +300,6 @@ class _Sim:
             self._sample(t)
             if self.progress:
                 self.progress(self.done, n)
+        self._flush()  # the last completions: the store ends with every job released
         return SimResult(cfg, self.spec.name, self.spec.n_gpus, list(self.recs.values()), self.tl, self.batches,
                          time.perf_counter() - t0, truth_label, model_label)
