@@ -291,6 +291,29 @@ def test_cli_bad_trace_runs_nothing(tmp_path, capsys):
     assert _cli("simulate", "--cluster", H100, "--model", "emulator", "--out", out) == 2
 
 
+def test_cli_truth_must_match_the_model(tmp_path, capsys):
+    trace = write_trace(seed001_workload(1)[:3], tmp_path / "t.csv")
+    het = ROOT / "params" / "clusters" / "het4mix.yaml"
+    assert _cli("simulate", "--trace", trace, "--cluster", H100, "--truth", het, "--model", "emulator",
+                "--out", tmp_path / "o", "--no-log") == 2
+    assert "does not match" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5)), prev=st.floats(0, 1), lam=st.floats(0, 1))
+def test_entropy_report_range_property(x, prev, lam):
+    from bandpilot.queue.learning import _check_entropy
+
+    ok = isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x <= 1
+    if ok:
+        assert _check_entropy(x, "j") == float(x)
+        u = q.entropy_utility(float(x), prev, lam)
+        assert 0.0 <= u <= 1.0 + 1e-12
+    else:
+        with pytest.raises(RequestError, match=r"^j: .*\[0, 1\]"):
+            _check_entropy(x, "j")
+
+
 def test_cli_queue_report(tmp_path, capsys, spec):
     url = f"sqlite:///{tmp_path / 'q.db'}"
     s = q.Store(url)
