@@ -101,12 +101,21 @@ def label(res: SimResult) -> str:
     return f"{res.config.policy}+{res.config.algorithm}"
 
 
-def plot_cdf(results: Sequence[SimResult], path: Path) -> Path:
-    fig, ax = figure_axes(figsize=(6, 4))
+def _groups(results: Sequence[SimResult]) -> dict[str, list[SimResult]]:
+    """Results by policy+algorithm (seeds pooled), in first-seen order."""
+    out: dict[str, list[SimResult]] = {}
     for r in results:
-        jct = np.sort([j.jct_s / 3600 for j in r.jobs if j.jct_s is not None])
+        out.setdefault(label(r), []).append(r)
+    return out
+
+
+def plot_cdf(results: Sequence[SimResult], path: Path) -> Path:
+    """JCT CDF per policy x algorithm (jobs of every seed pooled)."""
+    fig, ax = figure_axes(figsize=(6, 4))
+    for name, rs in _groups(results).items():
+        jct = np.sort([j.jct_s / 3600 for r in rs for j in r.jobs if j.jct_s is not None])
         if jct.size:
-            ax.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=label(r))
+            ax.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=name)
     ax.set_xlabel("job completion time (h)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
@@ -117,12 +126,14 @@ def plot_cdf(results: Sequence[SimResult], path: Path) -> Path:
 
 
 def plot_breakdown(results: Sequence[SimResult], path: Path) -> Path:
-    sums = [summarize(r) for r in results]
-    names = [label(r) for r in results]
+    """Mean queueing delay and service time per policy x algorithm (means over seeds)."""
+    groups = _groups(results)
+    names = list(groups)
     x = np.arange(len(names))
     fig, ax = figure_axes(figsize=(max(4, 1.1 * len(names) + 2), 4))
-    q = [s["avg_queue_s"] / 3600 for s in sums]
-    sv = [s["avg_service_s"] / 3600 for s in sums]
+    sums = {n: [summarize(r) for r in rs] for n, rs in groups.items()}
+    q = [np.mean([s["avg_queue_s"] for s in sums[n]]) / 3600 for n in names]
+    sv = [np.mean([s["avg_service_s"] for s in sums[n]]) / 3600 for n in names]
     ax.bar(x, q, label="queueing delay", color="#1f77b4")
     ax.bar(x, sv, bottom=q, label="service time", color="#ff7f0e")
     ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)

@@ -16,7 +16,8 @@ SWEEP.yaml::
     workers: 2                          # threads
 
 Each cell is a full simulation with its own temporary store; every cell's report directory lands
-under ``OUT/cells/`` and ``OUT/comparison.{csv,md,png}`` compares them (means over seeds).
+under ``OUT/cells/``; ``OUT/comparison.{csv,md,png}`` compares them (means over seeds) and
+``OUT/jct_cdf-TRACE.png`` / ``OUT/queue_service-TRACE.png`` show every policy x algorithm of a trace.
 """
 
 from __future__ import annotations
@@ -154,14 +155,22 @@ def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = 
         setup = load_setup(sw.model, cluster=resolve(sw.cluster), truth=resolve(sw.truth), seed=s)
         cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s)
         tag = f"{i}-{name}-s{s}-{p}-{a}"
-        _, summ = run_one(jobs, setup, cfg, out / "cells" / tag, figures=figures, log=log)
+        res, summ = run_one(jobs, setup, cfg, out / "cells" / tag, figures=figures, log=log)
         if progress:
             progress(tag)
-        return {"trace": f"{i}-{name}", **summ}
+        return {"trace": f"{i}-{name}", **summ}, res
 
     with ThreadPoolExecutor(max_workers=sw.workers, thread_name_prefix="simulate") as pool:
-        rows = list(pool.map(one, cells))
+        done = list(pool.map(one, cells))
+    rows = [r for r, _ in done]
     write_comparison(rows, out, figures=figures)
+    if figures:
+        from bandpilot.simulation.report import plot_breakdown, plot_cdf
+
+        for t in dict.fromkeys(r["trace"] for r in rows):
+            results = [res for r, res in done if r["trace"] == t]
+            plot_cdf(results, out / f"jct_cdf-{t}.png")
+            plot_breakdown(results, out / f"queue_service-{t}.png")
     return rows
 
 
