@@ -136,32 +136,36 @@ def trace_jobs(t: Any, seed: int, n_gpus: int) -> tuple[str, list[TraceJob]]:
     return kind, public_trace_workload(kind, int(t.get("n", 500)), n_gpus=n_gpus, load=float(t.get("load", 0.9)), seed=seed)
 
 
-def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = True,
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every cell on a thread pool (each with its own dispatcher and temporary store)."""
-    from bandpilot.simulation.run import load_setup, run_one
+def _resolve(sw: Sweep, v: str | None) -> str | None:
+    return None if v is None else (str(sw.base / v) if (sw.base / v).exists() else v)
 
-    out = Path(out)
-    resolve = lambda v: None if v is None else (str(sw.base / v) if (sw.base / v).exists() else v)  # noqa: E731
-    first = load_setup(sw.model, cluster=resolve(sw.cluster), truth=resolve(sw.truth))
+
+def plan_cells(sw: Sweep) -> tuple[dict[tuple[int, int], tuple[str, list[TraceJob]]], list[tuple[int, int, str, str]]]:
+    """Every trace parsed or generated up front (one bad line: nothing simulated) and the cells
+    ``(trace index, seed, policy, algorithm)``."""
+    from bandpilot.simulation.run import load_setup
+
+    first = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth))
     n_gpus = first.dispatcher.model.spec.n_gpus
-    # Parse every trace before anything runs: one bad line, nothing simulated.
     traces = {(i, s): trace_jobs(t, s, n_gpus) for i, t in enumerate(sw.traces) for s in sw.seeds}
     cells = [(i, s, p, a) for i in range(len(sw.traces)) for s in sw.seeds for p in sw.policies for a in sw.algorithms]
+    return traces, cells
 
-    def one(cell: tuple[int, int, str, str]) -> dict[str, Any]:
-        i, s, p, a = cell
-        name, jobs = traces[(i, s)]
-        setup = load_setup(sw.model, cluster=resolve(sw.cluster), truth=resolve(sw.truth), seed=s)
-        cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s)
-        tag = f"{i}-{name}-s{s}-{p}-{a}"
-        res, summ = run_one(jobs, setup, cfg, out / "cells" / tag, figures=figures, log=log)
-        if progress:
-            progress(tag)
-        return {"trace": f"{i}-{name}", **summ}, res
 
-    with ThreadPoolExecutor(max_workers=sw.workers, thread_name_prefix="simulate") as pool:
-        done = list(pool.map(one, cells))
+def run_cell(sw: Sweep, name: str, jobs: list[TraceJob], cell: tuple[int, int, str, str], out: Path, *,
+             log: bool = False, figures: bool = True) -> tuple[dict[str, Any], Any]:
+    """One simulation of the sweep (its own dispatcher and temporary store) -> (summary row, result)."""
+    from bandpilot.simulation.run import load_setup, run_one
+
+    i, s, p, a = cell
+    setup = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth), seed=s)
+    cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s)
+    res, summ = run_one(jobs, setup, cfg, out / "cells" / f"{i}-{name}-s{s}-{p}-{a}", figures=figures, log=log)
+    return {"trace": f"{i}-{name}", **summ}, res
+
+
+def finish_sweep(done: list[tuple[dict[str, Any], Any]], out: Path, *, figures: bool = True) -> list[dict[str, Any]]:
+    """The comparison table and figures from every cell's (row, result)."""
     rows = [r for r, _ in done]
     write_comparison(rows, out, figures=figures)
     if figures:
@@ -172,6 +176,24 @@ def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = 
             plot_cdf(results, out / f"jct_cdf-{t}.png")
             plot_breakdown(results, out / f"queue_service-{t}.png")
     return rows
+
+
+def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = True,
+              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every cell on a thread pool (``flows/simulate.py`` runs the same cells as Prefect tasks)."""
+    out = Path(out)
+    traces, cells = plan_cells(sw)
+
+    def one(cell: tuple[int, int, str, str]) -> tuple[dict[str, Any], Any]:
+        name, jobs = traces[cell[:2]]
+        row, res = run_cell(sw, name, jobs, cell, out, log=log, figures=figures)
+        if progress:
+            progress(f"{row['trace']} seed {cell[1]} {cell[2]}+{cell[3]}")
+        return row, res
+
+    with ThreadPoolExecutor(max_workers=sw.workers, thread_name_prefix="simulate") as pool:
+        done = list(pool.map(one, cells))
+    return finish_sweep(done, out, figures=figures)
 
 
 _METRICS = ("avg_jct_s", "p50_jct_s", "p95_jct_s", "max_jct_s", "avg_queue_s", "avg_service_s", "makespan_s",
