@@ -232,6 +232,31 @@ def test_all_policies_and_algorithms_complete_a_small_trace(fab):
     assert np.mean([j.jct_s for j in again.jobs]) == pytest.approx(out[("utility", "random")])
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.floats(0, 600), st.sampled_from([1, 2, 3, 4, 8, 12, 16, 32]), st.floats(30, 4000),
+                              st.floats(0, 1)), min_size=1, max_size=12),
+       policy=st.sampled_from(["fifo", "priority", "sjf", "utility"]), algorithm=st.sampled_from(["bandpilot", "topo", "random"]))
+def test_simulator_invariants_on_random_traces(fab, rows, policy, algorithm):
+    t, jobs = 0.0, []
+    for i, (gap, k, c, f) in enumerate(rows):
+        t += gap
+        jobs.append(TraceJob(f"j{i}", t, k, f"t{i % 2}", c, f, i % 3))
+    res = _run(jobs, fab, policy=policy, algorithm=algorithm, interval_s=60.0)
+    assert all(j.status == "done" for j in res.jobs)  # every job fits the idle cluster: nothing starves forever
+    for j in res.jobs:
+        assert j.start_s >= j.submit_s and math.isclose(j.start_s / 60.0, round(j.start_s / 60.0), abs_tol=1e-9)
+        assert j.service_s >= j.compute_s * (1 - 1e-9)
+        # the progress rate is concave in the bandwidth share, so (Jensen) the run takes at least as
+        # long as at its time-averaged share; equal when the share never changed
+        r_bar = j.bw_time / j.service_s
+        if j.k >= 2 and r_bar > 0:
+            assert j.service_s >= j.compute_s * ((1 - j.comm_fraction) + j.comm_fraction / r_bar) * (1 - 1e-6)
+    # GPUs are never over-committed: intervals of running jobs overlap by at most the cluster size
+    ev = sorted([(j.start_s, j.k) for j in res.jobs] + [(j.end_s, -j.k) for j in res.jobs], key=lambda e: (e[0], e[1]))
+    load = np.cumsum([k for _, k in ev])
+    assert load.max() <= 32 and load[-1] == 0
+
+
 def test_simulation_rejects_bad_config(fab):
     with pytest.raises(SimulationError, match="unknown policy"):
         _run([TraceJob("a", 0, 1, "t", 1, 0)], fab, policy="lifo")
