@@ -241,3 +241,21 @@ def test_verify_flow_gates_a_fault_relearns_and_clears_after_repair(harness, pro
     fixed = verify_flow(cluster="params/clusters/tiny.yaml", model_uri="models:/bandpilot-tiny/1", relearn=False)
     assert fixed["healthy"] and len(fixed["gate"]["undrained"]) == 4
     assert sum(g.startswith("t-1:") for g in q.export_state(store)["free"]) == 4
+
+
+def test_simulate_sweep_flow_matches_the_thread_pool(harness, tmp_path):
+    """The sweep's cells as Prefect tasks give the same comparison as `bandpilot simulate --sweep`."""
+    from bandpilot.simulation.sweep import load_sweep, run_sweep
+    from bandpilot.simulation.trace import write_trace
+    from bandpilot.simulation.workloads import seed001_workload
+    from flows.simulate import simulate_sweep_flow
+
+    h100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
+    write_trace(seed001_workload(4)[:8], tmp_path / "a.csv")
+    y = tmp_path / "sweep.yaml"
+    y.write_text(f"cluster: {h100}\nmodel: emulator\ntraces: [a.csv]\npolicies: [fifo, sjf]\nalgorithms: [topo]\nseeds: [0]\n")
+    res = simulate_sweep_flow(sweep=str(y), out_dir=str(tmp_path / "flow"), log_mlflow=False)
+    assert res["cells"] == 2
+    run_sweep(load_sweep(y), tmp_path / "pool", figures=False)
+    assert (tmp_path / "flow" / "comparison.csv").read_text() == (tmp_path / "pool" / "comparison.csv").read_text()
+    assert (tmp_path / "flow" / "jct_cdf-0-a.png").is_file()

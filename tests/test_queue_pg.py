@@ -118,3 +118,18 @@ def test_pg_concurrent_batch_processes(store, pg_url, schema, commit):
 @pytest.mark.parametrize("commit", ["batch", "request"])
 def test_pg_kill9_mid_batch(store, pg_url, schema, commit):
     scenario_kill9(store, _schema_url(pg_url, schema), commit)
+
+
+def test_entropy_reports_and_sjf_on_postgresql(store):
+    """Schema v5 on PostgreSQL: entropy reports update the utility all-or-nothing; sjf reads estimates."""
+    from bandpilot.errors import RequestError
+
+    q.submit(store, [{"id": f"e{i}", "k": 32, "submitted": 10 + i} for i in range(3)])
+    out = q.report_entropy(store, [{"job": "e1", "entropy": 0.9}, {"job": "e1", "entropy": 0.5}])
+    assert out[-1]["utility"] == pytest.approx(0.5 * 0.5 + 0.5 * 0.4)
+    with pytest.raises(RequestError, match="no job 'nope'"):
+        q.report_entropy(store, [{"job": "e0", "entropy": 0.2}, {"job": "nope", "entropy": 0.2}])
+    assert q.entropy_history(store, "e0") == []
+    q.set_estimates(store, {"e2": 10.0, "e0": 99.0})
+    rep = q.run_batch(store, Dispatcher(make_fabric(h100())), policy="sjf")
+    assert rep.assigned[0].request_id == "e2"

@@ -328,7 +328,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(False, "--batch", help="Assign the queued requests (the only mode)."),
-    policy: str = typer.Option("fifo", "--policy", help="fifo | priority | utility"),
+    policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),

@@ -8,6 +8,7 @@ from bandpilot.queue.clock import iso
 from bandpilot.queue.health import apply_verdicts, health
 from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
 from bandpilot.queue.launch import FORMATS, assignment, render
+from bandpilot.queue.learning import DEFAULT_LAMBDA, entropy_history, entropy_utility, report_entropy, set_estimates
 from bandpilot.queue.invariants import check_invariants
 from bandpilot.queue.lifecycle import drain, release, release_many, resolve_targets, undrain
 from bandpilot.queue.outcomes import BatchReport, Outcome
@@ -64,6 +65,8 @@ __all__ = [
     "FORMATS", "assignment", "render",
     # verify verdicts
     "apply_verdicts", "health",
+    # entropy-guided utility and run-time estimates
+    "DEFAULT_LAMBDA", "entropy_history", "entropy_utility", "report_entropy", "set_estimates",
     # telemetry and drift
     "drift", "record_observations",
     # API tokens and audit

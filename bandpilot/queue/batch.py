@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import _now
+from bandpilot.queue.learning import load_estimates
 from bandpilot.queue.outcomes import BatchReport, Outcome
 from bandpilot.queue.placer import _Deferred, _Placer
 from bandpilot.queue.policies import POLICIES, _PENDING_STMT, _Pending, _row_to_pending, order_pending, utility_quotas
@@ -236,10 +237,11 @@ def run_batch(
             ).scalar_one()
         )
 
-    def plan(loaded: tuple[list[_Pending], dict], state: State) -> _Plan:
+    def plan(loaded: tuple[list[_Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         report.pending_before = len(pending)
-        queue = order_pending(pending, policy)
+        expected = load_estimates(conn, [p.req.id for p in pending]) if policy == "sjf" else None
+        queue = order_pending(pending, policy, expected)
         whole = limit is None or limit >= len(queue)
         if not whole:
             queue = queue[:limit]
@@ -310,7 +312,7 @@ def run_batch(
             store.lock_gpus(conn)
             state = store.load_state(conn, mspec)
             placer.set_state(state)
-            pl = plan(_load_pending(conn), state)
+            pl = plan(_load_pending(conn), state, conn)
             batch_id = new_batch(conn)
             report.batch_id = batch_id
 
@@ -329,7 +331,7 @@ def run_batch(
         report.batch_id = batch_id
         with store.read() as conn:
             state = store.load_state(conn, mspec)
-            pl = plan(_load_pending(conn), state)
+            pl = plan(_load_pending(conn), state, conn)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:

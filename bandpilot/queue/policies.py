@@ -1,7 +1,8 @@
 """In which order are pending requests tried, and how many GPUs may each tenant take?
 
-Policies order the pending requests: ``fifo`` (submit time), ``priority`` (higher first, then FIFO)
-and ``utility`` (higher job utility first; when the queued demand exceeds the free GPUs, each
+Policies order the pending requests: ``fifo`` (submit time), ``priority`` (higher first, then FIFO),
+``sjf`` (shortest expected run time first, :mod:`bandpilot.queue.learning` estimates; requests
+without one after, FIFO) and ``utility`` (higher job utility first; when the queued demand exceeds the free GPUs, each
 tenant gets a GPU quota proportional to its requests' utility, seed 001 eq. 31, and requests over
 their tenant's quota only get what is left after everyone within quota). Every request in the
 order is tried (backfill): one that does not fit is deferred with its reason and a later, smaller
@@ -14,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import sqlalchemy as sa
@@ -23,7 +24,7 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.requests import Constraints, Request
 from bandpilot.queue.schema import T_REQ
 
-POLICIES = ("fifo", "priority", "utility")
+POLICIES = ("fifo", "priority", "sjf", "utility")
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,15 @@ def utility_prior(pending: Sequence[_Pending]) -> float:
     return float(np.mean(known)) if known else 1.0
 
 
-def order_pending(pending: Sequence[_Pending], policy: str) -> list[_Pending]:
+def order_pending(pending: Sequence[_Pending], policy: str, expected: Mapping[str, float] | None = None) -> list[_Pending]:
     """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
-    FIFO), ``utility`` (higher job utility first, then priority, then FIFO)."""
+    FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
+    ``utility`` (higher job utility first, then priority, then FIFO)."""
     if policy == "fifo":
         return sorted(pending, key=lambda p: (p.submitted_at, p.seq))
+    if policy == "sjf":
+        exp = expected or {}
+        return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))
     if policy == "priority":
         return sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq))
     if policy == "utility":

@@ -17,6 +17,8 @@ PostgreSQL URL at scale:
 ``bp_tokens``             API bearer tokens (v4): tenant, admin flag, SHA-256 of the secret, revocation
 ``bp_audit``              who changed what, when (v4): one row per change through the API or CLI
 ``bp_fragmentation``      fragmentation samples over time (v4): after each batch and from the API
+``bp_entropy``            normalized-entropy reports per job and epoch, with the utility derived (v5)
+``bp_estimates``          expected run time per request (v5), the key of the ``sjf`` policy
 ========================  ==================================================================
 """
 
@@ -208,6 +210,27 @@ T_FRAG = sa.Table(
     sa.Index("ix_bp_fragmentation_at", "at"),
 )
 
+T_ENTROPY = sa.Table(
+    "bp_entropy",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("entropy", sa.Double, nullable=False),
+    sa.Column("utility", sa.Double, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.CheckConstraint("entropy >= 0 AND entropy <= 1", name="ck_bp_entropy_range"),
+    sa.Index("ix_bp_entropy_request", "request_id", "epoch"),
+)
+
+T_ESTIMATES = sa.Table(
+    "bp_estimates",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("expected_s", sa.Double, nullable=False),
+    sa.CheckConstraint("expected_s > 0", name="ck_bp_estimates_positive"),
+)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -233,6 +256,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (3, "observed bandwidth next to predictions", lambda conn: T_OBS.create(conn, checkfirst=True)),
     (4, "API tokens, audit log, fragmentation samples",
      lambda conn: metadata.create_all(conn, tables=[T_TOKENS, T_AUDIT, T_FRAG], checkfirst=True)),
+    (5, "entropy reports and run-time estimates",
+     lambda conn: metadata.create_all(conn, tables=[T_ENTROPY, T_ESTIMATES], checkfirst=True)),
 ]
 
 

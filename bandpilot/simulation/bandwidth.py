@@ -1,0 +1,86 @@
+"""What bandwidth does each running job really get? The TRUE fabric (measured tables or the
+emulator) under the contention formula of :mod:`bandpilot.dispatch.contention`, applied to every
+running job against all the others, and the best standalone bandwidth of a size on an idle cluster.
+
+For running job ``i`` with GPUs ``S_i`` and true standalone demand ``d_i = B(S_i)``: contenders are
+the other cross-host jobs with ``d_j > 0`` sharing a host with a cross-host ``S_i``; capacity
+``C_i = min_j B(S_i ∪ S_j)``; ``B_i = d_i`` if ``d_i + Σ d_j <= C_i`` else ``d_i / (d_i + Σ d_j) · C_i``
+(the evaluation's ground truth, :func:`bandpilot.evaluation.scoring.evaluate_scenario`, is the same
+formula with the job as a candidate). Fabric values are cached per mask row: the running set
+changes one job at a time, so most rows repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bandpilot.dispatch.state import State
+
+
+class TrueBandwidth:
+    """Cached ground truth over one fabric."""
+
+    def __init__(self, fabric: Any) -> None:
+        self.fabric = fabric
+        self.spec = fabric.spec
+        self._cache: dict[bytes, float] = {}
+        self._ref: dict[int, float] = {}
+
+    def standalone(self, masks: np.ndarray) -> np.ndarray:
+        """``B(S)`` of mask rows, from the cache where possible (one fabric call for the rest)."""
+        masks = np.atleast_2d(np.ascontiguousarray(masks, dtype=np.int64))
+        keys = [m.tobytes() for m in masks]
+        out = np.empty(len(keys))
+        todo = [i for i, k in enumerate(keys) if k not in self._cache]
+        if todo:
+            uniq: dict[bytes, int] = {}
+            rows = []
+            for i in todo:
+                if keys[i] not in uniq:
+                    uniq[keys[i]] = len(rows)
+                    rows.append(masks[i])
+            vals = np.asarray(self.fabric.predict_masks(np.array(rows, dtype=np.int64)), dtype=float).reshape(-1)
+            for key, j in uniq.items():
+                self._cache[key] = float(vals[j])
+        for i, k in enumerate(keys):
+            out[i] = self._cache[k]
+        return out
+
+    def reference(self, k: int) -> float:
+        """``B_ref``: the best standalone bandwidth of ``k`` GPUs on the idle cluster (Ideal-BP
+        search on the true fabric; 0 for ``k = 1``, which has no collective)."""
+        if k not in self._ref:
+            if k < 2:
+                self._ref[k] = 0.0
+            else:
+                from bandpilot.dispatch.dispatcher import Dispatcher
+
+                sel = Dispatcher(self.fabric).select(k, State.idle(self.spec), algorithm="ideal", fabric=self.fabric)
+                self._ref[k] = float(sel.standalone_gbps)
+        return self._ref[k]
+
+    def achieved(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(B_i under the others, B_i standalone)`` for the running jobs' mask rows ``(n, H)``."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        n = masks.shape[0]
+        if n == 0:
+            return np.zeros(0), np.zeros(0)
+        solo = self.standalone(masks)
+        used = (masks != 0).astype(np.float32)
+        cross = used.sum(axis=1) >= 2
+        active = cross & (solo > 0)
+        share = (used @ used.T) > 0.5
+        cont = share & active[:, None] & active[None, :]
+        np.fill_diagonal(cont, False)
+        ci, cj = np.nonzero(cont)
+        if ci.size == 0:
+            return solo.copy(), solo
+        caps_pair = self.standalone(masks[ci] | masks[cj])
+        cap = np.full(n, np.inf)
+        np.minimum.at(cap, ci, caps_pair)
+        demand = solo + cont.astype(float) @ solo
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shared = np.where(demand > 0, solo / demand * cap, 0.0)
+        return np.where(demand <= cap, solo, shared), solo

@@ -1,0 +1,178 @@
+"""What does a workload trace look like? The CSV ``id,submit_s,k,tenant,compute_s,comm_fraction``
+plus optional ``priority,utility`` columns, parsed all-or-nothing.
+
+``submit_s`` is seconds from the start of the trace (sorted, non-negative), ``compute_s`` the job's
+run time on an uncontended best placement, ``comm_fraction`` the share of that time spent in
+collectives (``f`` of the runtime model). Every problem is reported as ``file:line: ...``; one bad
+line means nothing is simulated.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from bandpilot.errors import BandPilotError
+
+REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
+OPTIONAL = ("priority", "utility")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
+
+
+class TraceError(BandPilotError):
+    """The trace is malformed; ``errors`` lists every problem (``file:line: ...``)."""
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors = list(errors)
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{self.errors[0]}{more}; nothing simulated")
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    submit_s: float
+    k: int
+    tenant: str
+    compute_s: float
+    comm_fraction: float
+    priority: int = 0
+    utility: float | None = None
+
+
+def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
+    try:
+        v = float(text)
+    except ValueError:
+        errs.append(f"{where}: {what} {text!r} is not a number")
+        return None
+    if not math.isfinite(v):
+        errs.append(f"{where}: {what} {text!r} is not finite")
+        return None
+    return v
+
+
+def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None, name: str | None = None) -> list[TraceJob]:
+    """Parse and check a trace; ``n_gpus`` (the cluster size) rejects jobs that can never fit.
+    Raises :class:`TraceError` listing every bad line."""
+    if isinstance(source, (str, Path)) and not (isinstance(source, str) and "\n" in source):
+        p = Path(source)
+        if not p.is_file():
+            raise TraceError([f"trace file not found: {source}"])
+        name = name or str(source)
+        text = p.read_text()
+    elif isinstance(source, str):
+        text = source
+    else:
+        text = "\n".join(source)
+    name = name or "<trace>"
+    reader = csv.reader(io.StringIO(text))
+    header: list[str] | None = None
+    errs: list[str] = []
+    jobs: list[TraceJob] = []
+    seen: dict[str, int] = {}
+    last_t, last_line = -math.inf, 0
+    for row in reader:
+        lineno = reader.line_num
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        cells = [c.strip() for c in row]
+        where = f"{name}:{lineno}"
+        if header is None:
+            header = cells
+            missing = [c for c in REQUIRED if c not in header]
+            unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
+            dup = sorted({c for c in header if header.count(c) > 1})
+            if missing or unknown or dup:
+                what = (f"missing column(s) {', '.join(missing)}" if missing else
+                        f"unknown column {unknown[0]!r}" if unknown else f"column {dup[0]!r} twice")
+                raise TraceError([f"{where}: header: {what} (expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}])"])
+            continue
+        if len(cells) != len(header):
+            errs.append(f"{where}: {len(cells)} fields, the header has {len(header)}")
+            continue
+        doc = dict(zip(header, cells))
+        n_err = len(errs)
+        jid = doc["id"]
+        if not _ID_RE.match(jid):
+            errs.append(f"{where}: id {jid!r} must be 1-200 letters, digits or ._:@/+-")
+        elif jid in seen:
+            errs.append(f"{where}: duplicate id {jid!r} (first on line {seen[jid]})")
+        t = _num(doc["submit_s"], "submit_s", where, errs)
+        if t is not None:
+            if t < 0:
+                errs.append(f"{where}: submit_s {doc['submit_s']} is negative")
+            elif t < last_t:
+                errs.append(f"{where}: submit_s {doc['submit_s']} is before line {last_line}'s {last_t:g} (times must be sorted)")
+        k_txt = doc["k"]
+        k = int(k_txt) if re.fullmatch(r"\d+", k_txt) else None
+        if k is None or k < 1:
+            errs.append(f"{where}: k {k_txt!r} must be an integer >= 1")
+        elif n_gpus is not None and k > n_gpus:
+            errs.append(f"{where}: k={k} is larger than the cluster ({n_gpus} GPUs)")
+        tenant = doc["tenant"]
+        if not tenant or len(tenant) > 200:
+            errs.append(f"{where}: tenant must be a non-empty name")
+        c = _num(doc["compute_s"], "compute_s", where, errs)
+        if c is not None and c <= 0:
+            errs.append(f"{where}: compute_s {doc['compute_s']} must be > 0")
+        f = _num(doc["comm_fraction"], "comm_fraction", where, errs)
+        if f is not None and not 0.0 <= f <= 1.0:
+            errs.append(f"{where}: comm_fraction {doc['comm_fraction']} is outside [0, 1]")
+        prio = 0
+        if doc.get("priority", ""):
+            if re.fullmatch(r"-?\d+", doc["priority"]):
+                prio = int(doc["priority"])
+            else:
+                errs.append(f"{where}: priority {doc['priority']!r} must be an integer")
+        util = None
+        if doc.get("utility", ""):
+            util = _num(doc["utility"], "utility", where, errs)
+            if util is not None and util < 0:
+                errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+        if len(errs) == n_err:
+            seen[jid] = lineno
+            last_t, last_line = float(t), lineno  # type: ignore[arg-type]
+            jobs.append(TraceJob(jid, float(t), int(k), tenant, float(c), float(f), prio, util))  # type: ignore[arg-type]
+        elif t is not None and t >= last_t and t >= 0:
+            last_t, last_line = t, lineno
+    if header is None:
+        errs.append(f"{name}: empty trace (no header)")
+    elif not jobs and not errs:
+        errs.append(f"{name}: the trace has no jobs")
+    if errs:
+        raise TraceError(errs)
+    return jobs
+
+
+def format_trace(jobs: Sequence[TraceJob]) -> str:
+    cols = list(REQUIRED) + list(OPTIONAL)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(cols)
+    for j in jobs:
+        w.writerow([j.id, f"{j.submit_s:.3f}", j.k, j.tenant, f"{j.compute_s:.3f}", f"{j.comm_fraction:.4f}", j.priority,
+                    "" if j.utility is None else f"{j.utility:.4f}"])
+    return buf.getvalue()
+
+
+def write_trace(jobs: Sequence[TraceJob], path: str | Path) -> Path:
+    """Write a trace atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(format_trace(jobs))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,171 @@
+"""Workload simulation (issue 14): job completion time by queue policy and placement algorithm.
+
+    python -m benchmarks simulate            # or: python -m benchmarks.bench_simulate [--seeds 10] [--scale-jobs 10000]
+
+1. Seed 001's 50-job workload (:func:`bandpilot.simulation.workloads.seed001_workload`, one trace per
+   seed) on the physical H100 configuration: the measured h100-16m tables as the truth when
+   ``../shared/data`` is present (else the emulated ``params/clusters/h100.yaml``, labelled), a
+   surrogate trained here on the same tables (params/train.yaml) as the dispatcher's model. A table
+   like seed 001's Tables 4-5 for fifo / sjf / utility x bandpilot / topo: mean, p50, p95, max JCT,
+   queueing delay, service time, makespan (hours, means over seeds), and the utility policy at two
+   other values of lambda (sensitivity, not tuning: the default stays 0.5).
+   Target: utility + bandpilot lowers mean JCT vs fifo + topo by >= 25 % and p95 by >= 20 %.
+2. Scale: a Helios-shaped trace of ``--scale-jobs`` jobs on the 1,024-GPU emulated cluster
+   (``params/clusters/h100-128.yaml``), fifo + bandpilot with the emulator as a perfect predictor
+   Target: 10,000 jobs in <= 10 minutes on 2 cores. Then ``--scale-surrogate`` jobs of it with a
+   surrogate trained here on the emulated 128-host cluster, extrapolated to 10,000.
+Nothing is written into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bandpilot.config import setup_env  # noqa: E402
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.simulation.engine import SimConfig, simulate  # noqa: E402
+from bandpilot.simulation.report import summarize  # noqa: E402
+from bandpilot.simulation.workloads import public_trace_workload, seed001_workload  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+from benchmarks.bench_surrogate import data_root, h100_dataset  # noqa: E402
+
+CELLS = [("fifo", "topo"), ("fifo", "bandpilot"), ("sjf", "topo"), ("sjf", "bandpilot"), ("utility", "topo"), ("utility", "bandpilot")]
+H = 3600.0
+
+
+def h100_setup(threads: int):
+    """(surrogate, truth fabric, label): trained on the measured tables when present."""
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.train import train
+
+    ds, src = h100_dataset()
+    t0 = time.perf_counter()
+    params = TrainParams.load(ROOT / "params" / "train.yaml", {"threads": threads}).as_dict()
+    res = train(ds, params, plots=False)
+    print(f"surrogate trained on {src} in {time.perf_counter() - t0:.1f} s: test R² {res.metrics['test_r2']:.3f}, "
+          f"MAPE {res.metrics['test_mape']:.2f} %", file=sys.stderr, flush=True)
+    root = data_root()
+    if root is not None:
+        truth = make_fabric(load_cluster(root / "measurements" / "h100-16m"))
+        label = "measured H100 tables (h100-16m)"
+    else:
+        truth = make_fabric(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
+        label = "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent)"
+    return res.surrogate, truth, label
+
+
+def table_50(seeds: int, threads: int) -> str:
+    model, truth, label = h100_setup(threads)
+    rows: dict[tuple[str, str, float], list[dict]] = {}
+    cells = [(p, a, 0.5) for p, a in CELLS] + [("utility", "bandpilot", 0.3), ("utility", "bandpilot", 0.7)]
+    t0 = time.perf_counter()
+    for s in range(seeds):
+        jobs = seed001_workload(s)
+        for p, a, lam in cells:
+            res = simulate(jobs, Dispatcher(model, seed=s), truth, SimConfig(policy=p, algorithm=a, lam=lam, seed=s))
+            rows.setdefault((p, a, lam), []).append(summarize(res))
+    wall = time.perf_counter() - t0
+
+    def m(key: tuple, metric: str) -> float:
+        return float(np.mean([r[metric] for r in rows[key]]))
+
+    base = ("fifo", "topo", 0.5)
+    out = [f"Truth: {label}; model: surrogate trained on it; {seeds} workload seeds (50 jobs each), dispatch every 60 s, "
+           f"20 epochs per job; {len(cells) * seeds} simulations in {wall:.0f} s. Hours, means over seeds.", "",
+           "| policy | algorithm | λ | mean JCT | p50 | p95 | max | queueing | service | makespan | GPU util | mean GBE | mean JCT vs fifo+topo | p95 vs fifo+topo |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in cells:
+        p, a, lam = key
+        d_mean = m(key, "avg_jct_s") / m(base, "avg_jct_s") - 1
+        d_p95 = m(key, "p95_jct_s") / m(base, "p95_jct_s") - 1
+        out.append(f"| {p} | {a} | {lam:g} | {m(key, 'avg_jct_s') / H:.2f} | {m(key, 'p50_jct_s') / H:.2f} | "
+                   f"{m(key, 'p95_jct_s') / H:.2f} | {m(key, 'max_jct_s') / H:.2f} | {m(key, 'avg_queue_s') / H:.2f} | "
+                   f"{m(key, 'avg_service_s') / H:.2f} | {m(key, 'makespan_s') / H:.2f} | {m(key, 'gpu_utilization'):.3f} | "
+                   f"{m(key, 'mean_gbe'):.3f} | {d_mean:+.1%} | {d_p95:+.1%} |")
+    ub = ("utility", "bandpilot", 0.5)
+    d_mean = 1 - m(ub, "avg_jct_s") / m(base, "avg_jct_s")
+    d_p95 = 1 - m(ub, "p95_jct_s") / m(base, "p95_jct_s")
+    ok = "met" if d_mean >= 0.25 and d_p95 >= 0.20 else "MISSED"
+    per_seed = [1 - a["avg_jct_s"] / b["avg_jct_s"] for a, b in zip(rows[ub], rows[base])]
+    word = lambda d: f"{'reduced' if d >= 0 else 'RAISED'} by {abs(d):.1%}"  # noqa: E731
+    out += ["", f"Target utility+bandpilot vs fifo+topo: mean JCT {word(d_mean)} (target: reduced by >= 25 %), p95 "
+                f"{word(d_p95)} (target: reduced by >= 20 %): {ok}. Per-seed mean-JCT reduction: "
+                f"{', '.join(f'{x:+.1%}' for x in per_seed)}."]
+    return "\n".join(out)
+
+
+def scale(n_jobs: int) -> str:
+    spec = load_cluster(ROOT / "params" / "clusters" / "h100-128.yaml")
+    fab = make_fabric(spec)
+    jobs = public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)
+    t0 = time.perf_counter()
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="fifo", algorithm="bandpilot"))
+    wall = time.perf_counter() - t0
+    s = summarize(res)
+    ok = "met" if wall <= 600 else "MISSED"
+    extra = "" if n_jobs >= 10_000 else f" (extrapolated linearly to 10,000 jobs: {wall * 10_000 / n_jobs:.0f} s)"
+    return (f"{n_jobs} Helios-shaped jobs (load 0.9) on {spec.name} ({spec.n_gpus} GPUs, emulated; emulator as a perfect "
+            f"predictor), fifo + bandpilot: {wall:.0f} s wall{extra}, {s['batches']} batches, {s['completed']} completed, "
+            f"mean JCT {s['avg_jct_s'] / H:.2f} h, GPU utilization {s['gpu_utilization']:.2f}. "
+            f"Target <= 600 s for 10,000 jobs: {ok if n_jobs >= 10_000 else 'see extrapolation'}.")
+
+
+def scale_surrogate(n_jobs: int, threads: int) -> str:
+    """The scale run's first ``n_jobs`` jobs with a surrogate (params/train.yaml, trained here on 600
+    emulated cross-host allocations of the 128-host cluster) instead of the perfect predictor."""
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.model.params import TrainParams
+    from bandpilot.model.train import train
+
+    spec = load_cluster(ROOT / "params" / "clusters" / "h100-128.yaml")
+    fab = make_fabric(spec)
+    t0 = time.perf_counter()
+    res = train(fabric_dataset(fab, n_cross=600, seed=0), TrainParams.load(ROOT / "params" / "train.yaml", {"threads": threads}).as_dict(),
+                plots=False)
+    t_train = time.perf_counter() - t0
+    jobs = public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)
+    walls = {}
+    for label, model in (("surrogate", res.surrogate), ("perfect predictor", fab)):
+        t0 = time.perf_counter()
+        simulate(jobs, Dispatcher(model), fab, SimConfig(policy="fifo", algorithm="bandpilot"))
+        walls[label] = time.perf_counter() - t0
+    s = walls["surrogate"]
+    return (f"{n_jobs} of the same jobs with a trained surrogate (trained in {t_train:.0f} s): {s:.0f} s vs "
+            f"{walls['perfect predictor']:.0f} s with the perfect predictor; extrapolated to 10,000 jobs: {s * 10_000 / n_jobs:.0f} s "
+            f"(target 600 s: {'met' if s * 10_000 / n_jobs <= 600 else 'MISSED'} - the surrogate's inference in the search is the bottleneck).")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--scale-jobs", type=int, default=10_000, help="0 skips the scale run")
+    ap.add_argument("--scale-surrogate", type=int, default=1000, help="jobs of the scale run with a surrogate (0 skips)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    setup_env()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(f"Load average at start: {os.getloadavg()[0]:.1f}\n")
+    print(table_50(args.seeds, args.threads))
+    if args.scale_jobs:
+        print()
+        print(scale(args.scale_jobs), flush=True)
+    if args.scale_surrogate:
+        print()
+        print(scale_surrogate(args.scale_surrogate, args.threads), flush=True)
+    print(f"\nLoad average at end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
