@@ -68,6 +68,7 @@ REQUEST_CALLS = [
     ("POST", "/v1/requests/{rid}/cancel", None),
     ("POST", "/v1/requests/{rid}/release", {"measured_gbps": 1.0}),
     ("POST", "/v1/requests/{rid}/telemetry", {"measured_gbps": 1.0}),
+    ("POST", "/v1/requests/{rid}/entropy", {"entropy": 0.5}),
 ]
 ADMIN_CALLS = [
     ("POST", "/v1/cluster/drain", {"target": "h100-0"}),
@@ -187,11 +188,18 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     assert again.status_code == 409 and again.json()["error"] == "job 'a-new' was already released"
     assert c.post("/v1/requests/a-new/telemetry", json={"measured_gbps": 1.0}, headers=h(a)).status_code == 409
     assert snapshot(world.store) == before
+    assert c.post("/v1/requests/a-wait/entropy", json={"entropy": 0.8}, headers=h(a)).status_code == 200
+    ent = c.post("/v1/requests/a-wait/entropy", json={"entropy": 0.6}, headers=h(a)).json()
+    assert ent["job"] == "a-wait" and ent["utility"] == pytest.approx(q.entropy_utility(0.6, 0.8))
+    assert c.get("/v1/requests/a-wait", headers=h(a)).json()["utility"] == pytest.approx(ent["utility"])
+    assert c.post("/v1/requests/a-wait/entropy", json={"entropy": 1.5}, headers=h(a)).status_code == 422
+    assert c.post("/v1/requests/a-new/entropy", json={"entropy": 0.5}, headers=h(a)).status_code == 422  # finished job
     assert c.post("/v1/requests/a-wait/cancel", headers=h(a)).json()["status"] == "cancelled"
     log = q.audit_log(world.store, actor=f"alice (token {q.list_tokens(world.store, 'alice')[0]['id']})")
     assert [(e["action"], e["target"], e["outcome"]) for e in reversed(log)] == [
         ("submit", "a-new", "ok"), ("submit", None, "denied"), ("telemetry", "a-new", "ok"), ("release", "a-new", "ok"),
-        ("release", "a-new", "error"), ("telemetry", "a-new", "error"), ("cancel", "a-wait", "ok")]
+        ("release", "a-new", "error"), ("telemetry", "a-new", "error"), ("entropy", "a-wait", "ok"),
+        ("entropy", "a-wait", "ok"), ("entropy", "a-new", "error"), ("cancel", "a-wait", "ok")]
 
 
 @pytest.mark.parametrize("body, status, message", [

@@ -12,11 +12,12 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from bandpilot.api.auth import principal, store_of
-from bandpilot.api.schemas import ReleaseBody, SubmitBody, TelemetryBody
+from bandpilot.api.schemas import EntropyBody, ReleaseBody, SubmitBody, TelemetryBody
 from bandpilot.queue.audit import audited, record
 from bandpilot.queue.clock import _now
 from bandpilot.queue.intake import cancel, submit
 from bandpilot.queue.launch import FORMATS, assignment, render
+from bandpilot.queue.learning import report_entropy
 from bandpilot.queue.lifecycle import release
 from bandpilot.queue.requests import new_request_id
 from bandpilot.queue.schema import REQUEST_STATUSES, T_REQ
@@ -117,3 +118,13 @@ def telemetry(rid: str, body: TelemetryBody, request: Request, p: Principal = De
         with store.write() as conn:
             n = observe_jobs(conn, {rid: body.measured_gbps}, _now())
     return JSONResponse({"job": rid, "recorded": n})
+
+
+@router.post("/{rid}/entropy", summary="Report normalized entropy at an epoch boundary (updates the job's utility)")
+def entropy(rid: str, body: EntropyBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
+    _own(request, p, rid)
+    store = store_of(request)
+    report = {"job": rid, "entropy": body.entropy, **({"epoch": body.epoch} if body.epoch is not None else {})}
+    with audited(store, p.actor, "entropy", rid, {"entropy": body.entropy, "epoch": body.epoch}):
+        out = report_entropy(store, report)
+    return JSONResponse(out[0])

@@ -41,3 +41,8 @@ class TokenBody(_Body):
     tenant: str = Field(..., min_length=1, max_length=200)
     admin: bool = False
     name: Optional[str] = Field(None, max_length=200)
+
+
+class EntropyBody(_Body):
+    entropy: float = Field(..., ge=0, le=1, description="Normalized entropy at an epoch boundary (seed 001).")
+    epoch: Optional[int] = Field(None, ge=0, description="Epoch number (default: the next one).")
