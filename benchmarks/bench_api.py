@@ -3,8 +3,9 @@
     python -m benchmarks.bench_api                                  # 200 clients, 60 s, PostgreSQL
     python -m benchmarks.bench_api --clients 50 --duration 20 --store sqlite:///tmp/q.db
 
-Each client is one tenant with its own token; it loops { submit a request; list its pending
-requests (newest 100); sleep ``--think`` s }. The server is the real CLI (`bandpilot api`, uvicorn)
+Each client is one tenant with its own token; it starts at a random point of the first ``--think``
+seconds, then loops { submit a request; list its pending requests (100 at most); sleep
+``--think`` s, jittered x0.5-1.5 }. The server is the real CLI (`bandpilot api`, uvicorn)
 in its own process on a fresh PostgreSQL schema (or the given store), the clients share an asyncio
 loop in this process. Reported: requests, throughput, p50/p95/p99 latency per call, 5xx, and the
 loss check - every acknowledged submit is stored exactly once and nothing unacknowledged beyond the
@@ -48,6 +49,7 @@ async def _client(http, base: str, token: str, tenant: str, stop_at: float, thin
 
     h = {"Authorization": f"Bearer {token}"}
     n = 0
+    await asyncio.sleep(think * np.random.random())  # clients join over the first think time, not all at t=0
     while time.monotonic() < stop_at:
         rid = f"{tenant}-{n}"
         n += 1
@@ -92,7 +94,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--think", type=float, default=1.0, help="mean pause between a client's rounds, s")
-    ap.add_argument("--workers", type=int, default=2, help="API server processes")
+    ap.add_argument("--workers", type=int, default=1, help="API server processes")
     ap.add_argument("--store", default=None, help=f"store URL (default: a fresh schema on {PG})")
     args = ap.parse_args()
 

@@ -4,6 +4,7 @@ fragmentation sampler. ``create_app(store)`` works on any :class:`Store` (SQLite
 from __future__ import annotations
 
 import json
+import os
 import threading
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -93,7 +94,7 @@ def dashboard_html() -> str:
 
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
-               token_ttl: float = 5.0) -> Any:
+               token_ttl: float = 5.0, threads: int = int(os.environ.get("BANDPILOT_API_THREADS", "12"))) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
     valid token is trusted without a lookup (0: every request looks it up)."""
     st = store if isinstance(store, Store) else Store(store)
@@ -101,6 +102,11 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        import anyio.to_thread
+
+        # Request threads: each holds a store connection for one short transaction; more threads than
+        # that only fight over the GIL (anyio's default is 40).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
         sampler.start()
         try:
             yield
