@@ -376,16 +376,21 @@ def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
-def test_dvc_tracking_is_idempotent(tiny, tmp_path):
-    from bandpilot.data import dvc
-
+def _git_repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     _git(repo, "init", "-q")
     _git(repo, "config", "user.email", "ci@example.com")
     _git(repo, "config", "user.name", "CI")
     (repo / ".gitignore").write_text("/data/\n")
+    return repo
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_dvc_tracking_is_idempotent(tiny, tmp_path):
+    from bandpilot.data import dvc
+
+    repo = _git_repo(tmp_path)
     profiling.run(tiny, repo, cross_host_samples=2, progress=False, jobs=1)
 
     md5 = dvc.track("data", repo)
@@ -414,12 +419,7 @@ def test_dvc_tracking_is_idempotent(tiny, tmp_path):
 def test_scheduled_tracking_leaves_git_alone_or_commits_the_version(tiny, tmp_path):
     from bandpilot.data import dvc
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    _git(repo, "config", "user.email", "ci@example.com")
-    _git(repo, "config", "user.name", "CI")
-    (repo / ".gitignore").write_text("/data/\n")
+    repo = _git_repo(tmp_path)
     (repo / "notes.txt").write_text("operator's own work\n")
     _git(repo, "add", "notes.txt")  # staged by the operator: must stay staged, never committed by us
     profiling.run(tiny, repo, cross_host_samples=2, progress=False, jobs=1)

@@ -36,19 +36,19 @@ def new_token(body: TokenBody, request: Request, p: Principal = Depends(admin)) 
 
 @router.delete("/tokens/{token_id}", summary="Revoke one token (admin)")
 def revoke_token(token_id: str, request: Request, p: Principal = Depends(admin)) -> JSONResponse:
-    store = store_of(request)
-    with audited(store, p.actor, "token.revoke", token_id):
-        out = {"revoked": revoke(store, token_id=token_id)}
-    request.app.state.tokens.clear()
-    return JSONResponse(out)
+    return _revoke(request, p, "token.revoke", token_id, token_id=token_id)
 
 
 @router.delete("/tenants/{tenant}", summary="Delete a tenant: revoke all its tokens (admin)")
 def delete_tenant(tenant: str, request: Request, p: Principal = Depends(admin)) -> JSONResponse:
+    return _revoke(request, p, "tenant.delete", tenant, tenant=tenant)
+
+
+def _revoke(request: Request, p: Principal, action: str, target: str, **which: str) -> JSONResponse:
     store = store_of(request)
-    with audited(store, p.actor, "tenant.delete", tenant):
-        out = {"revoked": revoke(store, tenant=tenant)}
-    request.app.state.tokens.clear()
+    with audited(store, p.actor, action, target):
+        out = {"revoked": revoke(store, **which)}
+    request.app.state.tokens.clear()  # this process stops trusting them at once
     return JSONResponse(out)
 
 

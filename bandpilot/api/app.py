@@ -94,7 +94,7 @@ def dashboard_html() -> str:
 
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
-               token_ttl: float = 5.0, threads: int = int(os.environ.get("BANDPILOT_API_THREADS", "12"))) -> Any:
+               token_ttl: float = 5.0, threads: int | None = None) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
     valid token is trusted without a lookup (0: every request looks it up)."""
     st = store if isinstance(store, Store) else Store(store)
@@ -106,7 +106,8 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
 
         # Request threads: each holds a store connection for one short transaction; more threads than
         # that only fight over the GIL (anyio's default is 40).
-        anyio.to_thread.current_default_thread_limiter().total_tokens = threads
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads or int(
+            os.environ.get("BANDPILOT_API_THREADS", "12"))
         sampler.start()
         try:
             yield

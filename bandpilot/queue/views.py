@@ -13,6 +13,7 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
 from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
+from bandpilot.topology.domains import integer_runs
 
 
 def format_gpus(gpus: Sequence[str]) -> str:
@@ -23,16 +24,7 @@ def format_gpus(gpus: Sequence[str]) -> str:
         by_host.setdefault(h, []).append(int(i) if i.isdigit() else -1)
     parts = []
     for h, idx in by_host.items():
-        idx.sort()
-        runs: list[str] = []
-        start = prev = idx[0]
-        for i in idx[1:] + [None]:  # type: ignore[list-item]
-            if i is not None and i == prev + 1:
-                prev = i
-                continue
-            runs.append(f"{start}" if start == prev else f"{start}-{prev}")
-            if i is not None:
-                start = prev = i
+        runs = [f"{a}" if a == b else f"{a}-{b}" for a, b in integer_runs(sorted(idx))]
         parts.append(f"{h}:{','.join(runs)}")
     return " ".join(parts)
 

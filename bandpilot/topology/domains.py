@@ -152,16 +152,20 @@ def hostlist(names: Sequence[str]) -> str:
         if len(nums) == 1:
             parts.append(f"{prefix}{nums[0]:0{pad}d}")
             continue
-        runs, start, prev = [], nums[0], nums[0]
-        for x in nums[1:] + [None]:  # type: ignore[list-item]
-            if x is not None and x == prev + 1:
-                prev = x
-                continue
-            runs.append(f"{start:0{pad}d}" if start == prev else f"{start:0{pad}d}-{prev:0{pad}d}")
-            if x is not None:
-                start = prev = x
+        runs = [f"{a:0{pad}d}" if a == b else f"{a:0{pad}d}-{b:0{pad}d}" for a, b in integer_runs(nums)]
         parts.append(f"{prefix}[{','.join(runs)}]")
     return ",".join(parts)
+
+
+def integer_runs(nums: list[int]) -> list[tuple[int, int]]:
+    """Sorted integers as ``(first, last)`` runs of consecutive values: [0,1,2,5] -> [(0,2),(5,5)]."""
+    runs: list[tuple[int, int]] = []
+    for x in nums:
+        if runs and x == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], x)
+        else:
+            runs.append((x, x))
+    return runs
 
 
 def slurm_topology(spec: Any) -> str:
