@@ -145,6 +145,7 @@ def bench_queue(fab, n: int, seed: int) -> dict:
     """Submit ``n`` requests, then loop { run_batch; release a random half of the active jobs } until
     nothing is pending (as ``bench_queue`` does); the time of the batches is the figure."""
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
 
     rng = np.random.default_rng(seed)
     d = Dispatcher(fab, seed)
@@ -157,7 +158,7 @@ def bench_queue(fab, n: int, seed: int) -> dict:
         worst = None
         while True:
             t0 = time.perf_counter()
-            rep = q.run_batch(store, d)
+            rep = sched.run_batch(store, d)
             batch_s += time.perf_counter() - t0
             batches += 1
             assigned += rep.counts()["assigned"]

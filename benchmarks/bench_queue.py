@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict
 from bandpilot.config import setup_env
 
@@ -98,7 +99,7 @@ def run_scenario(name: str, spec: ClusterSpec, args, url: str, schema: str | Non
     assigned = rejected = deferred_attempts = 0
     while True:
         t = time.perf_counter()
-        rep = q.run_batch(store, dispatcher, policy=args.policy, commit=args.commit)
+        rep = sched.run_batch(store, dispatcher, policy=args.policy, commit=args.commit)
         batch_s.append(time.perf_counter() - t)
         batches += 1
         c = rep.counts()
@@ -163,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", choices=["small", "large", "all"], default="all")
     ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--policy", choices=q.POLICIES, default="utility")
-    ap.add_argument("--commit", choices=q.COMMIT_MODES, default="batch")
+    ap.add_argument("--policy", choices=sched.POLICIES, default="utility")
+    ap.add_argument("--commit", choices=sched.COMMIT_MODES, default="batch")
     ap.add_argument("--store", default=None, help="Store URL (default: a fresh SQLite file per scenario).")
     ap.add_argument("--model", default=None, help="Model URI (default: the fabric as a perfect predictor).")
     ap.add_argument("--seed", type=int, default=0)

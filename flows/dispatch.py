@@ -33,9 +33,10 @@ def load_dispatcher_task(model_uri: str):
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str) -> dict[str, Any]:
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
-        rep = q.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri)
+        rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")

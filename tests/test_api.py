@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.api import create_app
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
@@ -43,7 +44,7 @@ class World:
         q.revoke(store, tenant="carol")  # a deleted tenant
         q.submit(store, [{"id": "a-run", "k": 4, "tenant": "alice"}, {"id": "a-done", "k": 2, "tenant": "alice"},
                          {"id": "b-run", "k": 2, "tenant": "bob"}])
-        q.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+        sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
         q.release(store, "a-done")
         q.submit(store, [{"id": "a-wait", "k": 30, "tenant": "alice"}])  # never fits: stays pending
         self.client = TestClient(create_app(store, sample_s=None))
@@ -174,7 +175,7 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     assert r.status_code == 201 and r.json()["tenant"] == "alice" and r.json()["status"] == "pending"
     assert c.post("/v1/requests", json={"k": 1, "tenant": "bob"}, headers=h(a)).status_code == 403
     assert c.post("/v1/requests", json={"id": "b-by-ops", "k": 1, "tenant": "bob"}, headers=h(world.admin)).json()["tenant"] == "bob"
-    q.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)), policy="priority")
+    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)), policy="priority")
     shown = c.get("/v1/requests/a-new", headers=h(a)).json()
     assert shown["status"] == "assigned" and len(shown["gpus"]) == 2 and shown["predicted_gbps"] > 0
     slurm = c.get("/v1/requests/a-new/launch?format=slurm", headers=h(a))

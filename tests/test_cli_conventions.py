@@ -86,6 +86,7 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
     import json as _json
 
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
     from bandpilot.cli.main import main
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.fabric.emulator import EmulatorFabric
@@ -96,7 +97,7 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
     store = q.Store(url)
     store.init_cluster(spec)
     q.submit(store, [{"id": "big", "k": 12, "tenant": "t"}, {"id": "wait", "k": 32, "tenant": "t"}])
-    q.run_batch(store, Dispatcher(EmulatorFabric(spec)))
+    sched.run_batch(store, Dispatcher(EmulatorFabric(spec)))
     a = q.assignment(store, "big")
     assert sum(len(v) for v in a["hosts"].values()) == 12 and len(a["hosts"]) >= 2
     capsys.readouterr()

@@ -77,6 +77,7 @@ def test_legacy_queue_store_opens_reports_and_runs(legacy, tmp_path):
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.fabric.emulator import make_fabric
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
 
     db = tmp_path / "queue.db"
     shutil.copy(legacy / "queue.db", db)
@@ -88,7 +89,7 @@ def test_legacy_queue_store_opens_reports_and_runs(legacy, tmp_path):
     assert q.check_invariants(store) == []
     # the store keeps working: release a job, run a batch that places the deferred 12-GPU request
     q.release(store, "job-3")
-    report = q.run_batch(store, Dispatcher(make_fabric(store.spec)))
+    report = sched.run_batch(store, Dispatcher(make_fabric(store.spec)))
     assert [o.status for o in report.outcomes] == ["assigned"]
     assert q.check_invariants(store) == []
     assert "h100-3:7" not in report.outcomes[0].gpus  # the drained GPU stays out

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
 
@@ -42,11 +43,11 @@ def live(tmp_path):
     admin, _ = q.create_token(store, "ops", admin=True)
     alice, _ = q.create_token(store, "alice")
     q.submit(store, [{"id": "a-train", "k": 8, "tenant": "alice"}, {"id": "b-eval", "k": 4, "tenant": "bob"}])
-    q.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
     q.drain(store, "h100-3:7", "fan")
     q.apply_verdicts(store, {"h100-2": {"status": "degraded", "gpus": ["h100-2:1"], "links": [], "ratio": 0.6}}, "test")
     q.submit(store, [{"id": "a-big", "k": 24, "tenant": "alice"}])
-    q.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")  # a-big is deferred: not enough GPUs
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")  # a-big is deferred: not enough GPUs
     port = _port()
     server = uvicorn.Server(uvicorn.Config(create_app(store, sample_s=None), host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.fragmentation import fragmentation_metrics
 from bandpilot.dispatch.state import State
@@ -51,7 +52,7 @@ def test_domain_constraints_through_the_batch(store):
         {"id": "seg", "k": 12, "constraints": {"segment": 4}},
         {"id": "one", "k": 8, "constraints": {"single_domain": True}},
     ])
-    rep = q.run_batch(store, d)
+    rep = sched.run_batch(store, d)
     got = {o.request_id: o for o in rep.outcomes}
     assert all(o.status == "assigned" for o in got.values()), [(o.request_id, o.detail) for o in rep.outcomes]
     w = doms(spec, got["whole"].gpus)
@@ -62,7 +63,7 @@ def test_domain_constraints_through_the_batch(store):
     assert len(set(doms(spec, got["one"].gpus))) == 1
     # no wholly free domain is left for another whole-domain gang: deferred, not rejected
     q.submit(store, [{"id": "whole2", "k": 16, "constraints": {"whole_domains": True}}])
-    o = q.run_batch(store, d).outcomes[0]
+    o = sched.run_batch(store, d).outcomes[0]
     assert o.status == "deferred" and o.reason == "constraint_unmet"
     assert q.check_invariants(store) == []
 
@@ -137,7 +138,7 @@ def test_batch_places_gangs_in_one_domain_on_nvl72x16(tmp_path):
     rng = np.random.default_rng(1)
     ks = rng.choice([1, 2, 4, 8, 16, 32, 72], size=40)
     q.submit(s, [{"id": f"r{i}", "k": int(k)} for i, k in enumerate(ks)])
-    rep = q.run_batch(s, Dispatcher(make_fabric(spec)))
+    rep = sched.run_batch(s, Dispatcher(make_fabric(spec)))
     assert rep.counts()["assigned"] == 40
     for o in rep.outcomes:
         assert len(set(doms(spec, o.gpus))) == 1

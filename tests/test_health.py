@@ -187,6 +187,7 @@ def test_verify_measurement_directory(shared_data, model_dir):
 # ------------------------------------------------------------------------------------------
 def test_gate_drains_suspects_undrains_after_a_pass_and_keeps_operator_drains(h100, tmp_path):
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
     from bandpilot.errors import StateError
 
     store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
@@ -194,7 +195,7 @@ def test_gate_drains_suspects_undrains_after_a_pass_and_keeps_operator_drains(h1
     from bandpilot.dispatch.dispatcher import Dispatcher
 
     q.submit(store, [{"id": "job", "k": 8, "tenant": "t", "constraints": {"allowed_hosts": ["h100-0"]}}])
-    q.run_batch(store, Dispatcher(EmulatorFabric(h100)))  # the job holds all of h100-0
+    sched.run_batch(store, Dispatcher(EmulatorFabric(h100)))  # the job holds all of h100-0
     q.drain(store, "h100-3:0", reason="operator: fan")
     verdicts = {
         "h100-0": {"status": "degraded", "gpus": ["h100-0:2"], "links": [], "ratio": 0.5},
@@ -249,6 +250,7 @@ def test_job_telemetry_is_stored_atomically_and_drives_drift(h100, tmp_path, cap
     import sqlalchemy as sa
 
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.errors import StateError
     from bandpilot.queue.schema import T_OBS
@@ -257,7 +259,7 @@ def test_job_telemetry_is_stored_atomically_and_drives_drift(h100, tmp_path, cap
     store = q.Store(url)
     store.init_cluster(h100)
     q.submit(store, [{"id": f"j{i}", "k": 4, "tenant": "t"} for i in range(6)])
-    rep = q.run_batch(store, Dispatcher(EmulatorFabric(h100)))
+    rep = sched.run_batch(store, Dispatcher(EmulatorFabric(h100)))
     pred = {o.request_id: o.predicted_gbps for o in rep.outcomes}
 
     def n_obs():

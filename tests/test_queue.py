@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.queue import schema as q_schema
-from bandpilot.queue.batch import _load_pending
-from bandpilot.queue.policies import _Pending
+from bandpilot.scheduling.batch import load_pending
+from bandpilot.scheduling.policies import Pending
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
 from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import ModelError, RequestError, StateError
@@ -125,7 +126,7 @@ def assigned_rows(store: q.Store) -> list[tuple[str, list[str]]]:
 def scenario_basic(store: q.Store, dispatcher) -> None:
     """Submit, batch, contention visible to later requests, release, re-batch."""
     q.submit(store, reqs(10, k=4))
-    rep = q.run_batch(store, dispatcher, policy="fifo")
+    rep = sched.run_batch(store, dispatcher, policy="fifo")
     assert rep.counts()["assigned"] == 8 and rep.counts()["deferred"] == 2
     assert [o.request_id for o in rep.assigned] == [f"r{i}" for i in range(8)]
     assert {o.reason for o in rep.deferred} == {"insufficient_gpus"}
@@ -140,7 +141,7 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
     assert_consistent(store)
     q.release(store, "r0")
     q.release(store, "r1")
-    rep2 = q.run_batch(store, dispatcher, policy="fifo")
+    rep2 = sched.run_batch(store, dispatcher, policy="fifo")
     assert [o.request_id for o in rep2.assigned] == ["r8", "r9"]
     assert_consistent(store)
     rows = {r["id"]: r for r in q.list_requests(store)}
@@ -154,7 +155,8 @@ import sys
 from bandpilot.topology.cluster import load_cluster
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.queue import Store, run_batch
+from bandpilot.queue import Store
+from bandpilot.scheduling import run_batch
 url, schema, spec_path, commit, policy = sys.argv[1:6]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
@@ -165,7 +167,7 @@ print("DONE " + " ".join(o.request_id for o in rep.assigned), flush=True)
 
 
 def spawn_batch(url: str, commit: str, sleep: float, schema: str = "", policy: str = "fifo") -> subprocess.Popen:
-    env = dict(os.environ, **{q.SLEEP_ENV: str(sleep), "PYTHONPATH": str(ROOT)})
+    env = dict(os.environ, **{sched.SLEEP_ENV: str(sleep), "PYTHONPATH": str(ROOT)})
     return subprocess.Popen(
         [sys.executable, "-c", RUNNER, url, schema, str(H100), commit, policy],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
@@ -205,7 +207,7 @@ def scenario_kill9(store: q.Store, url: str, commit: str, schema: str = "") -> N
         assert 3 <= len(done) < 12
         assert q.status(store)["last_batch"]["interrupted"]
     assert_consistent(store)
-    rep = q.run_batch(store, Dispatcher(make_fabric(store.spec)))
+    rep = sched.run_batch(store, Dispatcher(make_fabric(store.spec)))
     assert len(rep.assigned) == 12 - len(done)
     rows = assigned_rows(store)
     assert sorted(r for r, _ in rows) == sorted(f"c{i}" for i in range(12))
@@ -280,7 +282,7 @@ def test_spec_round_trip_and_init_idempotent(store, spec):
     with pytest.raises(q.StoreError, match="already holds cluster 'h100'"):
         store.init_cluster(domain_spec())
     q.submit(store, reqs(1))
-    q.run_batch(store, GreedyDispatcher(spec))
+    sched.run_batch(store, GreedyDispatcher(spec))
     with pytest.raises(q.StoreError, match="still active"):
         store.init_cluster(domain_spec(), force=True)
     q.release(store, "r0")
@@ -399,7 +401,7 @@ def test_batch_fifo_contention_and_release(store, disp):
 def test_later_requests_see_earlier_assignments_as_contention(store, spec):
     g = GreedyDispatcher(spec)
     q.submit(store, reqs(3, k=4))
-    q.run_batch(store, g)
+    sched.run_batch(store, g)
     states = [s for _, s, _ in g.calls]
     assert [len(s.jobs) for s in states] == [0, 1, 2]
     assert states[2].jobs[0].demand_gbps > 0
@@ -408,7 +410,7 @@ def test_later_requests_see_earlier_assignments_as_contention(store, spec):
 
 def test_batch_output_fields(store, disp):
     q.submit(store, [{"id": "a", "k": 8, "tenant": "t"}])
-    rep = q.run_batch(store, disp, model_uri="models:/bandpilot-h100@champion")
+    rep = sched.run_batch(store, disp, model_uri="models:/bandpilot-h100@champion")
     o = rep.assigned[0].to_dict()
     assert o["status"] == "assigned" and len(o["gpus"]) == 8 and o["predicted_gbps"] > 0
     assert o["algorithm"] == "bandpilot" and o["model_version"] and o["time"]
@@ -428,20 +430,20 @@ def test_priority_and_utility_order(store, spec):
         {"id": "mid", "k": 16, "priority": 1, "utility": 0.5},
     ])
     with store.read() as conn:
-        pend, _ = _load_pending(conn)
-    assert [p.req.id for p in q.order_pending(pend, "fifo")] == ["low", "high", "mid"]
-    assert [p.req.id for p in q.order_pending(pend, "priority")] == ["high", "mid", "low"]
-    assert [p.req.id for p in q.order_pending(pend, "utility")] == ["low", "mid", "high"]
-    rep = q.run_batch(store, g, policy="priority")
+        pend, _ = load_pending(conn)
+    assert [p.req.id for p in sched.order_pending(pend, "fifo")] == ["low", "high", "mid"]
+    assert [p.req.id for p in sched.order_pending(pend, "priority")] == ["high", "mid", "low"]
+    assert [p.req.id for p in sched.order_pending(pend, "utility")] == ["low", "mid", "high"]
+    rep = sched.run_batch(store, g, policy="priority")
     assert [o.request_id for o in rep.assigned] == ["high", "mid"]
     with pytest.raises(RequestError, match="unknown policy"):
-        q.run_batch(store, g, policy="lifo")
+        sched.run_batch(store, g, policy="lifo")
 
 
 def test_utility_quotas_proportional_when_competing(store, spec):
     g = GreedyDispatcher(spec)
     q.submit(store, reqs(8, k=4, prefix="a", tenant="A", utility=0.9) + reqs(8, k=4, prefix="b", tenant="B", utility=0.3))
-    rep = q.run_batch(store, g, policy="utility")
+    rep = sched.run_batch(store, g, policy="utility")
     assert rep.quotas == {"A": 24, "B": 8}  # 32 * 7.2/9.6 and 32 * 2.4/9.6
     per = {}
     for o in rep.assigned:
@@ -454,12 +456,12 @@ def test_utility_quotas_proportional_when_competing(store, spec):
 def test_utility_quota_is_work_conserving_and_off_without_competition(store, spec):
     g = GreedyDispatcher(spec)
     q.submit(store, reqs(3, k=8, prefix="a", tenant="A", utility=0.9) + [{"id": "b0", "k": 4, "tenant": "B", "utility": 0.9}])
-    rep = q.run_batch(store, g, policy="utility")
+    rep = sched.run_batch(store, g, policy="utility")
     assert rep.quotas is None and rep.counts()["assigned"] == 4
     q.submit(store, reqs(2, k=4, prefix="c", tenant="C", utility=0.1) + reqs(2, k=2, prefix="d", tenant="D", utility=0.9))
     for j in ("a0", "a1"):
         q.release(store, j)
-    rep = q.run_batch(store, g, policy="utility")  # 12 wanted, 16 free: no competition
+    rep = sched.run_batch(store, g, policy="utility")  # 12 wanted, 16 free: no competition
     assert rep.quotas is None and rep.counts()["assigned"] == 4
 
 
@@ -468,16 +470,16 @@ def test_quota_apportionment_sums_to_free():
 
     def pend(t, u, k=1):
         i = next(counter)
-        return _Pending(q.Request(f"p{i}", k, t, 0, u), i, float(i))
+        return Pending(q.Request(f"p{i}", k, t, 0, u), i, float(i))
 
     ps = [pend("a", 1.0, 5), pend("b", 1.0, 5), pend("c", 1.0, 5)]
-    quotas = q.utility_quotas(ps, 10)
+    quotas = sched.utility_quotas(ps, 10)
     assert sum(quotas.values()) == 10 and sorted(quotas.values()) == [3, 3, 4]
-    assert q.utility_quotas(ps, 15) is None
+    assert sched.utility_quotas(ps, 15) is None
     ps = [pend("a", 0.0, 20), pend("b", 0.0, 20)]
-    assert q.utility_quotas(ps, 7) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
+    assert sched.utility_quotas(ps, 7) in ({"a": 4, "b": 3}, {"a": 3, "b": 4})
     ps = [pend("a", None, 20), pend("b", 0.5, 20)]  # unknown utility takes the mean prior
-    assert q.utility_quotas(ps, 8) == {"a": 4, "b": 4}
+    assert sched.utility_quotas(ps, 8) == {"a": 4, "b": 4}
 
 
 def test_constraints_single_host_allowed_and_min_gbps(store, disp):
@@ -488,7 +490,7 @@ def test_constraints_single_host_allowed_and_min_gbps(store, disp):
         {"id": "gpus", "k": 2, "constraints": {"allowed_gpus": ["h100-3:6", "h100-3:7", "h100-2:0"]}},
         {"id": "never", "k": 8, "constraints": {"min_gbps": 1e6}},
     ])
-    rep = q.run_batch(store, disp)
+    rep = sched.run_batch(store, disp)
     out = {o.request_id: o for o in rep.outcomes}
     assert all(g.startswith("h100-0:") for g in out["fill"].gpus)
     assert {g.rpartition(":")[0] for g in out["sh"].gpus} == {"h100-1"}
@@ -505,7 +507,7 @@ def test_single_domain_constraint_and_domain_fragmentation(tmp_path):
     s = new_store(f"sqlite:///{tmp_path / 'd.db'}", spec)
     d = Dispatcher(make_fabric(spec))
     q.submit(s, [{"id": "a", "k": 12}, {"id": "b", "k": 12, "constraints": {"single_domain": True}}])
-    rep = q.run_batch(s, d)
+    rep = sched.run_batch(s, d)
     b = next(o for o in rep.outcomes if o.request_id == "b")
     assert b.status == "assigned"
     doms = {spec.hosts[spec.host_index[g.rpartition(":")[0]]].domain for g in b.gpus}
@@ -514,29 +516,29 @@ def test_single_domain_constraint_and_domain_fragmentation(tmp_path):
     assert {d_["domain"] for d_ in f["domains"]} == {"h100-d0", "h100-d1"}
     assert f["largest_placeable"]["single_domain"] == max(d_["free"] for d_ in f["domains"])
     q.submit(s, [{"id": "c", "k": 8, "constraints": {"single_domain": True}}])
-    rep = q.run_batch(s, d)
+    rep = sched.run_batch(s, d)
     assert rep.outcomes[0].status == "deferred" and rep.outcomes[0].reason == "constraint_unmet"
     assert_consistent(s)
 
 
 def test_limit_and_deferral_reason_retried(store, disp):
     q.submit(store, reqs(5, k=8))
-    rep = q.run_batch(store, disp, limit=2)
+    rep = sched.run_batch(store, disp, limit=2)
     assert [o.request_id for o in rep.outcomes] == ["r0", "r1"]
-    rep = q.run_batch(store, disp)
+    rep = sched.run_batch(store, disp)
     assert rep.counts() == {"assigned": 2, "deferred": 1, "rejected": 0, "skipped": 0}
     row = q.list_requests(store, status="pending")[0]
     assert row["reason"] == "insufficient_gpus" and row["attempts"] == 1
     assert q.status(store)["deferral_reasons"] == {"insufficient_gpus": 1}
     q.release(store, "r0")
-    assert q.run_batch(store, disp).assigned[0].request_id == "r4"
+    assert sched.run_batch(store, disp).assigned[0].request_id == "r4"
 
 
 def test_invalid_request_in_store_is_rejected(store, disp):
     q.submit(store, [{"id": "a", "k": 4}])
     with store.write() as conn:  # e.g. left over from an earlier, larger cluster
         conn.execute(sa.update(q.T_REQ).where(q.T_REQ.c.id == "a").values(k=64))
-    rep = q.run_batch(store, disp)
+    rep = sched.run_batch(store, disp)
     assert rep.outcomes[0].status == "rejected" and rep.outcomes[0].reason == "invalid_request"
     assert q.list_requests(store)[0]["status"] == "rejected"
 
@@ -545,7 +547,7 @@ def test_model_for_another_cluster_assigns_nothing(store):
     other = Dispatcher(make_fabric(domain_spec()))
     q.submit(store, reqs(2))
     with pytest.raises(ModelError, match="built for cluster 'h100dom'"):
-        q.run_batch(store, other)
+        sched.run_batch(store, other)
     assert q.status(store)["requests"]["pending"] == 2 and assigned_rows(store) == []
 
 
@@ -563,7 +565,7 @@ class _EvilDispatcher(GreedyDispatcher):
 
 def test_misbehaving_dispatcher_never_double_assigns(store, spec):
     q.submit(store, reqs(3, k=2))
-    rep = q.run_batch(store, _EvilDispatcher(spec))
+    rep = sched.run_batch(store, _EvilDispatcher(spec))
     assert {o.reason for o in rep.outcomes} == {"dispatcher_error"}
     assert assigned_rows(store) == [] and q.status(store)["requests"]["pending"] == 3
     assert_consistent(store)
@@ -578,17 +580,17 @@ def test_crash_inside_batch_rolls_back(store, spec):
 
     q.submit(store, reqs(3))
     with pytest.raises(RuntimeError):
-        q.run_batch(store, Boom(spec))
+        sched.run_batch(store, Boom(spec))
     assert assigned_rows(store) == [] and q.status(store)["requests"]["pending"] == 3
     with pytest.raises(RuntimeError):
-        q.run_batch(store, Boom(spec), commit="request")
+        sched.run_batch(store, Boom(spec), commit="request")
     assert len(assigned_rows(store)) == 1  # per-request commits: the first one stuck, fully
     assert_consistent(store)
 
 
 def test_commit_per_request_mode(store, disp):
     q.submit(store, reqs(6, k=8))
-    rep = q.run_batch(store, disp, commit="request")
+    rep = sched.run_batch(store, disp, commit="request")
     assert rep.counts()["assigned"] == 4 and rep.counts()["deferred"] == 2
     assert_consistent(store)
 
@@ -600,7 +602,7 @@ def test_cancel(store):
         q.cancel(store, "r0")
     with pytest.raises(RequestError, match="no request"):
         q.cancel(store, "zz")
-    q.run_batch(store, GreedyDispatcher(store.spec))
+    sched.run_batch(store, GreedyDispatcher(store.spec))
     with pytest.raises(RequestError, match="release the job instead"):
         q.cancel(store, "r1")
 
@@ -612,7 +614,7 @@ def test_release_errors(store, disp):
     q.submit(store, reqs(1))
     with pytest.raises(StateError, match="no active job 'r0' \\(request 'r0' is pending\\)"):
         q.release(store, "r0")
-    q.run_batch(store, disp)
+    sched.run_batch(store, disp)
     assert len(q.release(store, "r0")["freed"]) == 2
     with pytest.raises(StateError, match="already released"):
         q.release(store, "r0")
@@ -625,7 +627,7 @@ def test_drain_undrain_host_gpu_and_busy(store, spec):
     r = q.drain(store, "h100-0", reason="nvlink degraded")
     assert len(r["drained"]) == 8
     q.submit(store, [{"id": "a", "k": 8}])
-    rep = q.run_batch(store, g)
+    rep = sched.run_batch(store, g)
     assert all(not x.startswith("h100-0:") for x in rep.assigned[0].gpus)  # drained GPUs never handed out
     busy = rep.assigned[0].gpus
     r = q.drain(store, busy[0].rpartition(":")[0])
@@ -642,7 +644,7 @@ def test_drain_undrain_host_gpu_and_busy(store, spec):
     q.undrain(store, "h100-0")
     # a pending drain can be cancelled
     q.submit(store, [{"id": "b", "k": 2}])
-    b = q.run_batch(store, g).assigned[0].gpus
+    b = sched.run_batch(store, g).assigned[0].gpus
     q.drain(store, b[0])
     assert q.undrain(store, b[0])["cancelled"] == [b[0]]
     assert q.release(store, "b")["unavailable"] == []
@@ -660,7 +662,7 @@ def test_fragmentation_report(store, spec):
         {"id": "b", "k": 8, "constraints": {"allowed_hosts": ["h100-1"]}},
         {"id": "c", "k": 2, "constraints": {"allowed_hosts": ["h100-2"]}},
     ])
-    q.run_batch(store, g)
+    sched.run_batch(store, g)
     q.drain(store, "h100-3:0")
     f = q.fragmentation(store)
     hosts = {h["host"]: h for h in f["hosts"]}
@@ -680,7 +682,7 @@ def test_fragmentation_report(store, spec):
 
 def test_export_state_is_dispatcher_format(store, disp):
     q.submit(store, reqs(3, k=4))
-    q.run_batch(store, disp)
+    sched.run_batch(store, disp)
     q.drain(store, "h100-3")
     doc = q.export_state(store)
     assert set(doc) == {"free", "jobs"}
@@ -867,9 +869,9 @@ class QueueMachine(RuleBasedStateMachine):
         with pytest.raises(RequestError):
             q.submit(self.store, [{"id": rid, "k": 1}])
 
-    @rule(policy=st.sampled_from(q.POLICIES), commit=st.sampled_from(q.COMMIT_MODES), limit=st.none() | st.integers(1, 4))
+    @rule(policy=st.sampled_from(sched.POLICIES), commit=st.sampled_from(sched.COMMIT_MODES), limit=st.none() | st.integers(1, 4))
     def dispatch(self, policy, commit, limit):
-        rep = q.run_batch(self.store, self.disp, policy=policy, commit=commit, limit=limit)
+        rep = sched.run_batch(self.store, self.disp, policy=policy, commit=commit, limit=limit)
         new = {o.request_id for o in rep.assigned}
         assert not (new & self.ever_assigned), "a request was assigned twice"
         self.ever_assigned |= new

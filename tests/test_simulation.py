@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bandpilot import queue as q
+from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
 from bandpilot.fabric.emulator import make_fabric
@@ -165,11 +166,11 @@ def test_utility_policy_follows_reports_and_sjf_follows_estimates(store, fab):
     d = Dispatcher(fab)
     q.submit(store, [{"id": f"r{i}", "k": 32, "submitted": 100 + i} for i in range(3)])
     q.report_entropy(store, [{"job": "r2", "entropy": 0.9}, {"job": "r0", "entropy": 0.2}, {"job": "r1", "entropy": 0.5}])
-    rep = q.run_batch(store, d, policy="utility")
+    rep = sched.run_batch(store, d, policy="utility")
     assert [o.request_id for o in rep.outcomes][0] == "r2" and rep.assigned[0].request_id == "r2"
     q.release(store, "r2")
     q.set_estimates(store, {"r0": 500.0, "r1": 100.0})
-    rep = q.run_batch(store, d, policy="sjf")
+    rep = sched.run_batch(store, d, policy="sjf")
     assert rep.assigned[0].request_id == "r1"
     with pytest.raises(RequestError, match="no request 'nope'"):
         q.set_estimates(store, {"nope": 1.0})

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from bandpilot.api.auth import admin, principal, store_of
 from bandpilot.api.schemas import TokenBody
 from bandpilot.queue.audit import audit_log, audited
-from bandpilot.queue.tokens import Principal, create_token, list_tokens, revoke
+from bandpilot.queue.api_tokens import Principal, create_token, list_tokens, revoke
 
 router = APIRouter(prefix="/v1", tags=["admin"])
 

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from bandpilot.api import admin, cluster, problems, requests
 from bandpilot.api.auth import TokenCache
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
@@ -79,7 +79,7 @@ class _Sampler:
             try:
                 if self.store.initialized:
                     with self.store.write() as conn:
-                        sample_fragmentation(conn, self.store.spec, _now())
+                        sample_fragmentation(conn, self.store.spec, now())
             except Exception:  # noqa: BLE001 - a busy store skips one sample; the API keeps serving
                 continue
 

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from bandpilot.queue.audit import record
 from bandpilot.queue.store import Store
-from bandpilot.queue.tokens import Principal, authenticate
+from bandpilot.queue.api_tokens import Principal, authenticate
 
 _bearer = HTTPBearer(auto_error=False, description="`bandpilot tokens create --tenant T` prints one.")
 

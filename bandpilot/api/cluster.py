@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from bandpilot.api.auth import admin, principal, store_of
 from bandpilot.api.schemas import DrainBody, UndrainBody
 from bandpilot.queue.audit import audited
-from bandpilot.queue.health import health
+from bandpilot.queue.gpu_health import health
 from bandpilot.queue.lifecycle import drain, undrain
-from bandpilot.queue.tokens import Principal
+from bandpilot.queue.api_tokens import Principal
 from bandpilot.queue.views import fragmentation, fragmentation_history, gpu_grid, recent_batches, status
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"])

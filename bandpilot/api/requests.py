@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from bandpilot.api.auth import principal, store_of
 from bandpilot.api.schemas import EntropyBody, ReleaseBody, SubmitBody, TelemetryBody
 from bandpilot.queue.audit import audited, record
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.intake import cancel, submit
 from bandpilot.queue.launch import FORMATS, assignment, render
 from bandpilot.queue.learning import report_entropy
@@ -22,7 +22,7 @@ from bandpilot.queue.lifecycle import release
 from bandpilot.queue.requests import new_request_id
 from bandpilot.queue.schema import REQUEST_STATUSES, T_REQ
 from bandpilot.queue.telemetry import observe_jobs
-from bandpilot.queue.tokens import Principal, check_tenant
+from bandpilot.queue.api_tokens import Principal, check_tenant
 from bandpilot.queue.views import list_requests
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
@@ -116,7 +116,7 @@ def telemetry(rid: str, body: TelemetryBody, request: Request, p: Principal = De
     store = store_of(request)
     with audited(store, p.actor, "telemetry", rid, {"measured_gbps": body.measured_gbps}):
         with store.write() as conn:
-            n = observe_jobs(conn, {rid: body.measured_gbps}, _now())
+            n = observe_jobs(conn, {rid: body.measured_gbps}, now())
     return JSONResponse({"job": rid, "recorded": n})
 
 

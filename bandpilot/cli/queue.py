@@ -339,13 +339,14 @@ def dispatch_cmd(
 ) -> None:
     """Run one batch: assign pending requests with the promoted model, in policy order."""
     from bandpilot import queue as q
+    from bandpilot import scheduling as sched
 
     if not batch:
         raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")
-    if policy not in q.POLICIES:
-        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(q.POLICIES)}")
-    if commit not in q.COMMIT_MODES:
-        raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(q.COMMIT_MODES)}")
+    if policy not in sched.POLICIES:
+        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
+    if commit not in sched.COMMIT_MODES:
+        raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
     st = _store(store)
     idle = q.nothing_to_place(st)
     if idle is not None:  # the every-minute schedule: no model load, no torch import
@@ -356,7 +357,7 @@ def dispatch_cmd(
         return
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
-    rep = q.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)
+    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -1,18 +1,15 @@
-"""Stage 5b, assignment: the durable request queue (SQLite/PostgreSQL), policies and quotas, batch
-runs that call the dispatcher inside one transaction, release/drain, and invariant checks. It hands
-on assigned jobs (GPU lists per request) and the cluster state in the dispatcher's JSON format."""
+"""Stage 5b, the durable request queue (SQLite/PostgreSQL): schema and store, intake, lifecycle
+(release/drain), audit, API tokens, telemetry, invariant checks and read-only views. It records what
+happened; deciding what runs where is :mod:`bandpilot.scheduling`, the layer above it."""
 
 from bandpilot.queue.audit import audit_log, audited
-from bandpilot.queue.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
 from bandpilot.queue.clock import iso
-from bandpilot.queue.health import apply_verdicts, health
+from bandpilot.queue.gpu_health import apply_verdicts, health
 from bandpilot.queue.intake import SubmitError, SubmitReport, cancel, submit
 from bandpilot.queue.launch import FORMATS, assignment, render
 from bandpilot.queue.learning import DEFAULT_LAMBDA, entropy_history, entropy_utility, report_entropy, set_estimates
 from bandpilot.queue.invariants import check_invariants
 from bandpilot.queue.lifecycle import drain, release, release_many, resolve_targets, undrain
-from bandpilot.queue.outcomes import BatchReport, Outcome
-from bandpilot.queue.policies import POLICIES, order_pending, utility_prior, utility_quotas
 from bandpilot.queue.requests import Constraints, ParsedRequests, Request, new_request_id, parse_jsonl, validate_request
 from bandpilot.queue.schema import (
     GPU_STATES,
@@ -32,7 +29,7 @@ from bandpilot.queue.schema import (
 )
 from bandpilot.queue.store import STORE_ENV, Store, StoreError, default_store_url, open_store
 from bandpilot.queue.telemetry import drift, record_observations
-from bandpilot.queue.tokens import Principal, authenticate, create_token, list_tokens, revoke
+from bandpilot.queue.api_tokens import Principal, authenticate, create_token, list_tokens, revoke
 from bandpilot.queue.views import (
     current_state,
     export_state,
@@ -56,9 +53,6 @@ __all__ = [
     "alembic_ops", "default_store_url", "metadata", "open_store", "schema_version",
     # intake
     "SubmitError", "SubmitReport", "cancel", "submit",
-    # policies and batch runs
-    "BatchReport", "COMMIT_MODES", "Outcome", "POLICIES", "SLEEP_ENV", "check_model", "model_version_of",
-    "order_pending", "run_batch", "utility_prior", "utility_quotas",
     # lifecycle
     "drain", "release", "release_many", "resolve_targets", "undrain",
     # launcher input

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
-from bandpilot.queue.clock import _now, iso
+from bandpilot.queue.clock import now, iso
 from bandpilot.queue.schema import T_AUDIT
 from bandpilot.queue.store import AUDIT_CONTEXT, Store
 
@@ -30,7 +30,7 @@ def record(store: Store, actor: str, action: str, target: str | None = None, *, 
     token = AUDIT_CONTEXT.set(None)  # this write is the record itself
     try:
         with store.write() as conn:
-            conn.execute(sa.insert(T_AUDIT).values(**_row(actor, action, target, detail), at=_now(), outcome=outcome))
+            conn.execute(sa.insert(T_AUDIT).values(**_row(actor, action, target, detail), at=now(), outcome=outcome))
     finally:
         AUDIT_CONTEXT.reset(token)
 

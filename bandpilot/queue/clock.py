@@ -6,7 +6,7 @@ import datetime as _dt
 import time
 
 
-def _now() -> float:
+def now() -> float:
     return time.time()
 
 

@@ -9,8 +9,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
-from bandpilot.queue.clock import _now
-from bandpilot.queue.requests import Request, _coerce, validate_request
+from bandpilot.queue.clock import now
+from bandpilot.queue.requests import Request, coerce, validate_request
 from bandpilot.queue.schema import T_REQ
 from bandpilot.queue.store import Store
 
@@ -57,7 +57,7 @@ def submit(
     for n, item in enumerate(requests):
         w = labels[n] if labels is not None else f"request[{n}]"
         try:
-            req = _coerce(item, w)
+            req = coerce(item, w)
             validate_request(req, spec, w)
         except RequestError as exc:
             errs.append(str(exc))
@@ -67,7 +67,7 @@ def submit(
             continue
         where[req.id] = w
         good.append(req)
-    now = _now()
+    ts = now()
     with store.write() as conn:
         existing: set[str] = set()
         ids = [r.id for r in good]
@@ -82,9 +82,9 @@ def submit(
             {
                 "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
                 "constraints": r.constraints.key if r.constraints.to_dict() else None,
-                "submitted_at": r.submitted_at if r.submitted_at is not None else now,
+                "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
                 "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
-                "updated_at": now,
+                "updated_at": ts,
             }
             for r in good
         ]
@@ -102,7 +102,7 @@ def cancel(store: Store, request_id: str) -> None:
         r = conn.execute(
             sa.update(T_REQ)
             .where(T_REQ.c.id == request_id, T_REQ.c.status == "pending")
-            .values(status="cancelled", updated_at=_now())
+            .values(status="cancelled", updated_at=now())
         )
         if r.rowcount == 1:
             return

@@ -8,7 +8,7 @@ eqs. 28-29): the progress proxy ``Δ = ū(t-1) - ū(t)`` and
 
 with ``λ`` balancing present learning demand and recent progress. With one report ``Δ = 0``. The
 utility is written on the request row, so the ``utility`` policy and its tenant quotas (seed eq.
-31, :func:`~bandpilot.queue.policies.utility_quotas`) use it at the next batch; a pending request
+31, :func:`~bandpilot.scheduling.policies.utility_quotas`) use it at the next batch; a pending request
 may report a warm-up measurement (the seed's fallback for jobs that have not run yet).
 
 Run-time estimates (``expected_s``) feed the ``sjf`` policy; a request without one sorts after
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_ENTROPY, T_ESTIMATES, T_REQ
 from bandpilot.queue.store import Store
 
@@ -85,7 +85,7 @@ def report_entropy(
         parsed.append((job, x, ep))
     if not parsed:
         return []
-    now = _now()
+    ts = now()
     out: list[dict[str, Any]] = []
     ids = sorted({j for j, _, _ in parsed})
     with store.write() as conn:
@@ -110,11 +110,11 @@ def report_entropy(
             u = entropy_utility(x, prev[1] if prev else None, lam)
             last[job] = (epoch, x)
             utils[job] = u
-            rows.append({"request_id": job, "epoch": epoch, "entropy": x, "utility": u, "at": now})
+            rows.append({"request_id": job, "epoch": epoch, "entropy": x, "utility": u, "at": ts})
             out.append({"job": job, "epoch": epoch, "entropy": x, "utility": u})
         conn.execute(sa.insert(T_ENTROPY), rows)
         conn.execute(
-            sa.update(T_REQ).where(T_REQ.c.id == sa.bindparam("b_id")).values(utility=sa.bindparam("b_u"), updated_at=now),
+            sa.update(T_REQ).where(T_REQ.c.id == sa.bindparam("b_id")).values(utility=sa.bindparam("b_u"), updated_at=ts),
             [{"b_id": j, "b_u": u} for j, u in utils.items()],
         )
     return out

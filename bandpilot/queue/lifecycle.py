@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 import sqlalchemy as sa
 
 from bandpilot.errors import SpecError, StateError
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.queue.telemetry import observe_jobs
@@ -47,16 +47,16 @@ def release(store: Store, job_id: str, measured_gbps: float | None = None) -> di
 
 def release_many(store: Store, job_ids: Sequence[str], measured: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Release several jobs in one transaction (all or none: an unknown or finished job aborts)."""
-    now = _now()
+    ts = now()
     out = []
     with store.write() as conn:
         if measured:
             extra = sorted(set(measured) - set(job_ids))
             if extra:
                 raise StateError(f"telemetry for jobs that are not being released: {extra[:3]}")
-            observe_jobs(conn, measured, now)
+            observe_jobs(conn, measured, ts)
         for job_id in job_ids:
-            p = {"b_id": job_id, "b_now": now}
+            p = {"b_id": job_id, "b_now": ts}
             if conn.execute(_REL_JOB, p).rowcount != 1:
                 st = conn.execute(sa.select(T_JOBS.c.status).where(T_JOBS.c.id == job_id)).scalar()
                 if st is None:
@@ -98,7 +98,7 @@ def drain(store: Store, target: str, reason: str | None = None) -> dict[str, lis
 
 def drain_ids(store: Store, conn: sa.Connection, ids: Sequence[str], reason: str | None) -> dict[str, list[str]]:
     """:func:`drain` of GPU ids inside the caller's write transaction."""
-    now = _now()
+    ts = now()
     store.lock_gpus(conn, ids)
     rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
     now_off = [g for g, s, _ in rows if s == "free"]
@@ -107,12 +107,12 @@ def drain_ids(store: Store, conn: sa.Connection, ids: Sequence[str], reason: str
     if now_off:
         conn.execute(
             sa.update(T_GPUS).where(T_GPUS.c.id.in_(now_off), T_GPUS.c.state == "free")
-            .values(state="unavailable", note=reason, updated_at=now)
+            .values(state="unavailable", note=reason, updated_at=ts)
         )
     if later:
         conn.execute(
             sa.update(T_GPUS).where(T_GPUS.c.id.in_(later), T_GPUS.c.state == "busy")
-            .values(drain_pending=True, note=reason, updated_at=now)
+            .values(drain_pending=True, note=reason, updated_at=ts)
         )
     order = {g: i for i, g in enumerate(ids)}
     key = order.__getitem__
@@ -128,7 +128,7 @@ def undrain(store: Store, target: str) -> dict[str, list[str]]:
 
 def undrain_ids(store: Store, conn: sa.Connection, ids: Sequence[str]) -> dict[str, list[str]]:
     """:func:`undrain` of GPU ids inside the caller's write transaction."""
-    now = _now()
+    ts = now()
     store.lock_gpus(conn, ids)
     rows = conn.execute(sa.select(T_GPUS.c.id, T_GPUS.c.state, T_GPUS.c.drain_pending).where(T_GPUS.c.id.in_(ids))).all()
     back = [g for g, s, _ in rows if s == "unavailable"]
@@ -136,9 +136,9 @@ def undrain_ids(store: Store, conn: sa.Connection, ids: Sequence[str]) -> dict[s
     if back:
         conn.execute(
             sa.update(T_GPUS).where(T_GPUS.c.id.in_(back), T_GPUS.c.state == "unavailable")
-            .values(state="free", note=None, updated_at=now)
+            .values(state="free", note=None, updated_at=ts)
         )
     if kept:
-        conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(kept)).values(drain_pending=False, note=None, updated_at=now))
+        conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(kept)).values(drain_pending=False, note=None, updated_at=ts))
     order = {g: i for i, g in enumerate(ids)}
     return {"undrained": sorted(back, key=order.__getitem__), "cancelled": sorted(kept, key=order.__getitem__)}

@@ -1,7 +1,7 @@
 """What is a valid request? Gang requests and their placement constraints: shape checks, cluster
 checks and JSONL parsing.
 
-Tenants submit gang (all-or-nothing) GPU requests; :func:`~bandpilot.queue.batch.run_batch` assigns
+Tenants submit gang (all-or-nothing) GPU requests; :func:`~bandpilot.scheduling.batch.run_batch` assigns
 the pending ones with a :class:`~bandpilot.dispatch.dispatcher.Dispatcher` (the promoted model).
 """
 
@@ -193,7 +193,7 @@ class Request:
         return cls(rid, k, tenant.strip(), prio, util, sub_t, cons)
 
 
-def _coerce(req: Request | Mapping[str, Any], where: str) -> Request:
+def coerce(req: Request | Mapping[str, Any], where: str) -> Request:
     return req if isinstance(req, Request) else Request.from_dict(req, where)
 
 
@@ -233,7 +233,7 @@ def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
     if c.single_host and int(per_host.max()) < req.k:
         raise RequestError(f"{w}: k={req.k} cannot fit on a single host (largest allowed host has {int(per_host.max())})")
     if c.single_domain:
-        dom = _domain_ids(spec)[0]
+        dom = domain_ids(spec)[0]
         best = int(np.bincount(dom, weights=per_host).max())
         if best < req.k:
             raise RequestError(f"{w}: k={req.k} cannot fit in a single domain (largest allowed has {best} GPUs)")
@@ -244,7 +244,7 @@ def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
 def _validate_domain_units(req: Request, spec: ClusterSpec, per_host: np.ndarray, w: str) -> None:
     """``segment`` divides ``k`` and fits a domain; ``whole_domains`` fits the domains allowed whole."""
     c = req.constraints
-    dom = _domain_ids(spec)[0]
+    dom = domain_ids(spec)[0]
     size = np.bincount(dom, weights=spec.gpus_per_host)
     if c.segment is not None:
         if not spec.nvlink_domains:
@@ -317,7 +317,7 @@ def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex[:12]}"
 
 
-def _domain_ids(spec: ClusterSpec) -> tuple[np.ndarray, list[str | None]]:
+def domain_ids(spec: ClusterSpec) -> tuple[np.ndarray, list[str | None]]:
     """Domain index per host; hosts without a domain share one implicit domain (as the emulator does)."""
     names: dict[str | None, int] = {}
     ids = np.array([names.setdefault(h.domain, len(names)) for h in spec.hosts], dtype=np.int64)

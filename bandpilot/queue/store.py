@@ -20,7 +20,7 @@ from bandpilot.config import project_root
 from bandpilot.dispatch.state import Job, State
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import schema as _schema  # MIGRATIONS read via the module: tests append a step
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_AUDIT, T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 
@@ -148,7 +148,7 @@ class Store:
                     yield conn
                     entry = AUDIT_CONTEXT.get()
                     if entry is not None and not entry["written"]:
-                        res = conn.execute(sa.insert(T_AUDIT).values(**entry["row"], at=_now(), outcome="ok"))
+                        res = conn.execute(sa.insert(T_AUDIT).values(**entry["row"], at=now(), outcome="ok"))
                         entry["written"], entry["id"] = True, res.inserted_primary_key[0]
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
@@ -214,7 +214,7 @@ class Store:
             for version, name, fn in _schema.MIGRATIONS:
                 if version not in done:
                     fn(conn)
-                    conn.execute(sa.insert(T_SCHEMA).values(version=version, name=name, applied_at=_now()))
+                    conn.execute(sa.insert(T_SCHEMA).values(version=version, name=name, applied_at=now()))
             cur = self.current_version(conn)
         return cur
 
@@ -232,7 +232,7 @@ class Store:
         # What later commands rebuild must be the same cluster.
         rebuilt = spec_from_dict(yaml.safe_load(spec_yaml), source="<store spec>")
         fp = rebuilt.fingerprint()
-        now = _now()
+        ts = now()
         with self.write() as conn:
             row = conn.execute(sa.select(T_CLUSTER).with_for_update()).first()
             if row is not None and row.fingerprint == fp:
@@ -252,14 +252,14 @@ class Store:
                 conn.execute(sa.delete(T_GPUS))
                 conn.execute(
                     sa.update(T_CLUSTER).values(
-                        name=spec.name, fingerprint=fp, n_gpus=spec.n_gpus, spec_yaml=spec_yaml, updated_at=now
+                        name=spec.name, fingerprint=fp, n_gpus=spec.n_gpus, spec_yaml=spec_yaml, updated_at=ts
                     )
                 )
             else:
                 conn.execute(
                     sa.insert(T_CLUSTER).values(
                         id=1, name=spec.name, fingerprint=fp, n_gpus=spec.n_gpus, spec_yaml=spec_yaml,
-                        created_at=now, updated_at=now,
+                        created_at=ts, updated_at=ts,
                     )
                 )
             rows = []
@@ -268,7 +268,7 @@ class Store:
                 host = rebuilt.hosts[h]
                 rows.append(
                     {"id": gid, "pos": pos, "host": host.name, "idx": i, "domain": host.domain,
-                     "state": "free", "job_id": None, "drain_pending": False, "note": None, "updated_at": now}
+                     "state": "free", "job_id": None, "drain_pending": False, "note": None, "updated_at": ts}
                 )
             conn.execute(sa.insert(T_GPUS), rows)
         self._spec = None

@@ -16,7 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from bandpilot.errors import StateError
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_ASSIGN, T_JOBS, T_OBS
 from bandpilot.queue.store import Store
 
@@ -33,7 +33,7 @@ def _check_value(v: Any, what: str) -> float:
     return x
 
 
-def observe_jobs(conn: sa.Connection, measured: Mapping[str, Any], now: float) -> int:
+def observe_jobs(conn: sa.Connection, measured: Mapping[str, Any], ts: float) -> int:
     """Store what active jobs measured, next to their assignment's prediction (inside the caller's
     release transaction: an unknown or already released job raises before anything is written)."""
     rows = []
@@ -49,7 +49,7 @@ def observe_jobs(conn: sa.Connection, measured: Mapping[str, Any], now: float) -
             continue  # a 1-GPU job has no predicted collective bandwidth: nothing to compare
         gpus = ",".join(json.loads(a.gpus))  # assignments keep a JSON list
         rows.append({"source": "telemetry", "job_id": job_id, "gpus": gpus, "predicted_gbps": float(a.predicted_gbps),
-                     "measured_gbps": x, "at": now})
+                     "measured_gbps": x, "at": ts})
     if rows:
         conn.execute(sa.insert(T_OBS), rows)
     return len(rows)
@@ -59,7 +59,7 @@ def record_observations(store: Store, rows: Sequence[Mapping[str, Any]], source:
     """Store ``{"gpus": [...], "expected"|"predicted": x, "measured": y}`` rows in one transaction."""
     if source not in SOURCES:
         raise StateError(f"observation source must be one of {SOURCES}, got {source!r}")
-    spec, now, out = store.spec, _now(), []
+    spec, ts, out = store.spec, now(), []
     for i, r in enumerate(rows):
         gpus = list(r.get("gpus") or [])
         for g in gpus:
@@ -68,7 +68,7 @@ def record_observations(store: Store, rows: Sequence[Mapping[str, Any]], source:
         if len(gpus) < 2 or pred <= 0:
             continue
         out.append({"source": source, "job_id": r.get("job_id"), "gpus": ",".join(gpus), "predicted_gbps": pred,
-                    "measured_gbps": _check_value(r.get("measured"), f"observation {i}"), "at": now})
+                    "measured_gbps": _check_value(r.get("measured"), f"observation {i}"), "at": ts})
     with store.write() as conn:
         if out:
             conn.execute(sa.insert(T_OBS), out)

@@ -32,7 +32,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bandpilot.errors import BandPilotError
-from bandpilot.queue import POLICIES, Request, Store, release_many, report_entropy, run_batch, set_estimates, submit
+from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
+from bandpilot.scheduling import POLICIES, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for

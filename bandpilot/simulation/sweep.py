@@ -35,7 +35,7 @@ import yaml
 
 from bandpilot.errors import BandPilotError
 from bandpilot.io import write_json_atomic, write_text_atomic
-from bandpilot.queue import POLICIES
+from bandpilot.scheduling import POLICIES
 from bandpilot.simulation.engine import ALGORITHMS, SimConfig
 from bandpilot.simulation.trace import TraceJob, parse_trace
 from bandpilot.simulation.workloads import PUBLIC_SHAPES, public_trace_workload, seed001_workload

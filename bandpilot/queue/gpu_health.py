@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import sqlalchemy as sa
 
 from bandpilot.errors import StateError
-from bandpilot.queue.clock import _now, iso
+from bandpilot.queue.clock import now, iso
 from bandpilot.queue.lifecycle import drain_ids, undrain_ids
 from bandpilot.queue.schema import T_GPUS, T_HEALTH
 from bandpilot.queue.store import Store
@@ -39,13 +39,13 @@ def apply_verdicts(store: Store, verdicts: Mapping[str, Mapping[str, Any]], sour
             raise StateError(f"verdict for host {host!r}, which is not in cluster {spec.name!r}")
         if v.get("status") not in STATUSES:
             raise StateError(f"verdict for {host}: status must be one of {STATUSES}, got {v.get('status')!r}")
-    now = _now()
+    ts = now()
     out: dict[str, Any] = {"drained": [], "pending": [], "undrained": []}
     with store.write() as conn:
         for host, v in verdicts.items():
             row = {"status": v["status"], "gpus": json.dumps(list(v.get("gpus") or [])),
                    "links": json.dumps(list(v.get("links") or [])), "ratio": float(v.get("ratio", 1.0)),
-                   "source": source or None, "verified_at": now}
+                   "source": source or None, "verified_at": ts}
             if conn.execute(sa.update(T_HEALTH).where(T_HEALTH.c.host == host).values(**row)).rowcount == 0:
                 conn.execute(sa.insert(T_HEALTH).values(host=host, **row))
             bad = _targets(store, host, v) if v["status"] != "healthy" else []

@@ -28,7 +28,7 @@ POLICIES = ("fifo", "priority", "sjf", "utility")
 
 
 @dataclass(frozen=True)
-class _Pending:
+class Pending:
     req: Request
     seq: int
     submitted_at: float
@@ -41,30 +41,30 @@ def _stored_constraints(text: str | None) -> Constraints:
 
 _PENDING_COLS = (T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.tenant, T_REQ.c.priority, T_REQ.c.utility,
                  T_REQ.c.submitted_at, T_REQ.c.constraints, T_REQ.c.reason, T_REQ.c.detail)
-_PENDING_STMT = sa.select(*_PENDING_COLS).where(T_REQ.c.status == "pending").order_by(T_REQ.c.submitted_at, T_REQ.c.seq)
-_pending_cache: dict[tuple, "_Pending"] = {}
+PENDING_STMT = sa.select(*_PENDING_COLS).where(T_REQ.c.status == "pending").order_by(T_REQ.c.submitted_at, T_REQ.c.seq)
+_pending_cache: dict[tuple, "Pending"] = {}
 
 
-def _row_to_pending(row: tuple) -> _Pending:
+def row_to_pending(row: tuple) -> Pending:
     p = _pending_cache.get(row)
     if p is None:
         seq, rid, k, tenant, prio, util, sub, cons = row
         req = Request(rid, int(k), tenant, int(prio), util, float(sub), _stored_constraints(cons))
-        p = _Pending(req, int(seq), float(sub))
+        p = Pending(req, int(seq), float(sub))
         if len(_pending_cache) > 200_000:
             _pending_cache.clear()
         _pending_cache[row] = p  # keyed by the whole row: an edited row is parsed afresh
     return p
 
 
-def utility_prior(pending: Sequence[_Pending]) -> float:
+def utility_prior(pending: Sequence[Pending]) -> float:
     """Utility of a request that gives none: the mean of those that do (1.0 if none do) - a
     neutral prior, as the seed's scheduler falls back to a default for jobs without a score."""
     known = [p.req.utility for p in pending if p.req.utility is not None]
     return float(np.mean(known)) if known else 1.0
 
 
-def order_pending(pending: Sequence[_Pending], policy: str, expected: Mapping[str, float] | None = None) -> list[_Pending]:
+def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None) -> list[Pending]:
     """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
     FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
     ``utility`` (higher job utility first, then priority, then FIFO)."""
@@ -84,7 +84,7 @@ def order_pending(pending: Sequence[_Pending], policy: str, expected: Mapping[st
     raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
 
 
-def utility_quotas(pending: Sequence[_Pending], n_free: int) -> dict[str, int] | None:
+def utility_quotas(pending: Sequence[Pending], n_free: int) -> dict[str, int] | None:
     """Per-tenant GPU quotas proportional to utility when requests compete (seed 001, eq. 31).
 
     Each request's share of the free GPUs is ``F * U_j / sum U``; a tenant's quota is the sum over

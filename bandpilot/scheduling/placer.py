@@ -9,13 +9,13 @@ import numpy as np
 
 from bandpilot.dispatch.state import State
 from bandpilot.errors import BandPilotError, ModelError, RequestError, SpecError
-from bandpilot.queue.clock import _now
-from bandpilot.queue.outcomes import Outcome
-from bandpilot.queue.requests import Constraints, Request, _domain_ids, validate_request
+from bandpilot.queue.clock import now
+from bandpilot.scheduling.outcomes import Outcome
+from bandpilot.queue.requests import Constraints, Request, domain_ids, validate_request
 from bandpilot.topology.cluster import ClusterSpec, popcount
 
 
-class _Deferred(Exception):
+class Deferred(Exception):
     def __init__(self, status: str, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.status, self.reason, self.detail = status, reason, detail
@@ -30,7 +30,7 @@ def _placement_error_type() -> type[BaseException]:
         return RequestError
 
 
-class _Placer:
+class Placer:
     """Tries one request against an in-memory state with the dispatcher; never writes."""
 
     def __init__(self, spec: ClusterSpec, dispatcher: Any, algorithm: str) -> None:
@@ -39,7 +39,7 @@ class _Placer:
         self.algorithm = algorithm
         self.state: State | None = None
         self._n_free = 0
-        self.dom_ids, self.dom_names = _domain_ids(spec)
+        self.dom_ids, self.dom_names = domain_ids(spec)
         self._allowed: dict[str, np.ndarray | None] = {}
         self._fail: dict[tuple[int, str], tuple[str, str]] = {}
         self._never: dict[tuple[int, str], str | None] = {}
@@ -73,11 +73,11 @@ class _Placer:
         st = self.state
         if st is not None and self._n_free < req.k and (req.k, req.constraints.key) in self._valid:
             return Outcome(req.id, req.tenant, req.k, "deferred", "insufficient_gpus",
-                           f"needs {req.k} GPUs, fewer are free", model_version=version, at=_now())
+                           f"needs {req.k} GPUs, fewer are free", model_version=version, at=now())
         return None
 
     def place(self, req: Request) -> Any:
-        """A validated Selection, or raise :class:`_Deferred`."""
+        """A validated Selection, or raise :class:`Deferred`."""
         st = self.state
         assert st is not None
         k, c = req.k, req.constraints
@@ -86,37 +86,37 @@ class _Placer:
             try:
                 validate_request(req, self.spec)
             except RequestError as exc:
-                raise _Deferred("rejected", "invalid_request", str(exc)) from None
+                raise Deferred("rejected", "invalid_request", str(exc)) from None
             self._valid.add(vkey)
         n_free = st.n_free
         if n_free < k:
-            raise _Deferred("deferred", "insufficient_gpus", f"needs {k} GPUs, fewer are free")
+            raise Deferred("deferred", "insufficient_gpus", f"needs {k} GPUs, fewer are free")
         allowed = self.allowed_mask(c)
         elig = st.free if allowed is None else (st.free & allowed)
         per_host = popcount(elig)
         n_elig = int(per_host.sum())
         if n_elig < k:
-            raise _Deferred("deferred", "constraint_unmet", f"needs {k} GPUs among the allowed ones, fewer of them are free")
+            raise Deferred("deferred", "constraint_unmet", f"needs {k} GPUs among the allowed ones, fewer of them are free")
         if c.single_host and int(per_host.max()) < k:
-            raise _Deferred(
+            raise Deferred(
                 "deferred", "constraint_unmet", f"needs {k} GPUs on one host, no allowed host has that many free"
             )
         per_dom = np.bincount(self.dom_ids, weights=per_host, minlength=len(self.dom_names)).astype(np.int64)
         if c.single_domain and int(per_dom.max()) < k:
-            raise _Deferred(
+            raise Deferred(
                 "deferred", "constraint_unmet", f"needs {k} GPUs in one domain, no domain has that many free"
             )
         key = (k, c.key)
         if key in self._fail:
             reason, detail = self._fail[key]
-            raise _Deferred("deferred", reason, detail)
+            raise Deferred("deferred", reason, detail)
         try:
             sel = self._select(req, st, elig, per_dom)
-        except _Deferred as d:
+        except Deferred as d:
             if d.status == "deferred" and d.reason == "constraint_unmet" and c.min_gbps is not None:
                 never = self._never_satisfiable(req)
                 if never:
-                    raise _Deferred("rejected", "constraint_unmet", never) from None
+                    raise Deferred("rejected", "constraint_unmet", never) from None
             if d.status == "deferred" and d.reason in ("insufficient_gpus", "constraint_unmet"):
                 self._fail[key] = (d.reason, d.detail)
             raise
@@ -140,7 +140,7 @@ class _Placer:
                 hosts = [h for h in hosts if h in set(c.allowed_hosts)]
             try:
                 sel = self._call(req, view, hosts)
-            except _Deferred as d_err:
+            except Deferred as d_err:
                 if d_err.status == "rejected":
                     raise
                 last = d_err
@@ -148,7 +148,7 @@ class _Placer:
             if best is None or float(sel.predicted_gbps) > float(best.predicted_gbps):
                 best = sel
         if best is None:
-            raise last or _Deferred("deferred", "constraint_unmet", f"no domain can host {req.k} GPUs")
+            raise last or Deferred("deferred", "constraint_unmet", f"no domain can host {req.k} GPUs")
         return best
 
     def _call(self, req: Request, view: State, allowed_hosts: list[str] | None) -> Any:
@@ -171,11 +171,11 @@ class _Placer:
         except self.PlacementError as exc:
             reason = getattr(exc, "reason", None) or "invalid_request"
             status = "rejected" if reason == "invalid_request" else "deferred"
-            raise _Deferred(status, reason, str(exc)) from None
+            raise Deferred(status, reason, str(exc)) from None
         except ModelError:
             raise
         except BandPilotError as exc:
-            raise _Deferred("deferred", "dispatcher_error", f"{type(exc).__name__}: {exc}") from None
+            raise Deferred("deferred", "dispatcher_error", f"{type(exc).__name__}: {exc}") from None
 
     def _never_satisfiable(self, req: Request) -> str | None:
         """A min_gbps that even an idle cluster cannot meet will never be met: reject, don't starve."""
@@ -187,7 +187,7 @@ class _Placer:
             try:
                 self._select(req, idle, elig, per_dom)
                 self._never[key] = None
-            except _Deferred as d:
+            except Deferred as d:
                 self._never[key] = (
                     f"min_gbps {req.constraints.min_gbps:g} is unreachable for k={req.k} even on an idle cluster ({d.detail})"
                     if d.reason == "constraint_unmet" else None
@@ -212,7 +212,7 @@ class _Placer:
                 elif req.constraints.single_domain and len(set(self.dom_ids[mask != 0].tolist())) != 1:
                     bad = "returned GPUs in several domains for a single_domain request"
         if bad:
-            raise _Deferred("deferred", "dispatcher_error", f"dispatcher {bad}")
+            raise Deferred("deferred", "dispatcher_error", f"dispatcher {bad}")
 
     def commit_to_state(self, req: Request, gpus: list[str], demand: float) -> None:
         assert self.state is not None

@@ -31,11 +31,11 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
-from bandpilot.queue.clock import _now
+from bandpilot.queue.clock import now
 from bandpilot.queue.learning import load_estimates
-from bandpilot.queue.outcomes import BatchReport, Outcome
-from bandpilot.queue.placer import _Deferred, _Placer
-from bandpilot.queue.policies import POLICIES, _PENDING_STMT, _Pending, _row_to_pending, order_pending, utility_quotas
+from bandpilot.scheduling.outcomes import BatchReport, Outcome
+from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.policies import POLICIES, PENDING_STMT, Pending, row_to_pending, order_pending, utility_quotas
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
@@ -96,7 +96,7 @@ _INS_ASSIGN = sa.insert(T_ASSIGN)
 
 
 def _write_assignment(
-    conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, now: float,
+    conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, ts: float,
     model_uri: str | None, model_version: str | None, algorithm: str,
 ) -> str:
     """Assign inside a savepoint: 'assigned', 'skipped' (no longer pending) or raise _Conflict.
@@ -104,12 +104,12 @@ def _write_assignment(
     that reference it, then the GPU CAS whose row count must equal k."""
     gpus = list(sel.gpus)
     with conn.begin_nested():
-        if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": now}).rowcount != 1:
+        if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": ts}).rowcount != 1:
             return "skipped"
         standalone = float(getattr(sel, "standalone_gbps", None) or 0.0)
         conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": standalone,
-                                "status": "active", "started_at": now, "ended_at": None})
-        n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": now}).rowcount
+                                "status": "active", "started_at": ts, "ended_at": None})
+        n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": ts}).rowcount
         if n != len(gpus):
             raise _Conflict(f"only {n} of {len(gpus)} GPUs were still free")
         conn.execute(_INS_ASSIGN, {
@@ -117,7 +117,7 @@ def _write_assignment(
             "predicted_gbps": _f(getattr(sel, "predicted_gbps", None)), "standalone_gbps": standalone,
             "algorithm": str(getattr(sel, "algorithm", None) or algorithm), "model_uri": model_uri,
             "model_version": model_version, "search_ms": _f(getattr(sel, "search_ms", None)),
-            "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": now,
+            "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": ts,
         })
     return "assigned"
 
@@ -154,7 +154,7 @@ def _chunks(seq: list[str], n: int = 500) -> Iterator[list[str]]:
 
 @dataclass
 class _Plan:
-    queue: list["_Pending"]
+    queue: list["Pending"]
     quotas: dict[str, int] | None
     notes: dict[str, tuple[str | None, str | None]]  # stored (reason, detail) per pending id
     max_seq: int
@@ -169,12 +169,12 @@ def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | No
     outs = [o for o in outs if o.status in ("deferred", "rejected")]
     if not outs:
         return
-    now = _now()
+    ts = now()
     if plan.whole:
-        conn.execute(_TOUCH_ALL, {"b_max": plan.max_seq, "b_batch": batch_id, "b_now": now})
+        conn.execute(_TOUCH_ALL, {"b_max": plan.max_seq, "b_batch": batch_id, "b_now": ts})
     else:
         for ids in _chunks([o.request_id for o in outs]):
-            conn.execute(_TOUCH_IDS, {"b_ids": ids, "b_batch": batch_id, "b_now": now})
+            conn.execute(_TOUCH_IDS, {"b_ids": ids, "b_batch": batch_id, "b_now": ts})
     rows = [
         {"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
          "b_reason": o.reason, "b_detail": o.detail}
@@ -185,12 +185,12 @@ def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | No
         conn.execute(_NOTE, rows)
 
 
-def _load_pending(conn: sa.Connection) -> tuple[list[_Pending], dict[str, tuple[str | None, str | None]]]:
+def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[str | None, str | None]]]:
     """Pending requests (parsed once per process and row version) and their stored notes."""
     out, notes = [], {}
-    for r in conn.execute(_PENDING_STMT):
+    for r in conn.execute(PENDING_STMT):
         t = tuple(r)
-        out.append(_row_to_pending(t[:8]))
+        out.append(row_to_pending(t[:8]))
         notes[t[1]] = (t[8], t[9])
     return out, notes
 
@@ -225,8 +225,8 @@ def run_batch(
     uri = model_uri or getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
     mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
     sleep = float(os.environ.get(SLEEP_ENV, "0") or 0)
-    placer = _Placer(mspec, dispatcher, algorithm)
-    report = BatchReport(None, policy, commit, uri, version, _now())
+    placer = Placer(mspec, dispatcher, algorithm)
+    report = BatchReport(None, policy, commit, uri, version, now())
 
     def new_batch(conn: sa.Connection) -> int:
         return int(
@@ -237,7 +237,7 @@ def run_batch(
             ).scalar_one()
         )
 
-    def plan(loaded: tuple[list[_Pending], dict], state: State, conn: sa.Connection) -> _Plan:
+    def plan(loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         report.pending_before = len(pending)
         expected = load_estimates(conn, [p.req.id for p in pending]) if policy == "sjf" else None
@@ -249,17 +249,17 @@ def run_batch(
         report.quotas = quotas
         return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
 
-    def attempt(conn: sa.Connection, p: _Pending, batch_id: int) -> Outcome:
+    def attempt(conn: sa.Connection, p: Pending, batch_id: int) -> Outcome:
         req = p.req
-        now = _now()
-        out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=now)
+        ts = now()
+        out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=ts)
         try:
             sel = placer.place(req)
-        except _Deferred as d:
+        except Deferred as d:
             out.status, out.reason, out.detail = d.status, d.reason, d.detail
             return out
         try:
-            res = _write_assignment(conn, req, sel, batch_id, now, uri, version, algorithm)
+            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm)
         except _Conflict as exc:
             out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
             placer.set_state(store.load_state(conn, mspec))
@@ -280,10 +280,10 @@ def run_batch(
     def run(conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Outcome]:
         queue, quotas = pl.queue, pl.quotas
         used: dict[str, int] = {}
-        held: list[_Pending] = []
+        held: list[Pending] = []
         to_flush: list[Outcome] = []
 
-        def one(p: _Pending, second_pass: bool) -> None:
+        def one(p: Pending, second_pass: bool) -> None:
             o = placer.quick_deferral(p.req, version)
             if o is None:
                 with conn_for() as conn:
@@ -312,7 +312,7 @@ def run_batch(
             store.lock_gpus(conn)
             state = store.load_state(conn, mspec)
             placer.set_state(state)
-            pl = plan(_load_pending(conn), state, conn)
+            pl = plan(load_pending(conn), state, conn)
             batch_id = new_batch(conn)
             report.batch_id = batch_id
 
@@ -322,7 +322,7 @@ def run_batch(
 
             to_flush = run(same_conn, pl, batch_id)
             _flush_outcomes(conn, to_flush, batch_id, pl)
-            report.finished_at = _now()
+            report.finished_at = now()
             _finish_batch(conn, batch_id, report)
             sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
     else:
@@ -331,7 +331,7 @@ def run_batch(
         report.batch_id = batch_id
         with store.read() as conn:
             state = store.load_state(conn, mspec)
-            pl = plan(_load_pending(conn), state, conn)
+            pl = plan(load_pending(conn), state, conn)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -342,7 +342,7 @@ def run_batch(
 
         placer.set_state(state)
         to_flush = run(fresh_conn, pl, batch_id)
-        report.finished_at = _now()
+        report.finished_at = now()
         with store.write() as conn:  # deferral notes are informational: one write at the end
             _flush_outcomes(conn, to_flush, batch_id, pl)
             _finish_batch(conn, batch_id, report)

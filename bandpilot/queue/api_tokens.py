@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
-from bandpilot.queue.clock import _now, iso
+from bandpilot.queue.clock import now, iso
 from bandpilot.queue.schema import T_TOKENS
 from bandpilot.queue.store import Store
 
@@ -54,11 +54,11 @@ def create_token(store: Store, tenant: str, *, admin: bool = False, name: str | 
     tid = "".join(secrets.choice(_ID_ALPHABET) for _ in range(10))
     secret = secrets.token_urlsafe(32)
     token = f"bp_{tid}_{secret}"
-    now = _now()
+    ts = now()
     with store.write() as conn:
         conn.execute(sa.insert(T_TOKENS).values(id=tid, tenant=tenant, admin=bool(admin), secret_sha256=_sha(token),
-                                                name=(name or None), created_at=now, revoked_at=None))
-    return token, {"id": tid, "tenant": tenant, "admin": bool(admin), "name": name, "created": iso(now), "revoked": None}
+                                                name=(name or None), created_at=ts, revoked_at=None))
+    return token, {"id": tid, "tenant": tenant, "admin": bool(admin), "name": name, "created": iso(ts), "revoked": None}
 
 
 def list_tokens(store: Store, tenant: str | None = None, *, include_revoked: bool = False) -> list[dict[str, Any]]:
@@ -83,7 +83,7 @@ def revoke(store: Store, *, token_id: str | None = None, tenant: str | None = No
         if not ids:
             what = f"token {token_id!r}" if token_id is not None else f"tenant {tenant!r}"
             raise RequestError(f"no active token for {what}")
-        conn.execute(sa.update(T_TOKENS).where(T_TOKENS.c.id.in_(ids)).values(revoked_at=_now()))
+        conn.execute(sa.update(T_TOKENS).where(T_TOKENS.c.id.in_(ids)).values(revoked_at=now()))
     return ids
 
 

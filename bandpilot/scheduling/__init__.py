@@ -1,0 +1,13 @@
+"""Stage 6, scheduling: what runs where and when. Queue policies and quotas, the placer (one
+request against an in-memory state, through the dispatcher) and the batch loop that writes the
+decisions into the durable queue (:mod:`bandpilot.queue`) in one transaction. Reservations,
+preemption and elastic resizes are plans added here, on top of the store."""
+
+from bandpilot.scheduling.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
+from bandpilot.scheduling.outcomes import BatchReport, Outcome
+from bandpilot.scheduling.policies import POLICIES, order_pending, utility_prior, utility_quotas
+
+__all__ = [
+    "BatchReport", "COMMIT_MODES", "Outcome", "POLICIES", "SLEEP_ENV", "check_model", "model_version_of",
+    "order_pending", "run_batch", "utility_prior", "utility_quotas",
+]
