@@ -75,7 +75,7 @@ def cluster_dir(out_dir: str | Path, spec: ClusterSpec) -> Path:
     return Path(out_dir) / "data" / safe(spec.name)
 
 
-def now() -> str:
+def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -172,7 +172,7 @@ def run(
                 continue
             try:  # a log written just before an interruption: keep it when it is valid
                 _, bw = check_log(log.read_text(errors="replace"), log, m.entry("done"), spec)
-                entries[m.id] = m.entry("done", busbw=bw, runner=prev.get("runner"), time=now(), recovered=True)
+                entries[m.id] = m.entry("done", busbw=bw, runner=prev.get("runner"), time=_now(), recovered=True)
                 skipped += 1
                 continue
             except DataError:
@@ -214,14 +214,14 @@ def run(
         if error is not None:
             if not isinstance(error, BandPilotError):
                 raise error
-            e.update(status="failed", error=str(error), time=now(), runner=runner_name)
+            e.update(status="failed", error=str(error), time=_now(), runner=runner_name)
             failures.append((m.id, str(error)))
         else:
             bw, secs = value
             if runner_name == "emulator":
                 e.update(status="done", busbw=round(bw, 4), time=EMULATED_TIME, runner=runner_name)
             else:
-                e.update(status="done", busbw=round(bw, 4), time=now(), runner=runner_name, seconds=round(secs, 4))
+                e.update(status="done", busbw=round(bw, 4), time=_now(), runner=runner_name, seconds=round(secs, 4))
             e.pop("error", None)
             measured += 1
         bar.update(1)

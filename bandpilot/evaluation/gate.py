@@ -79,7 +79,7 @@ def cv_mape(model: Any) -> float | None:
     return float(v) if v is not None and np.isfinite(v) else None
 
 
-def now() -> str:
+def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -341,7 +341,7 @@ def promote(
         name=name, candidate=cand, champion=champ, passed=passed, manual=manual, action=action, checks=checks,
         report_dir=out, aliases=aliases, policy=pol.to_dict() | {"evaluation": {"profiles": list(profs), "algorithms": list(algs),
                                                                            "repeats": reps, "seed": sd, "workers": wk}},
-        scenarios=cand_res.n_scenarios, decided_at=now(),
+        scenarios=cand_res.n_scenarios, decided_at=_now(),
     )
     fig = _comparison_figure(cand_res, champ_res, out, f"{name}: candidate v{version}" + (f" vs champion v{champ_version}" if champ_version else ""))
     _write_decision(dec, cand_res, champ_res, fig)
@@ -409,7 +409,7 @@ def approve(name: str, version: str | int, *, force: bool = False, tracking_uri:
     if old == version:
         raise PromotionError(f"{name} v{version} is already '{CHAMPION}'")
     who = approver or os.environ.get("USER") or "unknown"
-    when = now()
+    when = _now()
     note = f"Approved by {who} at {when}" + (" (forced past the gate)" if force and gate != "true" else "") + (
         f"; previous champion v{old}" if old else "; first champion")
     mv_desc = _current_description(rname, version)
