@@ -211,3 +211,38 @@ def test_cli_pairwise_gate(faulty_logs, spec8, tmp_path, capsys):
     assert rows["h100-5"]["gated_gpus"] == 2  # the GPUs driving rails 2 and 3
     assert rows["h100-4"]["status"] == "healthy" and rows["h100-4"]["links"] == ["h100-4<->h100-6"]
     assert rows["h100-4"]["gated_gpus"] == 0
+
+
+_FRAGS = None
+
+
+def _fragments(faulty_logs) -> list[str]:
+    global _FRAGS
+    if _FRAGS is None:
+        d, _ = faulty_logs
+        _FRAGS = [ln for p in sorted(d.glob("*G2*"))[:2] for ln in p.read_text().split("\n")]
+    return _FRAGS
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_fuzz_sweep_reader_only_data_errors(faulty_logs, tmp_path_factory, data):
+    d = tmp_path_factory.mktemp("fuzz")
+    frags = _fragments(faulty_logs)
+    for i in range(data.draw(st.integers(1, 3))):
+        if data.draw(st.booleans()):  # noise built from log lines
+            lines = data.draw(st.lists(st.one_of(st.sampled_from(frags), st.text(max_size=30)), max_size=120))
+        else:  # a real sweep log with lines dropped, replaced or repeated
+            lines = list(frags)
+            for _ in range(data.draw(st.integers(0, 6))):
+                at = data.draw(st.integers(0, len(lines) - 1))
+                op = data.draw(st.sampled_from(["drop", "text", "dup"]))
+                lines[at:at + 1] = [] if op == "drop" else [data.draw(st.text(max_size=40))] if op == "text" else [lines[at]] * 2
+        (d / f"f{i}.log").write_text("\n".join(lines), errors="replace")
+    try:
+        sweep = read_sweep(d)
+    except DataError as exc:
+        assert "\n" not in str(exc)
+        return
+    rep = analyze(sweep)
+    assert set(rep.nodes) == set(sweep.nodes) and all(v.status in ("healthy", "degraded", "failed") for v in rep.nodes.values())
