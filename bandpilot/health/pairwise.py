@@ -6,8 +6,10 @@ every node its effect ``a_i`` and every link its residual, robustly: a slow node
 links (a low ``a_i``, normal residuals), a slow link only its own cell (a normal ``a_i``, a low
 residual). Both are compared with their peers (median/MAD, with a floor ``min_drop`` so a quiet
 fabric does not flag 3 % dips). One matrix can be fooled by a transient dip, so a fault is called
-only when ``agree`` independent matrices (other collectives, repeats, GPU counts) show it. A node
-slow only from ``k`` GPUs per node up points at the NIC rails the smaller runs did not use.
+only when ``agree`` matrices at the same GPU count (other collectives or repeats of the same runs)
+show it; when isolated dips are so frequent that some link would be confirmed by chance (more than
+``alpha`` expected), a link must also agree across GPU counts. A node slow only from ``k`` GPUs per
+node up points at the NIC rails the smaller runs did not use.
 
 With a model (``expected``), ``log(measured / expected)`` replaces ``log(measured)``: structure the
 model knows (racks, oversubscribed uplinks) stops looking like faults, and a whole cluster below its
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import Counter
+from math import comb
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -195,7 +198,23 @@ def _node_verdicts(ms: list[Matrix], nodes: list[str], need: int, per_gpn: bool)
     return out
 
 
-def _link_verdicts(ms: list[Matrix], nodes: list[str], need: int, per_gpn: bool) -> list[LinkVerdict]:
+def _chance(ms: list[Matrix], links: list[LinkVerdict], need: int) -> tuple[float, float]:
+    """(rate of isolated link flags, expected links confirmed by chance): flags outside confirmed
+    links are dips; ``need`` of them on one link at one GPU count is a false confirmation."""
+    confirmed = {lk.nodes for lk in links if lk.gpn}
+    cells = flags = 0
+    for m in ms:
+        tri = np.triu(np.isfinite(m.link_ratio), 1)
+        cells += int(tri.sum())
+        flags += int((m.link_low & tri).sum())
+    flags -= sum(lk.evidence for lk in links if lk.nodes in confirmed)
+    q = max(flags, 0) / cells if cells else 0.0
+    per = Counter(m.gpn for m in ms)
+    return q, len(links) * sum(comb(c, need) for c in per.values()) * q**need
+
+
+def _link_verdicts(ms: list[Matrix], nodes: list[str], need: int, per_gpn: bool, counts: int = 1) -> list[LinkVerdict]:
+    """``counts``: GPU counts a link must be confirmed at (when it was measured at that many)."""
     out = []
     n = len(nodes)
     for i in range(n):
@@ -206,6 +225,8 @@ def _link_verdicts(ms: list[Matrix], nodes: list[str], need: int, per_gpn: bool)
             flagged = [m for m in inside if m.link_low[i, j]]
             v = LinkVerdict((nodes[i], nodes[j]), evidence=len(flagged), matrices=len(inside))
             v.gpn = _confirmed(flagged, need, per_gpn)
+            if len(v.gpn) < min(counts, len({m.gpn for m in inside})):
+                v.gpn = []
             sure = [m for m in flagged if m.gpn in v.gpn]
             v.ratio = float(np.median([m.link_ratio[i, j] for m in (sure or inside)]))
             if v.gpn:
@@ -262,9 +283,10 @@ class PairwiseReport:
 
 
 def analyze(sweep: Sweep, *, source: str = "", agree: int = 2, z: float = 5.0, min_drop: float = 0.15,
-            expect: Callable[[Matrix, list[str]], np.ndarray | None] | None = None) -> PairwiseReport:
+            alpha: float = 0.01, expect: Callable[[Matrix, list[str]], np.ndarray | None] | None = None) -> PairwiseReport:
     """Verdicts for every node and link of a sweep. ``expect(matrix, nodes)``: a model's busbw per
-    pair (or None for matrices it cannot predict)."""
+    pair (or None for matrices it cannot predict). ``alpha``: the expected number of links that
+    transient dips may confirm by chance before a link must also agree across GPU counts."""
     nodes = sweep.nodes
     ms = matrices(sweep.runs, nodes)
     notes = []
@@ -278,8 +300,14 @@ def analyze(sweep: Sweep, *, source: str = "", agree: int = 2, z: float = 5.0, m
         notes.append(f"{len(nodes)} nodes: with fewer than 4, a slow link and a slow node look alike")
     for m in ms:
         analyze_matrix(m, z=z, min_drop=min_drop, expected=expect(m, nodes) if expect is not None else None)
-    return PairwiseReport(source, _node_verdicts(ms, nodes, need, per_gpn), _link_verdicts(ms, nodes, need, per_gpn), ms,
-                          sweep, need, per_gpn, notes)
+    links = _link_verdicts(ms, nodes, need, per_gpn)
+    if per_gpn:
+        q, chance = _chance(ms, links, need)
+        if chance > alpha:  # dips are common enough to coincide: a link must also agree across GPU counts
+            links = _link_verdicts(ms, nodes, need, per_gpn, counts=2)
+            notes.append(f"isolated link dips in {100 * q:.2f} % of the measured pairs (~{chance:.2f} links would be "
+                         "confirmed by chance): a link fault needs agreement at two GPU counts")
+    return PairwiseReport(source, _node_verdicts(ms, nodes, need, per_gpn), links, ms, sweep, need, per_gpn, notes)
 
 
 def report_json(rep: PairwiseReport) -> str:
