@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from bandpilot.config import settings
 from bandpilot.errors import ModelError
 from bandpilot.evaluation.params import PROFILES, EvaluationError, check_algorithms, check_profiles
 from bandpilot.evaluation.result import EvaluationResult
@@ -222,7 +223,7 @@ def _start_method(requested: str | None = None) -> str:
     Workers pin torch to one thread, so a forked torch model never enters an OpenMP region."""
     import multiprocessing as mp
 
-    method = requested or os.environ.get("BANDPILOT_MP_START") or ""
+    method = requested or settings().mp_start or ""
     avail = mp.get_all_start_methods()
     if method:
         if method not in avail:

@@ -57,7 +57,7 @@ def artifact_root_for(uri: str) -> str | None:
 def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str:
     """Point MLflow at ``uri`` (else ``$MLFLOW_TRACKING_URI``, else SQLite under ``mlruns/``) and
     select the experiment (created with its artifacts beside a SQLite store). Returns the URI."""
-    from bandpilot.config import default_tracking_uri, setup_env
+    from bandpilot.config import default_tracking_uri, settings, setup_env
 
     setup_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -69,7 +69,7 @@ def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str
         Path(uri.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(explicit or os.environ.get("MLFLOW_REGISTRY_URI") or uri)
-    name = experiment or os.environ.get("BANDPILOT_EXPERIMENT") or EXPERIMENT
+    name = experiment or settings().experiment or EXPERIMENT
     try:
         client = MlflowClient()
         exp = client.get_experiment_by_name(name)
