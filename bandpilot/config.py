@@ -98,6 +98,22 @@ def project_root() -> Path:
     return (Path(data).expanduser() / "bandpilot").resolve()
 
 
+def portable(path: str | Path | None) -> str:
+    """``path`` as recorded in shared places (registry descriptions and tags, reports): relative to
+    the project home or the checkout when inside one, so a record reads the same on every clone."""
+    if path is None:
+        return ""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(p)
+    for base in (project_root(), SOURCE_ROOT):
+        try:
+            return str(p.resolve().relative_to(base))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def default_tracking_uri(root: Path | None = None) -> str:
     """MLflow on SQLite under ``mlruns/`` (the plain folder store is deprecated in MLflow 3)."""
     root = root or project_root()

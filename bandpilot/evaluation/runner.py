@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from bandpilot.config import settings
+from bandpilot.config import portable, settings
 from bandpilot.errors import ModelError
 from bandpilot.evaluation.params import PROFILES, EvaluationError, check_algorithms, check_profiles
 from bandpilot.evaluation.result import EvaluationResult
@@ -235,7 +235,7 @@ def _start_method(requested: str | None = None) -> str:
 def _describe_truth(fabric: Any) -> str:
     spec = fabric.spec
     kind = type(fabric).__name__
-    where = f" {spec.path}" if spec.path else ""
+    where = f" {portable(spec.path)}" if spec.path else ""
     # Say it in words: an emulator's score is not a measurement (truth comes from measured tables).
     what = "measured tables" if spec.source == "trace" else "EMULATED, not measurements"
     return f"{kind}({spec.name}){where} [{what}]"
