@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from bandpilot.dispatch.state import State
+from bandpilot.fabric.units import UnitIndex, unit_index
 
 #: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
 MAX_BATCH_ROWS = 262_144
@@ -85,12 +86,8 @@ class ContentionPredictor:
         self.model = model
         self.spec = state.spec
         self.state = state
-        #: host -> scale-out unit one-hot (NVLink-domain clusters only): what "cross-host" means there
-        self._units: np.ndarray | None = None
-        if self.spec.nvlink_domains:
-            unit = self.spec.units[0]
-            self._units = np.zeros((self.spec.n_hosts, int(unit.max()) + 1), dtype=np.float32)
-            self._units[np.arange(self.spec.n_hosts), unit] = 1.0
+        #: hosts grouped by scale-out unit (NVLink-domain clusters only): what "cross-host" means there
+        self._units: UnitIndex | None = unit_index(self.spec) if self.spec.nvlink_domains else None
         live = [j for j in state.jobs if j.demand_gbps > 0]
         spans = self._spans(np.array([j.mask for j in live], dtype=np.int64).reshape(len(live), self.spec.n_hosts))
         jobs = [j for j, sp in zip(live, spans) if sp]
@@ -99,9 +96,11 @@ class ContentionPredictor:
         self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)
         self.job_demand = np.array([j.demand_gbps for j in jobs], dtype=float)
         self.job_used = (self.job_masks != 0).astype(np.int32)
-        self._job_used_t = np.ascontiguousarray(self.job_used.T, dtype=np.float32)
         #: hosts touched by at least one contending-capable job (their GPUs matter beyond counts)
         self.exposed = self.job_used.sum(axis=0) > 0 if jobs else np.zeros(n_h, dtype=bool)
+        # contention only looks at exposed hosts: the job incidence restricted to them
+        self._exposed_cols = np.flatnonzero(self.exposed)
+        self._job_used_t = np.ascontiguousarray(self.job_used[:, self._exposed_cols].T, dtype=np.float32)
         self.evaluations = 0
         self.calls = 0
 
@@ -125,17 +124,17 @@ class ContentionPredictor:
 
     def _spans(self, masks: np.ndarray) -> np.ndarray:
         """Rows whose traffic leaves NVLink: several hosts, or several NVLink domains."""
-        used = (np.atleast_2d(masks) != 0).astype(np.float32)
+        masks = np.atleast_2d(masks)
         if self._units is None:
-            return used.sum(axis=1) >= 2
-        return ((used @ self._units) > 0.5).sum(axis=1) >= 2
+            return (masks != 0).sum(axis=1) >= 2
+        return self._units.any(masks).sum(axis=1) >= 2
 
     def contenders(self, masks: np.ndarray) -> np.ndarray:
         """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if self.n_jobs == 0:
             return np.zeros((masks.shape[0], 0), dtype=bool)
-        used = (masks != 0).astype(np.float32)
+        used = (masks[:, self._exposed_cols] != 0).astype(np.float32)
         cross = self._spans(masks)
         return ((used @ self._job_used_t) > 0.5) & cross[:, None]
 

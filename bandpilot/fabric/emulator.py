@@ -20,7 +20,7 @@ from bandpilot.errors import SpecError
 from bandpilot.fabric.base import Fabric
 from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
-from bandpilot.topology.domains import nvlink_units
+from bandpilot.fabric.units import unit_index
 
 # Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
 # ``bandpilot calibrate`` against the public BandPilot tables (H100 from its four host tables,
@@ -201,14 +201,18 @@ class EmulatorFabric(Fabric):
         self._n_domains = len(uniq)
         self._nvl = bool(spec.nvlink_domains)
         if self._nvl:
-            self._unit, self._unit_nvl = nvlink_units(spec.hosts, spec.nvlink_domains)
-            self._unit_onehot = np.zeros((spec.n_hosts, self._unit_nvl.size))
-            self._unit_onehot[np.arange(spec.n_hosts), self._unit] = 1.0
+            self._units = unit_index(spec)
+            self._unit, self._unit_nvl = self._units.unit, self._units.is_nvl
             nv = nvlink_params(spec)
             # per host: in-domain cross-tray busbw before the rank-count efficiency
             self._nvl_gbps = np.array(
                 [float(nv["gbps"]) if nv["gbps"] else float(nv["efficiency"]) * float(p["cap"]) for p in self._host_params]
             )
+            # per unit: the slowest tray's NVLink term (inf outside NVLink domains)
+            self._unvl = np.full(self._unit_nvl.size, np.inf)
+            np.minimum.at(self._unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
+            nvl_hosts = np.flatnonzero(self._unit_nvl[self._unit])
+            self._nvl_p0 = self._host_params[int(nvl_hosts[0])] if nvl_hosts.size else None
 
     def stage1_table(self, h: int) -> np.ndarray:
         return emulated_stage1(self.spec.hosts[h].topology, self._host_params[h])
@@ -278,22 +282,18 @@ class EmulatorFabric(Fabric):
           term of a domain the allocation spans several trays of.
         """
         used = counts > 0
-        onehot = self._unit_onehot
-        cf = counts.astype(np.float64)  # per-unit sums as one float matmul each (BLAS)
-        ucount = np.rint(cf @ onehot).astype(np.int64)
-        urails = (np.minimum(cf, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
-        utrays = np.rint(used.astype(np.float64) @ onehot).astype(np.int64)
+        ix = self._units  # per-unit sums as segmented sums over hosts grouped by unit
+        ucount = ix.sum(counts)
+        urails = ix.sum(np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :])
+        utrays = ix.sum(used)
         uused = ucount > 0
         n_u = uused.sum(axis=1)
         # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency
-        unvl = np.full(self._unit_nvl.size, np.inf)
-        np.minimum.at(unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
         eff = np.ones(ucount.shape)
         multi = (utrays >= 2) & self._unit_nvl[None, :]
         if multi.any():
-            p0 = self._host_params[int(np.flatnonzero(self._unit_nvl[self._unit])[0])]
-            eff[multi] = ring_efficiency(p0, ucount[multi])
-        nvl_term = np.where(multi, unvl[None, :] * eff, np.inf).min(axis=1)
+            eff[multi] = ring_efficiency(self._nvl_p0, ucount[multi])
+        nvl_term = np.where(multi, self._unvl[None, :] * eff, np.inf).min(axis=1)
         out = nvl_term.copy()
         cross = n_u >= 2
         if cross.any():
@@ -319,20 +319,20 @@ class EmulatorFabric(Fabric):
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().scale_out(counts)
-        return ((counts > 0).astype(float) @ self._unit_onehot > 0.5).sum(axis=1) >= 2
+        return self._units.any(counts).sum(axis=1) >= 2
 
     def nvlink_spanning(self, counts: np.ndarray) -> np.ndarray:
         """Rows spanning >= 2 trays of some NVLink domain (their GPUs' NVLinks carry cross-tray traffic)."""
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().nvlink_spanning(counts)
-        trays = (counts > 0).astype(float) @ self._unit_onehot
-        return ((trays >= 1.5) & self._unit_nvl[None, :]).any(axis=1)
+        trays = self._units.sum(counts > 0)
+        return ((trays >= 2) & self._unit_nvl[None, :]).any(axis=1)
 
     def _network_cap(self, counts: np.ndarray) -> np.ndarray:
         used = counts > 0
         if self._nvl:  # line rate of the NIC rails between units; NVLink inside a domain: unbounded here
-            line = (np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :]) @ self._unit_onehot
+            line = self._units.sum(np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :])
             bound = np.where(line > 0, line, np.inf).min(axis=1) / self.net["rail_efficiency"]
             return np.where(self.scale_out(counts), bound, np.inf)
         line = np.where(used, np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :] / self.net["rail_efficiency"], np.inf)

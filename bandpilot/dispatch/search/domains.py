@@ -34,6 +34,7 @@ from bandpilot.dispatch.search.context import Found, IntractableError, SearchCon
 from bandpilot.dispatch.search.count_vector import EXACT_LIMIT, exact
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
+from bandpilot.fabric.units import unit_index
 from bandpilot.topology.cluster import popcount
 
 #: In-domain count vectors enumerated per unit before falling back to coarse classes.
@@ -52,9 +53,10 @@ class Units:
     """Per-request view of the units: members, free GPUs, exposure."""
 
     def __init__(self, ctx: SearchContext) -> None:
-        self.unit, self.is_nvl = ctx.spec.units
+        self.index = unit_index(ctx.spec)
+        self.unit, self.is_nvl = self.index.unit, self.index.is_nvl
         self.U = self.is_nvl.size
-        self.members = [np.flatnonzero(self.unit == u) for u in range(self.U)]
+        self.members = self.index.members
         self.free = np.bincount(self.unit, weights=ctx.fcount, minlength=self.U).astype(np.int64)
         self.size = np.bincount(self.unit, weights=ctx.spec.gpus_per_host, minlength=self.U).astype(np.int64)
         self.exposed_free = np.bincount(self.unit, weights=ctx.fcount * ctx.exposed, minlength=self.U).astype(np.int64)
@@ -121,12 +123,27 @@ class Units:
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
         ri, ui = np.nonzero(D)
-        keys = ui * (int(D.max(initial=0)) + 1) + D[ri, ui]
-        uniq, inv = np.unique(keys, return_inverse=True)
         width = int(D.max(initial=0)) + 1
-        parts = np.array([self.part(int(key // width), int(key % width)) for key in uniq]).reshape(uniq.size, self.ctx.H)
-        starts = np.searchsorted(ri, np.arange(D.shape[0]))  # np.nonzero is row-major: rows are contiguous
-        return np.add.reduceat(parts[inv.ravel()], starts, axis=0)
+        keys = ui * width + D[ri, ui]
+        uniq, inv = np.unique(keys, return_inverse=True)
+        # units hold disjoint hosts: scatter each unit's (sparse) part into its rows
+        hs, cs, owner = [], [], []
+        for j, key in enumerate(uniq.tolist()):
+            part = self.part(key // width, key % width)
+            h = self.members[key // width]
+            h = h[part[h] > 0]
+            hs.append(h)
+            cs.append(part[h])
+            owner.append(np.full(h.size, j))
+        h_of, c_of, own = np.concatenate(hs), np.concatenate(cs), np.concatenate(owner)
+        by_key = np.argsort(own, kind="stable")
+        ptr = np.r_[0, np.cumsum(np.bincount(own, minlength=uniq.size))]
+        inv = inv.ravel()
+        lens = ptr[inv + 1] - ptr[inv]
+        idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
+        out[np.repeat(ri, lens), h_of[by_key][idx]] = c_of[by_key][idx]
+        return out
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
@@ -137,9 +154,7 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
         return int(near[0])
     c = popcount(masks[near])
     used = c > 0
-    onehot = np.zeros((ctx.H, units.U))
-    onehot[np.arange(ctx.H), units.unit] = 1.0
-    ucount = c @ onehot
+    ucount = units.index.sum(c)
     uused = ucount > 0
     n_units = uused.sum(axis=1)
     unit_left = (uused * units.free[None, :]).sum(axis=1) - ucount.sum(axis=1)
@@ -329,7 +344,7 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     for _ in range(UNIT_LOCAL_ITERS):
         if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
             break
-        d = np.rint(popcount(best.mask) @ _onehot(ctx, units)).astype(np.int64)
+        d = units.index.sum(popcount(best.mask))[0]
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
@@ -340,12 +355,6 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         best = got
     best.evaluated = evaluated
     return best
-
-
-def _onehot(ctx: SearchContext, units: Units) -> np.ndarray:
-    oh = np.zeros((ctx.H, units.U))
-    oh[np.arange(ctx.H), units.unit] = 1.0
-    return oh
 
 
 def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = DOMAIN_TIE) -> Found:
