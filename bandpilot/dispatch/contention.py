@@ -43,6 +43,8 @@ from bandpilot.fabric.units import UnitIndex, unit_index
 
 #: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
 MAX_BATCH_ROWS = 262_144
+#: Hosts from which candidates go to a fabric on the columns they touch (``predict_columns``).
+COLUMNS_FROM = 512
 
 
 _HASH_W = np.random.default_rng(0x5EED).integers(1, 2**62, size=4096, dtype=np.int64) | 1
@@ -109,18 +111,35 @@ class ContentionPredictor:
         return len(self.job_ids)
 
     # ------------------------------------------------------------------------------------
-    def raw(self, masks: np.ndarray) -> np.ndarray:
-        """Standalone ``B̂`` of rows (de-duplicated, one model call, counted)."""
+    def raw(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+        """Standalone ``B̂`` of rows (de-duplicated, one model call, counted); with ``cols`` the
+        rows are given on those host columns only (see :meth:`_columns`)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return np.zeros(0)
         uniq, inv = unique_rows(masks)
-        vals = np.asarray(self.model.predict_masks(uniq), dtype=float).reshape(-1)
+        if cols is None:
+            vals = self.model.predict_masks(uniq)
+        else:
+            vals = self.model.predict_columns(uniq, cols)
+        vals = np.asarray(vals, dtype=float).reshape(-1)
         if vals.shape[0] != uniq.shape[0]:
             raise ValueError(f"model returned {vals.shape[0]} predictions for {uniq.shape[0]} rows")
         self.evaluations += int(uniq.shape[0])
         self.calls += 1
         return vals[inv]
+
+    def _columns(self, masks: np.ndarray, jobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Candidates and job masks on the host columns they touch, when the model can evaluate
+        column-restricted rows (fabrics: ``predict_columns``) and the cluster is wide; the
+        ``n x n_hosts`` rows of a 25,000-tray cluster would dominate every step otherwise."""
+        if not hasattr(self.model, "predict_columns") or masks.shape[1] < COLUMNS_FROM:
+            return masks, self.job_masks, None
+        touched = masks.any(axis=0)
+        if jobs.size:
+            touched |= self.job_used[np.unique(jobs)].any(axis=0)
+        cols = np.flatnonzero(touched)
+        return masks[:, cols], self.job_masks[:, cols], cols
 
     def _spans(self, masks: np.ndarray) -> np.ndarray:
         """Rows whose traffic leaves NVLink: several hosts, or several NVLink domains."""
@@ -150,11 +169,12 @@ class ContentionPredictor:
             return Prediction(np.concatenate([p.value for p in parts]), np.concatenate([p.standalone for p in parts]))
         cont = self.contenders(masks)
         ci, ji = np.nonzero(cont)
+        masks, jobs, cols = self._columns(masks, ji)
         if ci.size == 0:
-            solo = self.raw(masks)
+            solo = self.raw(masks, cols)
             return Prediction(solo.copy(), solo)
-        supers = masks[ci] | self.job_masks[ji]
-        allv = self.raw(np.concatenate([masks, supers]))
+        supers = masks[ci] | jobs[ji]
+        allv = self.raw(np.concatenate([masks, supers]), cols)
         solo = allv[:n]
         return Prediction(self._share(n, solo, cont, ci, allv[n:]), solo)
 
@@ -181,7 +201,8 @@ class ContentionPredictor:
         n_pairs = int(cont.sum())
         if n_pairs <= max_pairs:
             return self.predict(masks)
-        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS]) for i in range(0, n, MAX_BATCH_ROWS)])
+        masks, jobs, cols = self._columns(masks, np.flatnonzero(cont.any(axis=0)))
+        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS], cols) for i in range(0, n, MAX_BATCH_ROWS)])
         value = np.full(n, -np.inf)
         free_of = ~cont.any(axis=1)
         value[free_of] = solo[free_of]
@@ -197,7 +218,7 @@ class ContentionPredictor:
             idx = idx[solo[idx] >= bound]
             sub = cont[idx]
             ci, ji = np.nonzero(sub)
-            caps = self.raw(masks[idx][ci] | self.job_masks[ji])
+            caps = self.raw(masks[idx][ci] | jobs[ji], cols)
             value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
             best = max(best, float(value[idx].max()))
             pos += step

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext
+from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext, host_ids
 from bandpilot.dispatch.search.count_vector import EXACT_LIMIT, exact
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
@@ -122,6 +122,20 @@ class Units:
 
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
+        r, h, c = self._scatter(D)
+        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
+        out[r, h] = c
+        return out
+
+    def mask_rows(self, D: np.ndarray) -> np.ndarray:
+        """Per-unit count rows ``(n, U)`` -> the best mask rows for them (``masks_from_counts(rows(D))``)."""
+        r, h, c = self._scatter(D)
+        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
+        out[r, h] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
+        return out
+
+    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, host, count) of every nonzero per-host count of the rows of ``D``."""
         ri, ui = np.nonzero(D)
         width = int(D.max(initial=0)) + 1
         keys = ui * width + D[ri, ui]
@@ -141,9 +155,7 @@ class Units:
         inv = inv.ravel()
         lens = ptr[inv + 1] - ptr[inv]
         idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
-        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[np.repeat(ri, lens), h_of[by_key][idx]] = c_of[by_key][idx]
-        return out
+        return np.repeat(ri, lens), h_of[by_key][idx], c_of[by_key][idx]
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
@@ -196,14 +208,17 @@ def _in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coar
 def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
     """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
     GPUs of it are free): then trays differ only in free count and count patterns are exact."""
-    seen: dict[tuple[str, int], float] = {}
-    for h in hosts.tolist():
-        g = ctx.spec.hosts[h].gpu
-        for c in range(1, int(ctx.fcount[h]) + 1):
-            v = round(float(ctx.best_val[h, c]), 9)
-            if seen.setdefault((g, c), v) != v:
-                return False
-    return len({ctx.spec.hosts[h].gpu for h in hosts.tolist()}) <= 1
+    if hosts.size == 0:
+        return True
+    gpu_id, _ = host_ids(ctx.spec)
+    if np.unique(gpu_id[hosts]).size > 1:
+        return False
+    vals = np.round(ctx.best_val[hosts, 1:], 9)
+    have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
+    hi = np.where(have, vals, -np.inf).max(axis=0)
+    lo = np.where(have, vals, np.inf).min(axis=0)
+    seen = have.any(axis=0)
+    return bool(np.all(hi[seen] == lo[seen]))
 
 
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
@@ -337,7 +352,7 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if not starts:
         return None
     D = np.unique(np.array(starts), axis=0)
-    best = _best(ctx, units, ctx.masks_from_counts(units.rows(D)), tie)
+    best = _best(ctx, units, units.mask_rows(D), tie)
     if best is None:
         return None
     evaluated = best.evaluated
@@ -348,7 +363,7 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        got = _best(ctx, units, ctx.masks_from_counts(units.rows(moves)), 0.0)
+        got = _best(ctx, units, units.mask_rows(moves), 0.0)
         evaluated += 0 if got is None else got.evaluated
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
