@@ -11,7 +11,8 @@ entropy measurement), running and finished jobs report the entropy of the epochs
 A running job's progress rate is ``1 / (compute_s · ((1-f) + f · B_ref / B_achieved(t)))``: ``f`` its
 communication fraction, ``B_ref`` the best standalone bandwidth of its size on the idle cluster and
 ``B_achieved`` its TRUE bandwidth under the jobs running alongside
-(:class:`~bandpilot.simulation.bandwidth.TrueBandwidth`); rates change only at events, so progress
+(:class:`~bandpilot.simulation.bandwidth.TrueBandwidth`, co-tenants pressing by ``SimConfig.demand``,
+the same demand model the queue stores each job's pressure under for the dispatcher); rates change only at events, so progress
 integrates exactly, piecewise. A placement at least as good as the reference runs in ``compute_s``.
 1-GPU jobs have no collective (``f`` is ignored).
 
@@ -31,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.scheduling import POLICIES, run_batch
@@ -55,6 +57,7 @@ class SimConfig:
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
+    demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -67,6 +70,8 @@ class SimConfig:
             raise SimulationError(f"epochs must be >= 1, got {self.epochs}")
         if not 0.0 <= self.lam <= 1.0:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
+        if self.demand not in DEMAND_MODELS:
+            raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
 
 @dataclass
@@ -174,7 +179,8 @@ class _Sim:
         self._final_rows = []
         if self._to_submit:
             batch, self._to_submit = self._to_submit, []
-            submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s) for j in batch])
+            submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s,
+                                        comm_fraction=j.comm_fraction) for j in batch])
             set_estimates(self.store, {j.id: j.compute_s for j in batch})
             for j in batch:
                 if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
@@ -194,7 +200,7 @@ class _Sim:
 
     def _batch(self, t: float) -> int:
         self._flush()
-        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm)
+        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm, demand=self.cfg.demand)
         self.batches += 1
         for o in rep.outcomes:
             rec = self.recs[o.request_id]
@@ -229,7 +235,8 @@ class _Sim:
             return
         runs = list(self.running.values())
         masks = np.array([r.mask for r in runs], dtype=np.int64)
-        b, solo = self.truth.achieved(masks)
+        factors = np.array([pressure_factor(r.rec.comm_fraction, self.cfg.demand) for r in runs])
+        b, solo = self.truth.achieved(masks, factors)
         for r, bi, si in zip(runs, b, solo):
             rec = r.rec
             rec.b_standalone = float(si)
