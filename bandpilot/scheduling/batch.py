@@ -33,7 +33,7 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressu
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import now
-from bandpilot.queue.learning import load_estimates
+from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.policies import (
@@ -251,7 +251,10 @@ def run_batch(
     def plan(loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         report.pending_before = len(pending)
-        expected = load_estimates(conn, [p.req.id for p in pending]) if policy == "sjf" else None
+        expected = None
+        if policy == "sjf":
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         queue = order_pending(pending, policy, expected)
         whole = limit is None or limit >= len(queue)
         if not whole:

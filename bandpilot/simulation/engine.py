@@ -17,8 +17,10 @@ integrates exactly, piecewise. A placement at least as good as the reference run
 1-GPU jobs have no collective (``f`` is ignored).
 
 Simplifications, stated: jobs are gangs that run to completion (no preemption or elastic quotas,
-unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; sjf sees the
-exact ``compute_s`` as its estimate.
+unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; a job without
+a ``time_limit_s`` in the trace gets its exact ``compute_s`` as its run-time estimate (sjf and
+reservations see the truth), one with a limit is planned with that limit (which may be far off).
+The store runs on the simulated clock (:func:`bandpilot.queue.clock.use_clock`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
+from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import POLICIES, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
@@ -167,6 +170,7 @@ class _Sim:
         self.tl: dict[str, list[float]] = {k: [] for k in ("t", "busy", "free", "stranded", "running", "pending")}
         self.batches = 0
         self.done = 0
+        self.t = 0.0
         self._to_submit: list[TraceJob] = []
         self._to_release: list[str] = []
         self._final_rows: list[dict[str, Any]] = []
@@ -180,8 +184,14 @@ class _Sim:
         if self._to_submit:
             batch, self._to_submit = self._to_submit, []
             submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s,
-                                        comm_fraction=j.comm_fraction) for j in batch])
-            set_estimates(self.store, {j.id: j.compute_s for j in batch})
+                                        time_limit_s=j.time_limit_s, comm_fraction=j.comm_fraction,
+                                        preemptible=j.preemptible, checkpoint_s=j.checkpoint_s,
+                                        checkpoint_every_s=j.checkpoint_every_s) for j in batch])
+            # a job without a time limit in the trace gets its exact compute time as the estimate
+            # (the stated oracle); one with a limit is planned with that limit, errors and all
+            oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}
+            if oracle:
+                set_estimates(self.store, oracle)
             for j in batch:
                 if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
                     c = curve_for(j.id, self.cfg.seed)
@@ -265,6 +275,10 @@ class _Sim:
 
     # -- main loop ------------------------------------------------------------------------
     def run(self, truth_label: str, model_label: str) -> SimResult:
+        with use_clock(lambda: self.t):  # the store's times (starts, ends, batches) are simulated time
+            return self._run(truth_label, model_label)
+
+    def _run(self, truth_label: str, model_label: str) -> SimResult:
         t0 = time.perf_counter()
         trace, cfg = self.trace, self.cfg
         n = len(trace)
@@ -285,7 +299,7 @@ class _Sim:
                     self.recs[jid].status = "stuck"
                 break
             self._advance(t_next - t)
-            t = t_next
+            t = self.t = t_next
             changed = False
             finished = [jid for jid, e in ends.items() if e <= t + 1e-6]
             if finished:
