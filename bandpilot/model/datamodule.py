@@ -148,7 +148,7 @@ def split_pool(pool: Pool, p: TrainParams, explicit: Pool | None = None, notes: 
     return np.sort(train), np.sort(rest[:cap])
 
 
-def _val_split(pool: Pool, idx: np.ndarray, p: TrainParams) -> tuple[np.ndarray, np.ndarray]:
+def val_split(pool: Pool, idx: np.ndarray, p: TrainParams) -> tuple[np.ndarray, np.ndarray]:
     if p.val_fraction <= 0 or idx.size < 10:
         return idx, idx[:0]
     rng = np.random.default_rng(p.seed + 7919)
