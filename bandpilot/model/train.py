@@ -21,7 +21,7 @@ import torch
 from bandpilot.errors import DataError
 from bandpilot.model.datamodule import MIN_POOL, SurrogateDataModule, cross_pool, split_pool, val_split
 from bandpilot.model.metrics import evaluate_predictions, make_plots
-from bandpilot.model.module import SurrogateModule
+from bandpilot.model.module import AverageWeights, KeepBest, OptunaPruning, SurrogateModule, callbacks
 from bandpilot.model.networks import build_net
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
@@ -105,20 +105,25 @@ def fit_net(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weight
     steps_per_epoch = math.ceil(dm.n / dm.batch_size)
     total_steps = max(1, epochs * steps_per_epoch)
     swa_start = int(round(epochs * (1.0 - p.swa))) if p.swa > 0 and not dm.has_val else None
-    lit = SurrogateModule(net, p, lr=lr, total_steps=total_steps, swa_start=swa_start, trial=trial)
+    lit = SurrogateModule(net, p, lr=lr, total_steps=total_steps)
+    cbs = callbacks(p, has_val=dm.has_val, swa_start=swa_start, trial=trial)
     trainer = L.Trainer(
         max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, deterministic=False,
-        log_every_n_steps=max(1, steps_per_epoch), default_root_dir=tempfile.gettempdir(),
+        log_every_n_steps=max(1, steps_per_epoch), default_root_dir=tempfile.gettempdir(), callbacks=cbs,
+        limit_val_batches=1 if dm.has_val else 0,
     )
     net.train()
     trainer.fit(lit, datamodule=dm)
     net.eval()
-    if dm.has_val and lit.best[1] is not None:
-        net.load_state_dict(lit.best[1])
-    elif lit.avg is not None and lit.n_avg > 1:
-        net.load_state_dict({**net.state_dict(), **lit.avg})
-    return lit.history, lit.pruned, lit.best[0]
+    best = next((c for c in cbs if isinstance(c, KeepBest)), None)
+    avg = next((c for c in cbs if isinstance(c, AverageWeights)), None)
+    if best is not None and best.state is not None:
+        net.load_state_dict(best.state)
+    elif avg is not None and avg.avg is not None and avg.n > 1:
+        net.load_state_dict({**net.state_dict(), **avg.avg})
+    pruned = any(isinstance(c, OptunaPruning) and c.pruned for c in cbs)
+    return lit.history, pruned, best.mape if best is not None else float("inf")
 
 
 def fit_prior(net: Any, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None,
