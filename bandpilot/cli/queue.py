@@ -301,7 +301,7 @@ def undrain_cmd(
 
 @cluster_app.command("state")
 def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
-    """The state in the dispatcher's format ({"free": [...], "jobs": [...]}) with --json."""
+    """Free GPUs and running jobs; with --json, the state file `select --state` reads."""
     from bandpilot import queue as q
 
     doc = q.export_state(_store(store))
@@ -340,7 +340,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 # ------------------------------------------------------------------------------------------
 @app.command("dispatch")
 def dispatch_cmd(
-    batch: bool = typer.Option(False, "--batch", help="Assign the queued requests (the only mode)."),
+    batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
     policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
@@ -356,8 +356,6 @@ def dispatch_cmd(
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
-    if not batch:
-        raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")
     if policy not in sched.POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
     if commit not in sched.COMMIT_MODES:
