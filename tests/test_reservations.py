@@ -185,3 +185,38 @@ def test_api_submits_runtime_fields_and_shows_reservations_per_tenant(store, fab
         assert [x["request_id"] for x in mine] == [None] and len(mine[0]["gpus"]) == 16  # reserved, not hers
         ops = client.get("/v1/cluster", headers=hdr(admin)).json()["status"]["reservations"]
         assert [x["request_id"] for x in ops] == ["B"]
+
+
+def test_summary_fields_and_sweep_axes_with_the_slurm_baseline(tmp_path, fab):
+    from bandpilot.cli.main import main
+    from bandpilot.simulation.presets import apply_preset
+    from bandpilot.simulation.report import summarize
+    from bandpilot.simulation.sweep import SweepError, load_sweep
+    from bandpilot.simulation.trace import write_trace
+    from bandpilot.simulation.workloads import seed001_workload
+
+    jobs = seed001_workload(2)[:10]
+    s = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(backfill="easy")))
+    assert s["backfill"] == "easy" and s["preemptions"] == 0 and s["wasted_gpu_hours"] == 0.0
+    assert s["gpu_hours"] > 0 and 0 <= s["max_wait_s"] <= s["max_jct_s"]
+    cfg = apply_preset(SimConfig(policy="utility"), "slurm", fab.spec)
+    assert (cfg.policy, cfg.backfill, cfg.algorithm) == ("fifo", "easy", "topo")
+    write_trace(jobs, tmp_path / "a.csv")
+    y = tmp_path / "sweep.yaml"
+    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv]\npolicies: [fifo]\nalgorithms: [bandpilot]\n"
+                 "backfill: [greedy, easy]\ndemand: [full, comm]\nbaselines: [slurm]\nseeds: [0]\nworkers: 2\n")
+    out = tmp_path / "sw"
+    assert main(["simulate", "--sweep", str(y), "--out", str(out), "--no-log", "--no-figures"]) == 0
+    rows = (out / "comparison.csv").read_text().splitlines()
+    assert rows[0].startswith("trace,policy,algorithm,seeds,backfill,demand,")
+    combos = {tuple(r.split(",")[1:6:]) for r in rows[1:]}
+    assert len(rows) == 1 + 6 and ("fifo", "topo", "1", "easy", "comm") in combos  # 2 x 2 + slurm x 2 demands
+    y.write_text("model: emulator\ntraces: [a.csv]\nbackfill: [lazy]\n")
+    with pytest.raises(SweepError, match="backfill: unknown 'lazy'"):
+        load_sweep(y)
+    assert main(["simulate", "--trace", str(tmp_path / "a.csv"), "--cluster", str(H100), "--model", "emulator",
+                 "--baseline", "slurm", "--out", str(tmp_path / "one"), "--no-log", "--no-figures"]) == 0
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert (one["algorithm"], one["backfill"]) == ("topo", "easy")
+    assert main(["simulate", "--trace", str(tmp_path / "a.csv"), "--cluster", str(H100), "--model", "emulator",
+                 "--baseline", "pbs", "--out", str(tmp_path / "two"), "--no-log"]) != 0

@@ -28,6 +28,7 @@ def simulate_cmd(
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
     backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
@@ -58,6 +59,10 @@ def simulate_cmd(
                     backfill=backfill)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
+    if baseline is not None:
+        from bandpilot.simulation.presets import apply_preset
+
+        cfg = apply_preset(cfg, baseline, setup.dispatcher.model.spec)
     jobs = parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
     _, s = run_one(jobs, setup, cfg, out, figures=figures, log=log)
     h = 3600.0

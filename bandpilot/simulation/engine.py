@@ -45,7 +45,7 @@ from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random")
+ALGORITHMS = ("bandpilot", "topo", "default", "random", "block")
 
 
 class SimulationError(BandPilotError):
@@ -98,6 +98,8 @@ class JobRecord:
     b_standalone: float = 0.0
     bw_time: float = 0.0  # ∫ B_achieved / B_ref dt while running
     final_utility: float | None = None
+    preemptions: int = 0
+    wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
 
     @property
     def jct_s(self) -> float | None:
