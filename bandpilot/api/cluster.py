@@ -32,6 +32,9 @@ def cluster(request: Request, p: Principal = Depends(principal)) -> JSONResponse
     st = status(store)
     if not p.admin:
         st["tenants"] = {t: v for t, v in st["tenants"].items() if t == p.tenant}
+        for r in st.get("reservations", []):
+            if r["tenant"] != p.tenant:
+                r["request_id"] = r["tenant"] = None  # reserved, but not yours
     return JSONResponse({"status": st, "gpus": grid, "health": health(store), "viewer": {"tenant": p.tenant, "admin": p.admin}})
 
 
