@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -42,6 +42,7 @@ def submit(
     partial: bool = False,
     errors: Sequence[str] = (),
     labels: Sequence[str] | None = None,
+    guard: Callable[[sa.Connection], None] | None = None,
 ) -> SubmitReport:
     """Queue requests in one transaction.
 
@@ -49,6 +50,8 @@ def submit(
     repeated or already in the store, or any ``errors`` passed in from parsing make the call raise
     :class:`SubmitError` with nothing queued - unless ``partial``, which queues the valid ones and
     reports the rest. ``labels`` (e.g. ``file:line``) prefix each request's error messages.
+    ``guard(conn)`` runs first inside the transaction and may refuse by raising (e.g. a tenant's
+    limits, :mod:`bandpilot.queue.quotas`).
     """
     spec = store.spec
     errs = list(errors)
@@ -69,6 +72,8 @@ def submit(
         good.append(req)
     ts = now()
     with store.write() as conn:
+        if guard is not None and good:
+            guard(conn)
         existing: set[str] = set()
         ids = [r.id for r in good]
         for i in range(0, len(ids), 500):

@@ -231,6 +231,9 @@ T_ESTIMATES = sa.Table(
     sa.CheckConstraint("expected_s > 0", name="ck_bp_estimates_positive"),
 )
 
+#: A tenant's pending requests (its limits, :mod:`bandpilot.queue.quotas`) and its own ids (v6).
+IX_REQ_TENANT = sa.Index("ix_bp_requests_tenant_status", T_REQ.c.tenant, T_REQ.c.status)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -258,6 +261,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
      lambda conn: metadata.create_all(conn, tables=[T_TOKENS, T_AUDIT, T_FRAG], checkfirst=True)),
     (5, "entropy reports and run-time estimates",
      lambda conn: metadata.create_all(conn, tables=[T_ENTROPY, T_ESTIMATES], checkfirst=True)),
+    (6, "requests by tenant and status (per-tenant limits and ids)",
+     lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
 ]
 
 
