@@ -286,7 +286,8 @@ _ENDPOINTS = [
     ("DELETE", "/v1/tenants/{x}"), ("GET", "/v1/audit"), ("GET", "/healthz"), ("GET", "/{x}"),
 ]
 _KEYS = ["id", "k", "priority", "utility", "constraints", "tenant", "measured_gbps", "entropy", "epoch", "target",
-         "reason", "admin", "name", "x"]
+         "reason", "admin", "name", "time_limit_s", "comm_fraction", "preemptible", "checkpoint_s",
+         "checkpoint_every_s", "x"]
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20),
                     st.lists(st.text(max_size=6), max_size=3),
                     st.dictionaries(st.sampled_from(["single_host", "allowed_hosts", "segment", "min_gbps", "q"]),
@@ -318,7 +319,7 @@ def test_a_store_from_before_per_tenant_ids_opens_and_its_requests_stay_reachabl
     from bandpilot.queue import schema as q_schema
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    monkeypatch.setattr(q_schema, "MIGRATIONS", [m for m in q_schema.MIGRATIONS if m[0] <= 5])
+    monkeypatch.setattr(q_schema, "MIGRATIONS", [m for m in q_schema.MIGRATIONS if m[0] != 7])
     old = new_store(url, h100())
     q.submit(old, [{"id": "legacy-1", "k": 2, "tenant": "alice"}])  # as the API stored ids before
     tok, _ = q.create_token(old, "alice")

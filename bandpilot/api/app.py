@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from bandpilot.api import admin, cluster, problems, requests
 from bandpilot.api.auth import FailedAuth, TokenCache
+from bandpilot.api.batches import BatchLoop
 from bandpilot.api.guard import MAX_BODY, Guard, page_csp
 from bandpilot.queue.quotas import TenantLimits
 from bandpilot.queue.clock import now
@@ -59,17 +60,21 @@ def _env_int(name: str, default: int | None) -> int | None:
 
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
-               token_ttl: float = 5.0, threads: int | None = None, max_pending: int | None = None,
+               token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
+               model_uri: str | None = None, policy: str = "utility", max_pending: int | None = None,
                max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
                auth_window_s: float = 60.0) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
-    valid token is trusted without a lookup (0: every request looks it up). Per tenant (admins are
+    valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
+    batch that often with ``model_uri`` (default the cluster's champion) and ``policy`` (None: off).
+    Per tenant (admins are
     exempt): at most ``max_pending`` pending requests (``$BANDPILOT_API_MAX_PENDING``, default 100)
     asking for at most ``max_pending_gpus`` GPUs together (``$BANDPILOT_API_MAX_PENDING_GPUS``,
     default twice the cluster); over that, 429 with ``Retry-After: retry_after_s``. A client with
     ``auth_failures`` failed authentications within ``auth_window_s`` is slowed down (429)."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
+    batches = BatchLoop(st, dispatch_s, model_uri=model_uri, policy=policy)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -80,9 +85,11 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads or int(
             os.environ.get("BANDPILOT_API_THREADS", "12"))
         sampler.start()
+        batches.start()
         try:
             yield
         finally:
+            batches.close()
             sampler.close()
 
     app = FastAPI(
@@ -92,6 +99,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     )
     app.state.store = st
     app.state.tokens = TokenCache(token_ttl)
+    app.state.batches = batches
     app.state.auth_failures = FailedAuth(limit=auth_failures, window_s=auth_window_s)
     app.state.limits = TenantLimits(
         max_pending=_env_int("BANDPILOT_API_MAX_PENDING", 100) if max_pending is None else max_pending,
@@ -104,7 +112,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     @app.get("/healthz", tags=["service"], summary="Liveness and store reachability (no token)")
     def healthz() -> dict[str, Any]:
         st.refresh()  # one small query: the store answers (and a replaced cluster is noticed)
-        return {"ok": True, "cluster": st.spec.name}
+        return {"ok": True, "cluster": st.spec.name, "batches": batches.status}
 
     page = dashboard_html()
 

@@ -52,6 +52,15 @@ class SubmitBody(_Body):
     utility: Optional[float] = Field(None, ge=0, le=1e12, allow_inf_nan=False)
     constraints: Optional[JSONObject] = None
     tenant: Optional[Text] = Field(None, min_length=1, max_length=200, description="Admin tokens only: submit for this tenant.")
+    time_limit_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
+                                          description="Expected run time limit (Slurm --time), for planning.")
+    comm_fraction: Optional[float] = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                           description="Share of the run time spent in collectives.")
+    preemptible: bool = Field(False, description="The job may be checkpointed and requeued.")
+    checkpoint_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
+                                          description="Cost of one checkpoint + restart, seconds.")
+    checkpoint_every_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
+                                                description="Checkpoint period, seconds.")
 
 
 class ReleaseBody(_Body):
