@@ -15,6 +15,9 @@ from bandpilot.queue.schema import T_REQ
 from bandpilot.queue.store import Store
 
 
+_EXISTING = sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(sa.bindparam("ids", expanding=True)))
+
+
 @dataclass
 class SubmitReport:
     submitted: list[str]
@@ -77,7 +80,7 @@ def submit(
         existing: set[str] = set()
         ids = [r.id for r in good]
         for i in range(0, len(ids), 500):
-            existing.update(conn.execute(sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(ids[i : i + 500]))).scalars())
+            existing.update(conn.execute(_EXISTING, {"ids": ids[i : i + 500]}).scalars())
         if existing:
             errs.extend(f"{where[rid]}: request id {rid!r} already exists in the store" for rid in ids if rid in existing)
             good = [r for r in good if r.id not in existing]

@@ -36,6 +36,14 @@ class DuplicateId(RequestError):
     """The tenant already has a request with this id."""
 
 
+_pending = T_REQ.c.status == "pending"
+_mine = T_REQ.c.id.in_(sa.bindparam("ids", expanding=True))
+#: A tenant's pending requests, their GPUs, and whether one of the given ids is its; built once.
+_USAGE = (sa.select(sa.func.sum(sa.case((_pending, 1), else_=0)), sa.func.sum(sa.case((_pending, T_REQ.c.k), else_=0)),
+                    sa.func.max(sa.case((_mine, 1), else_=0)))
+          .where(T_REQ.c.tenant == sa.bindparam("tenant"), sa.or_(_pending, _mine)))
+
+
 def tenant_guard(store: Store, tenant: str, k: int, own_ids: Sequence[str], shown: str,
                  limits: TenantLimits | None) -> Callable[[sa.Connection], None]:
     """A check for :func:`bandpilot.queue.intake.submit`'s transaction: none of ``own_ids`` (the
@@ -47,12 +55,7 @@ def tenant_guard(store: Store, tenant: str, k: int, own_ids: Sequence[str], show
             # one tenant's submits in turn (READ COMMITTED would let two both see room for one more)
             key = zlib.crc32(f"bandpilot-tenant:{tenant}".encode()) & 0x7FFFFFFF
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-        pending = T_REQ.c.status == "pending"
-        mine = T_REQ.c.id.in_(list(own_ids))
-        n, gpus, dup = conn.execute(
-            sa.select(sa.func.sum(sa.case((pending, 1), else_=0)), sa.func.sum(sa.case((pending, T_REQ.c.k), else_=0)),
-                      sa.func.max(sa.case((mine, 1), else_=0)))
-            .where(T_REQ.c.tenant == tenant, sa.or_(pending, mine))).one()
+        n, gpus, dup = conn.execute(_USAGE, {"tenant": tenant, "ids": list(own_ids)}).one()
         if dup:
             raise DuplicateId(f"request id {shown!r} already exists")
         if limits is None:
