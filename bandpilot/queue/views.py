@@ -3,6 +3,7 @@ and the compact GPU list format."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Sequence
 
@@ -92,25 +93,34 @@ def describe_reservation(r: dict[str, Any]) -> str:
     return f"expected start ~{r['start']} on {format_gpus(r['gpus'])}{bw}"
 
 
+@functools.lru_cache(maxsize=None)
+def _list_stmt(status: bool, tenant: bool, request_id: bool, limit: bool) -> sa.Select:
+    """The listing query for one combination of filters, built once: building and hashing a select
+    costs more than PostgreSQL takes to run it (bound parameters keep the values out)."""
+    q = sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True).order_by(T_REQ.c.seq)
+    if status:
+        q = q.where(T_REQ.c.status == sa.bindparam("status"))
+    if tenant:
+        q = q.where(T_REQ.c.tenant == sa.bindparam("tenant"))
+    if request_id:
+        q = q.where(T_REQ.c.id == sa.bindparam("request_id"))
+    if limit:
+        q = q.limit(sa.bindparam("limit", type_=sa.Integer))
+    return q
+
+
 def list_requests(
     store: Store, status: str | None = None, tenant: str | None = None, limit: int | None = None,
     request_id: str | None = None,
 ) -> list[dict[str, Any]]:
     if status is not None and status not in REQUEST_STATUSES:
         raise RequestError(f"unknown status {status!r}: use one of {', '.join(REQUEST_STATUSES)}")
-    q = sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True).order_by(T_REQ.c.seq)
-    if status:
-        q = q.where(T_REQ.c.status == status)
-    if tenant:
-        q = q.where(T_REQ.c.tenant == tenant)
-    if request_id is not None:
-        q = q.where(T_REQ.c.id == request_id)
-    if limit:
-        q = q.limit(limit)
+    params = {"status": status or None, "tenant": tenant or None, "request_id": request_id, "limit": limit or None}
+    q = _list_stmt(*(v is not None for v in params.values()))
     out = []
     with store.read(snapshot=False) as conn:
         reserved = {r["request_id"]: r for r in reservations_in(conn)}
-        for r in conn.execute(q).mappings():
+        for r in conn.execute(q, {k: v for k, v in params.items() if v is not None}).mappings():
             out.append(
                 {
                     "id": r["id"], "tenant": r["tenant"], "k": r["k"], "priority": r["priority"], "utility": r["utility"],
