@@ -79,3 +79,118 @@ def test_parser_fuzz_mapping(doc):
         return
     vol, cms = s.volumes()
     assert cms >= 0 and all(v >= 0 for v in vol.values())
+
+
+# ---- placement -------------------------------------------------------------------------------
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bandpilot.dispatch.contention import ContentionPredictor  # noqa: E402
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.dispatch.search.shape import from_ranks, group_ranks, score  # noqa: E402
+from bandpilot.dispatch.state import State  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+
+H100 = make_fabric(load_cluster("params/clusters/h100.yaml"))
+NVL = make_fabric(load_cluster("params/clusters/nvl72x16.yaml"))
+
+
+def _state(fab, free_per_host: dict[int, int], jobs=()):
+    spec = fab.spec
+    free = [f"{spec.hosts[h].name}:{i}" for h, n in free_per_host.items() for i in range(n)]
+    return State.from_dict(spec, {"free": free, "jobs": list(jobs)})
+
+
+def test_group_ranks_megatron_order():
+    g = group_ranks(Shape.parse("tp=2,pp=2,dp=2,ep=4"))
+    assert g["tp"].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert g["dp"].tolist() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert g["pp"].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert g["ep"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_tp_groups_stay_in_a_host_where_blind_splits_them():
+    st_ = _state(H100, {0: 6, 1: 6, 2: 4, 3: 8})
+    disp = Dispatcher(H100)
+    shaped = disp.select(16, st_, shape="tp=4,dp=4")
+    blind = disp.select(16, st_, "blind", shape="tp=4,dp=4")
+    hosts = lambda ranks: [g.rpartition(":")[0] for g in ranks]  # noqa: E731
+    for sel in (shaped, blind):
+        assert len(sel.ranks) == 16 and len(set(sel.ranks)) == 16 and set(sel.ranks) == set(sel.gpus)
+        assert set(sel.placement["axis_gbps"]) == {"tp", "dp"}
+    h = hosts(shaped.ranks)
+    assert all(len(set(h[i:i + 4])) == 1 for i in range(0, 16, 4))  # every TP group inside one host
+    hb = hosts(blind.ranks)
+    assert any(len(set(hb[i:i + 4])) > 1 for i in range(0, 16, 4))  # GPU-id order slices through one
+    assert shaped.placement["step_ms"] < blind.placement["step_ms"]
+    assert shaped.placement["axis_gbps"]["tp"] > blind.placement["axis_gbps"]["tp"]
+    d = shaped.to_dict()
+    assert d["ranks"] == shaped.ranks and d["shape"] == {"tp": 4, "pp": 1, "dp": 4, "ep": 1}
+
+
+def test_siblings_and_tenants_contend():
+    """Four DP groups sharing two hosts' NICs each get less than one alone; a cross-host tenant on
+    those hosts lowers it further."""
+    spec = H100.spec
+    shp = Shape.parse("tp=4,dp=2")
+    ranks = [f"h100-{h}:{i}" for h in (0, 1) for i in range(4)]
+    alone = H100.predict_masks(spec.to_mask(["h100-0:0", "h100-1:0"])[None, :])[0]
+    idle = from_ranks(spec, ranks)
+    score(ContentionPredictor(H100, State.idle(spec)), shp, [idle])
+    assert idle.axis_gbps["dp"] < alone
+    busy_state = State.from_dict(spec, {"free": [g for g in spec.gpu_ids if g.endswith((":0", ":1", ":2", ":3"))],
+                                        "jobs": [{"id": "t", "gpus": ["h100-0:7", "h100-1:7"], "demand_gbps": 50.0}]})
+    busy = from_ranks(spec, ranks)
+    score(ContentionPredictor(H100, busy_state), shp, [busy])
+    assert busy.axis_gbps["dp"] < idle.axis_gbps["dp"] and busy.step_ms > idle.step_ms
+    assert busy.axis_gbps["tp"] == idle.axis_gbps["tp"]  # in-host TP traffic is never contended
+
+
+def test_nvl_tp_inside_domain_and_pp_neighbours():
+    disp = Dispatcher(NVL)
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(0, 18 * 3):  # three domains 3/4 busy: TP=8 still fits most domains
+        free[h] = 1
+    st_ = _state(NVL, free)
+    sel = disp.select(128, st_, shape="tp=8,pp=4,dp=4")
+    dom = {h.name: h.domain for h in NVL.spec.hosts}
+    doms = [dom[g.rpartition(":")[0]] for g in sel.ranks]
+    assert all(len(set(doms[i:i + 8])) == 1 for i in range(0, 128, 8))
+    for alg in ("blind", "segment", "bandpilot"):
+        other = disp.select(128, st_, alg, shape="tp=8,pp=4,dp=4")
+        assert other.placement["step_ms"] >= sel.placement["step_ms"] * 0.999, alg
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"k": 6, "shape": "tp=2,dp=4"}, "but k=6"),
+    ({"k": 8, "shape": "tp=2,dp=4", "algorithm": "eha"}, "does not take a shape"),
+    ({"k": 8, "shape": "tp=2,dp=4,ep=3"}, "must divide"),
+    ({"k": 64, "shape": "tp=8,dp=8"}, "only"),
+])
+def test_shape_select_errors(kw, msg):
+    st_ = _state(H100, {0: 8, 1: 8, 2: 8, 3: 4})
+    k = kw.pop("k")
+    with pytest.raises(PlacementError) as e:
+        Dispatcher(H100).select(k, st_, **kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_select_shape(tmp_path, capsys):
+    from bandpilot.cli.main import main
+
+    p = tmp_path / "state.json"
+    p.write_text(json.dumps(_state(H100, {0: 6, 1: 6, 2: 4, 3: 8}).to_dict()))
+    base = ["select", "16", "--cluster", "params/clusters/h100.yaml", "--state", str(p)]
+    assert main(base + ["--shape", "tp=4,dp=4", "--traffic", "tp=1GiB,dp=512MiB", "--compute-ms", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["ranks"]) == 16 and out["compute_ms"] == 5.0 and out["shape"]["traffic"]["tp"] == 2.0**30
+    assert out["step_ms"] == pytest.approx(5 + sum(out["comm_ms"].values()), rel=1e-6)
+    assert main(base + ["--shape", "tp=4,dp=4", "-a", "segment"]) == 0
+    assert "step" in capsys.readouterr().out
+    assert main(base + ["--shape", "tp=4,dp=5"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "but k=16" in err
+    assert main(base + ["--traffic", "tp=1"]) == 2
+    assert "need --shape" in capsys.readouterr().err

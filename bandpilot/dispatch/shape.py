@@ -107,7 +107,7 @@ class Shape:
                 raise _err(f"{where}.compute_ms must be a finite number >= 0, got {cms!r}")
             cms = float(cms)
         model = value.get("model")
-        if model is not None and model not in PRESETS:
+        if model is not None and (not isinstance(model, str) or model not in PRESETS):
             raise _err(f"{where}.model {model!r} is not a preset; choose from {sorted(PRESETS)}")
         return cls(deg["tp"], deg["pp"], deg["dp"], deg["ep"], traffic, cms, model)
 
