@@ -32,8 +32,12 @@ def shaped_select(spec: Any, free: np.ndarray, shape: Shape, algorithm: str, pre
                              f"algorithm {algorithm!r} does not take a shape; choose from {list(SHAPE_ALGORITHMS)}")
     k = shape.k
     if algorithm == "shape":
-        # the compact set is a seed: where it already aligns TP groups, re-laying it out can only help
-        return shape_search(pred, free, shape, {"compact": topo_select(spec, free, k)})
+        # the compact and segment sets are seeds (re-laid out) and compete as they are, so the
+        # shape-aware result is never predicted slower than those baselines
+        compact, seg = topo_select(spec, free, k), block_select(spec, free, k, shape.tp)
+        fixed = [rank_order(spec, compact), rank_order(spec, seg)]
+        fixed[0].label, fixed[1].label = "compact/gpu-order", "segment/gpu-order"
+        return shape_search(pred, free, shape, {"compact": compact, "segment": seg}, fixed)
     if algorithm == "blind":
         mask = topo_select(spec, free, k)
     elif algorithm == "segment":

@@ -318,15 +318,23 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
 
 
 def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
-                 seeds: dict[str, np.ndarray] | None = None) -> tuple[Placement, int]:
-    """The candidate with the lowest predicted step time, and how many candidates were scored."""
-    cands = candidates(pred.spec, free, shape, pred, seeds or {})
+                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None) -> tuple[Placement, int]:
+    """The candidate with the lowest predicted step time, and how many candidates were scored.
+    ``fixed`` rank maps (e.g. a baseline's) compete as they are, so the result is never predicted
+    slower than them."""
+    cands = candidates(pred.spec, free, shape, pred, seeds or {}) + list(fixed or [])
     if not cands:
         raise ValueError("no candidate placement")  # callers check k <= free first
+    # TP (and EP within it) inside one unit whenever there is room: a rule, not a score trade-off
+    unit = pred.spec.units[0]
+    aligned = [c for c in cands if bool((unit[c.hosts].reshape(-1, shape.tp) == unit[c.hosts[::shape.tp]][:, None]).all())]
+    cands = aligned or cands
+    fixed = [c for c in fixed or [] if any(c is a for a in cands)]
     rows_each = sum(g.shape[0] for g in group_ranks(shape).values()) * 2
     if rows_each * len(cands) > ROW_BUDGET and len(cands) > FINALISTS:
         score(pred, shape, cands, sample=SAMPLE)
-        cands = sorted(cands, key=lambda c: c.step_ms)[:FINALISTS]
+        keep = sorted(cands, key=lambda c: c.step_ms)[:FINALISTS]
+        cands = keep + [c for c in fixed or [] if all(c is not x for x in keep)]
     score(pred, shape, cands)
     best = min(cands, key=lambda c: (c.step_ms, c.label))
     return best, len(cands)
