@@ -194,3 +194,50 @@ def test_cli_select_shape(tmp_path, capsys):
     assert "error:" in err and "but k=16" in err
     assert main(base + ["--traffic", "tp=1"]) == 2
     assert "need --shape" in capsys.readouterr().err
+
+
+# ---- launcher formats carry the rank map -----------------------------------------------------
+def _assignment(sel):
+    hosts: dict[str, list[int]] = {}
+    for g in sel.ranks:
+        h, _, i = g.rpartition(":")
+        hosts.setdefault(h, []).append(int(i))
+    return {"id": "j1", "gpus": sel.gpus, "ranks": sel.ranks, "hosts": hosts}
+
+
+def test_launch_formats_follow_rank_map():
+    from bandpilot.queue.launch import FORMATS, render
+
+    sel = Dispatcher(H100).select(16, _state(H100, {0: 6, 1: 6, 2: 4, 3: 8}), shape="tp=4,dp=4")
+    a = _assignment(sel)
+    nodes = list(a["hosts"])
+    assert nodes[0] == sel.ranks[0].rpartition(":")[0]
+    hf = render(a, "hostfile").split("\n")
+    assert hf == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
+    # expanding the hostfile in order (mpirun --map-by slot) gives every rank its node
+    assert [h for h, v in a["hosts"].items() for _ in v] == [g.rpartition(":")[0] for g in sel.ranks]
+    env = render(a, "env")
+    assert f"MASTER_ADDR={nodes[0]}" in env and f"BANDPILOT_RANKS={','.join(sel.ranks)}" in env
+    tr = render(a, "torchrun").split("\n")
+    assert "WARNING" not in "\n".join(tr)
+    for n, h in enumerate(nodes):
+        line = next(x for x in tr if x.startswith(f"{h}:"))
+        dev = ",".join(str(i) for i in a["hosts"][h])
+        assert f"--node-rank={n}" in line and f"CUDA_VISIBLE_DEVICES={dev}" in line and f"--master-addr={nodes[0]}" in line
+    sl = render(a, "slurm")
+    body = sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n")
+    assert body == [g.rpartition(":")[0] for g in sel.ranks] and "--distribution=arbitrary" in sl
+    k8s = json.loads(render(a, "k8s"))["metadata"]["annotations"]
+    assert k8s["bandpilot.io/ranks"] == ",".join(sel.ranks) and k8s[f"bandpilot.io/node-rank.{nodes[1]}"] == "1"
+    assert json.loads(render(a, "json"))["ranks"] == sel.ranks
+    assert set(FORMATS) >= {"json", "slurm", "hostfile", "env", "torchrun", "k8s"}
+
+
+def test_launch_torchrun_warns_on_interleaved_ranks():
+    from bandpilot.queue.launch import render
+
+    ranks = ["h100-0:0", "h100-1:0", "h100-0:1", "h100-1:1"]
+    a = {"id": "j", "gpus": sorted(ranks), "ranks": ranks, "hosts": {"h100-0": [0, 1], "h100-1": [0, 1]}}
+    assert "WARNING" in render(a, "torchrun")
+    sl = render(a, "slurm")
+    assert sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n") == ["h100-0", "h100-1", "h100-0", "h100-1"]
