@@ -10,13 +10,14 @@ from typing import Optional
 
 import typer
 
+from bandpilot.cli.common import cli_store
 from bandpilot.cli.main import app
 
 tokens_app = typer.Typer(help="API bearer tokens: create, list, revoke (stored hashed in the queue store).",
                          no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
 
-STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE or postgresql://...).")
+STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE, a file path or postgresql://...).")
 
 
 def _actor() -> str:
@@ -38,14 +39,12 @@ def api_cmd(
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C."""
     from bandpilot.api.server import serve
-    from bandpilot.queue import Store
-
-    s = Store(store)
+    s = cli_store(store)
     if not s.initialized:
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}", err=True)
     s.close()
-    serve(store, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl)
+    serve(s.url, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl)
 
 
 @tokens_app.command("create")
@@ -57,9 +56,9 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create a token and print it once (only its SHA-256 is stored)."""
-    from bandpilot.queue import Store, audited, create_token
+    from bandpilot.queue import audited, create_token
 
-    s = Store(store)
+    s = cli_store(store)
     with audited(s, _actor(), "token.create", tenant, {"admin": admin, "name": name}):
         token, rec = create_token(s, tenant, admin=admin, name=name)
     if as_json:
@@ -77,9 +76,9 @@ def list_(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List tokens (ids, tenants, roles; never secrets)."""
-    from bandpilot.queue import Store, list_tokens
+    from bandpilot.queue import list_tokens
 
-    rows = list_tokens(Store(store), tenant, include_revoked=include_revoked)
+    rows = list_tokens(cli_store(store), tenant, include_revoked=include_revoked)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -95,9 +94,9 @@ def revoke_cmd(
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """Revoke a token, or all of a tenant's tokens."""
-    from bandpilot.queue import Store, audited, revoke
+    from bandpilot.queue import audited, revoke
 
-    s = Store(store)
+    s = cli_store(store)
     with audited(s, _actor(), "token.revoke" if token_id else "tenant.delete", token_id or tenant):
         ids = revoke(s, token_id=token_id, tenant=tenant)
     typer.echo(f"revoked {len(ids)} token(s): {', '.join(ids)}")

@@ -7,6 +7,7 @@ Every command is a thin wrapper over a library function; expected failures
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -59,6 +60,8 @@ def _click_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # MLflow logs INFO lines (schema creation, run links) into a command's output; warnings still show.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     setup_env()
     _load_commands()
     try:

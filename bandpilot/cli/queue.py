@@ -23,14 +23,14 @@ cluster_app = typer.Typer(help="The queue's cluster: init, drain/undrain hardwar
 app.add_typer(queue_app, name="queue")
 app.add_typer(cluster_app, name="cluster")
 
-STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE or postgresql://...).")
+STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE, a file path or postgresql://...).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
-def _store(url: Optional[str]):
-    from bandpilot.queue import Store
+def _store(url: Optional[str], *, create: bool = False):
+    from bandpilot.cli.common import cli_store
 
-    return Store(url)
+    return cli_store(url, create=create)
 
 
 def _echo_json(doc: Any) -> None:
@@ -251,7 +251,7 @@ def init_cmd(
     from bandpilot.topology.cluster import load_cluster
 
     spec = load_cluster(resolve_spec(cluster))
-    st = _store(store)
+    st = _store(store, create=True)  # the one command that makes a store
     changed = st.init_cluster(spec, force=force)
     verb = "initialised" if changed else "already initialised with"
     typer.echo(f"{verb} cluster {spec.name} ({spec.n_hosts} hosts, {spec.n_gpus} GPUs) in {st.safe_url}")

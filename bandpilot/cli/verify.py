@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from bandpilot.cli.common import cli_store
 from bandpilot.cli.main import app
 from bandpilot.cli.queue import cluster_app
 from bandpilot.errors import RequestError
@@ -55,9 +56,7 @@ def verify_cmd(
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     st = None
     if gate:  # open (and check) the store first: a bad store must not cost a verify run
-        from bandpilot.queue import Store
-
-        st = Store(store)
+        st = cli_store(store)
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
@@ -109,7 +108,7 @@ def drift_cmd(
 
     from bandpilot.config import project_root
     from bandpilot.errors import SpecError
-    from bandpilot.queue import Store, drift
+    from bandpilot.queue import drift
 
     p = params if params.is_absolute() or params.is_file() else project_root() / params
     cfg: dict = {}
@@ -122,7 +121,7 @@ def drift_cmd(
         if unknown:
             raise SpecError(f"{p}: unknown keys {unknown}")
     try:
-        d = drift(Store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
+        d = drift(cli_store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
     except (TypeError, ValueError):
         raise SpecError(f"{p}: window and min_observations must be integers, threshold a number") from None
     if as_json:
@@ -143,9 +142,9 @@ def health_cmd(
     """The last verify verdict per host and how many GPUs it keeps out of the pool."""
     import json
 
-    from bandpilot.queue import Store, health
+    from bandpilot.queue import health
 
-    rows = health(Store(store))
+    rows = health(cli_store(store))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
