@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from bandpilot.config import project_root, setup_env
+from bandpilot.config import project_root, settings, setup_env
 from bandpilot.errors import SpecError
 
 PIPELINE_PARAMS = "params/pipeline.yaml"
@@ -109,7 +109,7 @@ def content_hash(*parts: Any) -> str:
 
 def task_runner(kind: str | None = None, workers: int = 2):
     """``thread`` (default) or ``dask`` (prefect-dask LocalCluster, threads: no server per worker)."""
-    kind = (kind or os.environ.get("BANDPILOT_TASK_RUNNER") or "thread").lower()
+    kind = (kind or settings().task_runner or "thread").lower()
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 

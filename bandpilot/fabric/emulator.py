@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster
+from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.errors import SpecError
 from bandpilot.fabric.base import Fabric
 from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
-from bandpilot.topology.domains import nvlink_units
+from bandpilot.fabric.units import unit_index
 
 # Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
 # ``bandpilot calibrate`` against the public BandPilot tables (H100 from its four host tables,
@@ -201,14 +201,18 @@ class EmulatorFabric(Fabric):
         self._n_domains = len(uniq)
         self._nvl = bool(spec.nvlink_domains)
         if self._nvl:
-            self._unit, self._unit_nvl = nvlink_units(spec.hosts, spec.nvlink_domains)
-            self._unit_onehot = np.zeros((spec.n_hosts, self._unit_nvl.size))
-            self._unit_onehot[np.arange(spec.n_hosts), self._unit] = 1.0
+            self._units = unit_index(spec)
+            self._unit, self._unit_nvl = self._units.unit, self._units.is_nvl
             nv = nvlink_params(spec)
             # per host: in-domain cross-tray busbw before the rank-count efficiency
             self._nvl_gbps = np.array(
                 [float(nv["gbps"]) if nv["gbps"] else float(nv["efficiency"]) * float(p["cap"]) for p in self._host_params]
             )
+            # per unit: the slowest tray's NVLink term (inf outside NVLink domains)
+            self._unvl = np.full(self._unit_nvl.size, np.inf)
+            np.minimum.at(self._unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
+            nvl_hosts = np.flatnonzero(self._unit_nvl[self._unit])
+            self._nvl_p0 = self._host_params[int(nvl_hosts[0])] if nvl_hosts.size else None
 
     def stage1_table(self, h: int) -> np.ndarray:
         return emulated_stage1(self.spec.hosts[h].topology, self._host_params[h])
@@ -266,7 +270,39 @@ class EmulatorFabric(Fabric):
         with np.errstate(over="ignore", divide="ignore"):
             return (nic**-p + cap**-p) ** (-1.0 / p)
 
-    def _network_nvl(self, counts: np.ndarray) -> np.ndarray:
+    def predict_columns(self, masks: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Exact column-restricted ``B`` (see :meth:`Fabric.predict_columns`): stage 1 and the
+        network read only the used hosts' parameters, so ``n x len(cols)`` work, not ``n x n_hosts``."""
+        if type(self).bandwidth_masks is not Fabric.bandwidth_masks or not self._nvl or self.combine != "min_intra":
+            return super().predict_columns(masks, cols)
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        cols = np.asarray(cols, dtype=np.int64)
+        counts = popcount(masks)
+        used = counts > 0
+        n_used = used.sum(axis=1)
+        intra = self.stage1[cols[None, :], masks]
+        out = np.zeros(masks.shape[0])
+        single = n_used == 1
+        out[single] = intra[single].sum(axis=1)
+        cross = n_used >= 2
+        if cross.any():
+            net = self._network_nvl(counts[cross], cols)
+            big = np.where(counts[cross] >= 2, intra[cross], np.inf)
+            out[cross] = np.minimum(net, big.min(axis=1))
+        return out
+
+    def _groups(self, cols: np.ndarray | None):
+        """Columns grouped by unit: (column order or None, segment starts, unit of each segment)."""
+        if cols is None:
+            ix = self._units
+            return (None if ix.sorted else ix.order), ix.starts, np.arange(ix.U), None
+        u = self._unit[cols]
+        order = None if np.all(np.diff(u) >= 0) else np.argsort(u, kind="stable")
+        us = u if order is None else u[order]
+        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]])
+        return order, starts, us[starts], (cols if order is None else cols[order])
+
+    def _network_nvl(self, counts: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Cross-host busbw on a cluster with NVLink domains: the unit that talks over NIC rails is
         the NVLink domain (a host outside any domain is its own unit).
 
@@ -277,23 +313,24 @@ class EmulatorFabric(Fabric):
           unit count (count gain capped at :data:`COUNT_GAIN_MAX`) - and never above the NVLink
           term of a domain the allocation spans several trays of.
         """
+        # per-unit sums as segmented sums over the columns grouped by unit (``cols``: only these hosts)
+        order, starts, seg_unit, gcols = self._groups(cols)
+        if order is not None:
+            counts = counts[:, order]
+        hcols = slice(None) if gcols is None else gcols
+        rails, rail_gbps = self._rails[hcols], self._rail_gbps[hcols]
         used = counts > 0
-        onehot = self._unit_onehot
-        cf = counts.astype(np.float64)  # per-unit sums as one float matmul each (BLAS)
-        ucount = np.rint(cf @ onehot).astype(np.int64)
-        urails = (np.minimum(cf, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
-        utrays = np.rint(used.astype(np.float64) @ onehot).astype(np.int64)
+        ucount = np.add.reduceat(counts, starts, axis=1)
+        urails = np.add.reduceat(np.minimum(counts, rails[None, :]) * rail_gbps[None, :], starts, axis=1)
+        utrays = np.add.reduceat(used.astype(np.int64), starts, axis=1)
         uused = ucount > 0
         n_u = uused.sum(axis=1)
         # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency
-        unvl = np.full(self._unit_nvl.size, np.inf)
-        np.minimum.at(unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
         eff = np.ones(ucount.shape)
-        multi = (utrays >= 2) & self._unit_nvl[None, :]
+        multi = (utrays >= 2) & self._unit_nvl[seg_unit][None, :]
         if multi.any():
-            p0 = self._host_params[int(np.flatnonzero(self._unit_nvl[self._unit])[0])]
-            eff[multi] = ring_efficiency(p0, ucount[multi])
-        nvl_term = np.where(multi, unvl[None, :] * eff, np.inf).min(axis=1)
+            eff[multi] = ring_efficiency(self._nvl_p0, ucount[multi])
+        nvl_term = np.where(multi, self._unvl[seg_unit][None, :] * eff, np.inf).min(axis=1)
         out = nvl_term.copy()
         cross = n_u >= 2
         if cross.any():
@@ -301,7 +338,7 @@ class EmulatorFabric(Fabric):
             nic = np.where(uu, ur, np.inf).min(axis=1)
             big = np.iinfo(np.int64).max
             min_count = np.maximum(np.where(uu, uc, big).min(axis=1), 1)
-            rail_unit = np.where(used[cross], self._rail_gbps[None, :], np.inf).min(axis=1)
+            rail_unit = np.where(used[cross], rail_gbps[None, :], np.inf).min(axis=1)
             net = self.net
             nu = n_u[cross]
             cap = rail_unit * (net["switch_base"] + net["switch_peer"] / np.maximum(nu - 1, 1))
@@ -319,20 +356,20 @@ class EmulatorFabric(Fabric):
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().scale_out(counts)
-        return ((counts > 0).astype(float) @ self._unit_onehot > 0.5).sum(axis=1) >= 2
+        return self._units.any(counts).sum(axis=1) >= 2
 
     def nvlink_spanning(self, counts: np.ndarray) -> np.ndarray:
         """Rows spanning >= 2 trays of some NVLink domain (their GPUs' NVLinks carry cross-tray traffic)."""
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().nvlink_spanning(counts)
-        trays = (counts > 0).astype(float) @ self._unit_onehot
-        return ((trays >= 1.5) & self._unit_nvl[None, :]).any(axis=1)
+        trays = self._units.sum(counts > 0)
+        return ((trays >= 2) & self._unit_nvl[None, :]).any(axis=1)
 
     def _network_cap(self, counts: np.ndarray) -> np.ndarray:
         used = counts > 0
         if self._nvl:  # line rate of the NIC rails between units; NVLink inside a domain: unbounded here
-            line = (np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :]) @ self._unit_onehot
+            line = self._units.sum(np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :])
             bound = np.where(line > 0, line, np.inf).min(axis=1) / self.net["rail_efficiency"]
             return np.where(self.scale_out(counts), bound, np.inf)
         line = np.where(used, np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :] / self.net["rail_efficiency"], np.inf)
