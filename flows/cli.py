@@ -30,10 +30,14 @@ def pipeline_cmd(
     P = load_params(params)
     typer.echo(truth_line(cluster_sources(P["clusters"], str(params))))
     os.environ.setdefault("BANDPILOT_TASK_RUNNER", task_runner or str(P.get("task_runner", "thread")))
+    from bandpilot import progress
     from flows.pipeline import pipeline_flow, summary_lines
 
     t0 = time.perf_counter()
-    results = pipeline_flow(params_file=str(params))
+    # The CLI's reporter (bandpilot/cli/reporting.py) prints a line per stage with elapsed time and
+    # an estimate - rich bars on a terminal - on stderr; this outer stage carries the whole run's.
+    with progress.stage("pipeline"):
+        results = pipeline_flow(params_file=str(params))
     for line in summary_lines(results):
         typer.echo(line)
     typer.echo(f"\npipeline finished in {time.perf_counter() - t0:.0f} s")

@@ -40,6 +40,7 @@ from bandpilot.data.ingest import (
 from bandpilot.data.planning import RAW_DIR, PlannedMeasurement, plan, safe
 from bandpilot.data.runners import command_lines, make_runner
 from bandpilot.errors import BandPilotError, DataError
+from bandpilot.progress import stage
 
 
 @dataclass
@@ -225,6 +226,7 @@ def run(
             e.pop("error", None)
             measured += 1
         bar.update(1)
+        st.advance()
         manifest.save()
 
     prepare = getattr(execute, "prepare", None)
@@ -236,17 +238,18 @@ def run(
     bar = tqdm(total=len(todo), desc=f"profile {spec.name}", unit="run", disable=not progress or not todo,
                file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     try:
-        n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
-        if n_jobs == 1:
-            for m in todo:
-                try:
-                    val = one(m)
-                except BandPilotError as exc:
-                    done(m, None, error=exc)
-                else:
-                    done(m, None, value=val)
-        else:
-            _schedule(todo, n_jobs, one, done)
+        with stage(f"profile {spec.name}", total=len(todo), unit="runs") as st:
+            n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
+            if n_jobs == 1:
+                for m in todo:
+                    try:
+                        val = one(m)
+                    except BandPilotError as exc:
+                        done(m, None, error=exc)
+                    else:
+                        done(m, None, value=val)
+            else:
+                _schedule(todo, n_jobs, one, done)
     finally:
         bar.close()
         manifest.save(force=True)

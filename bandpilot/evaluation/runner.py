@@ -18,6 +18,7 @@ from bandpilot.evaluation.result import EvaluationResult
 from bandpilot.evaluation.scenarios import Scenario, load_scenarios, make_scenarios
 from bandpilot.evaluation.scoring import _Ctx, evaluate_scenario
 from bandpilot.evaluation.truth import check_same_cluster, resolve_cluster
+from bandpilot.progress import begin
 from bandpilot.topology.cluster import ClusterSpec
 
 
@@ -138,10 +139,12 @@ def evaluate(
 
         bar = tqdm(total=len(scen), desc=f"evaluate {spec.name}", unit="scenario", dynamic_ncols=True)
     done = 0
+    st = begin(f"evaluate {spec.name}", total=len(scen), unit="scenarios")
 
     def tick(n: int) -> None:
         nonlocal done
         done += n
+        st.advance(n)
         if bar is not None:
             bar.update(n)
         if progress_callback is not None:
@@ -182,6 +185,7 @@ def evaluate(
     finally:
         if bar is not None:
             bar.close()
+        st.end(sys.exc_info()[1])
     frame = pd.DataFrame(rows).sort_values(["scenario", "profile", "algorithm"], kind="stable").reset_index(drop=True)
     name = getattr(m, "name", None)
     version = getattr(m, "model_version", None)
