@@ -134,8 +134,9 @@ def submit_cmd(
     try:
         rep = q.submit(st, requests, partial=partial, errors=errors, labels=labels)
     except q.SubmitError as exc:
-        for e in exc.errors:
-            typer.echo(f"invalid: {e}", err=True)
+        if len(exc.errors) > 1:  # the error line names the first; list them all
+            for e in exc.errors:
+                typer.echo(f"invalid: {e}", err=True)
         raise
     for e in rep.errors:
         typer.echo(f"skipped: {e}", err=True)

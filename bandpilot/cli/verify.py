@@ -67,7 +67,7 @@ def verify_cmd(
     else:
         spec = load_cluster(cluster) if cluster is not None else sur.spec
         if dry_run:
-            for line in hv.dry_run_lines(spec, host_list):
+            for line in hv.dry_run_lines(spec, host_list, model=sur):
                 typer.echo(line)
             return
         fabric = None
