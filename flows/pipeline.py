@@ -135,7 +135,10 @@ def _batch_lines(batch: dict[str, Any], store: str) -> list[str]:
     outcomes = batch.get("outcomes", [])
     out = [f"   dispatch batch #{batch.get('batch_id')} ({batch.get('policy')}): {batch_counts(outcomes)}"]
     for o in outcomes[:SHOWN_OUTCOMES]:
-        what = format_gpus(o["gpus"]) if o.get("gpus") else o.get("reason") or ""
+        why = o.get("reason") or ""
+        if o.get("detail"):  # the reason code and what it means here ("needs 12 GPUs, fewer are free")
+            why = f"{why}: {o['detail']}" if why else o["detail"]
+        what = format_gpus(o["gpus"]) if o.get("gpus") else why
         pred = o.get("predicted_gbps")
         out.append(f"     {o['request_id']:<22} k={o['k']:<3} {o['status']:<9} {what}" + (f"  {pred:.1f} GB/s" if pred else ""))
     if len(outcomes) > SHOWN_OUTCOMES:

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,7 +239,8 @@ def run(
     bar = tqdm(total=len(todo), desc=f"profile {spec.name}", unit="run", disable=not progress or not todo,
                file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     try:
-        with stage(f"profile {spec.name}", total=len(todo), unit="runs") as st:
+        # A resumed run with nothing left opens no stage (no "0 runs" line).
+        with stage(f"profile {spec.name}", total=len(todo), unit="runs") if todo else nullcontext() as st:
             n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
             if n_jobs == 1:
                 for m in todo:
