@@ -141,12 +141,12 @@ class RichReporter(_Base):
     def __init__(self, console: Any = None, *, clock: Callable[[], float] = time.monotonic,
                  history: Path | None = None) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         super().__init__(clock, history)
         self.console = console or Console(stderr=True)
-        self.bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        # "done/total unit" only for countable stages (rich's M/N column would show "0/?")
+        self.bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[count]}"),
                              TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=True)
         self.tasks: dict[int, Any] = {}
 
@@ -156,13 +156,17 @@ class RichReporter(_Base):
             self.bars.console.print(self._start_line(st), markup=False, highlight=False)
             if not self.tasks:
                 self.bars.start()
-            self.tasks[id(st)] = self.bars.add_task(("  " * st.depth) + st.name, total=st.total)
+            self.tasks[id(st)] = self.bars.add_task(("  " * st.depth) + st.name, total=st.total, count=self._count(st))
 
     def advanced(self, st: progress.Stage) -> None:
         with self.lock:
             task = self.tasks.get(id(st))
             if task is not None:
-                self.bars.update(task, completed=st.done)
+                self.bars.update(task, completed=st.done, count=self._count(st))
+
+    @staticmethod
+    def _count(st: progress.Stage) -> str:
+        return f"{st.done}/{st.total} {st.unit}".rstrip() if st.total is not None else ""
 
     def finished(self, st: progress.Stage, error: BaseException | None) -> None:
         with self.lock:
