@@ -31,7 +31,7 @@ def _actor() -> str:
 def api_cmd(
     store: Optional[str] = STORE_OPT,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     sample_s: float = typer.Option(60.0, "--sample-s", min=0.0, help="Fragmentation sample period (0: only after batches)."),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="Server processes (PostgreSQL stores)."),
     token_ttl: float = typer.Option(5.0, "--token-ttl", min=0.0,
@@ -83,7 +83,7 @@ def create(
 
 @tokens_app.command("list")
 def list_(
-    tenant: Optional[str] = typer.Option(None, "--tenant"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's tokens."),
     include_revoked: bool = typer.Option(False, "--all", help="Include revoked tokens."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

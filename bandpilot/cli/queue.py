@@ -67,8 +67,8 @@ def submit_cmd(
     partial: bool = typer.Option(False, "--partial", help="Import the valid lines even if some are bad."),
     req_id: Optional[str] = typer.Option(None, "--id", help="Request id (default: generated)."),
     k: Optional[int] = typer.Option(None, "--k", "-k", help="GPUs wanted (all or nothing)."),
-    tenant: str = typer.Option("default", "--tenant", "-t"),
-    priority: int = typer.Option(0, "--priority", "-p"),
+    tenant: str = typer.Option("default", "--tenant", "-t", help="Tenant the request belongs to."),
+    priority: int = typer.Option(0, "--priority", "-p", help="Higher goes first under the priority policy."),
     utility: Optional[float] = typer.Option(None, "--utility", "-u", help="Job utility score (utility policy)."),
     single_host: bool = typer.Option(False, "--single-host", help="All GPUs on one host."),
     single_domain: bool = typer.Option(False, "--single-domain", help="All GPUs in one domain (rack)."),
@@ -179,8 +179,8 @@ def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> No
 @queue_app.command("list")
 def list_cmd(
     status: Optional[str] = typer.Option(None, "--status", "-s", help="pending|assigned|rejected|released|cancelled"),
-    tenant: Optional[str] = typer.Option(None, "--tenant", "-t"),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1),
+    tenant: Optional[str] = typer.Option(None, "--tenant", "-t", help="Only this tenant's requests."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most this many rows."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
