@@ -245,7 +245,7 @@ def test_openapi_docs_list_every_endpoint(world):
     for route in ("/v1/requests", "/v1/requests/{rid}", "/v1/requests/{rid}/release", "/v1/requests/{rid}/telemetry",
                   "/v1/cluster", "/v1/cluster/drain", "/v1/cluster/fragmentation", "/v1/tokens", "/v1/audit"):
         assert route in paths
-    assert world.client.get("/docs").status_code == 200 and world.client.get("/healthz").json() == {"ok": True, "cluster": "h100"}
+    assert world.client.get("/docs").status_code == 200 and {"ok": True, "cluster": "h100"}.items() <= world.client.get("/healthz").json().items()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -34,6 +34,11 @@ def cluster(request: Request, p: Principal = Depends(principal)) -> JSONResponse
     st = status(store)
     if not p.admin:
         st["tenants"] = {t: v for t, v in st["tenants"].items() if t == p.tenant}
+        for r in st.get("reservations", []):
+            if r["tenant"] != p.tenant:
+                r["request_id"] = r["tenant"] = None  # reserved, but not yours
+            else:
+                r["request_id"] = shown_id(p, r["request_id"])
         st.pop("store", None)  # the database's user, host and path are the operators' business
     return JSONResponse({"status": st, "gpus": grid, "health": health(store), "viewer": {"tenant": p.tenant, "admin": p.admin}})
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import now
 from bandpilot.queue.requests import Request, coerce, validate_request
-from bandpilot.queue.schema import T_REQ
+from bandpilot.queue.schema import T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 
 
@@ -114,6 +114,7 @@ def cancel(store: Store, request_id: str) -> None:
             .values(status="cancelled", updated_at=now())
         )
         if r.rowcount == 1:
+            conn.execute(sa.delete(T_RESERVE).where(T_RESERVE.c.request_id == request_id))  # it no longer waits
             return
         st = conn.execute(sa.select(T_REQ.c.status).where(T_REQ.c.id == request_id)).scalar()
     if st is None:

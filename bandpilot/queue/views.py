@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
-from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 from bandpilot.topology.domains import integer_runs
 
@@ -57,6 +57,7 @@ def status(store: Store) -> dict[str, Any]:
         tenants = conn.execute(
             sa.select(T_JOBS.c.tenant, sa.func.count(), sa.func.sum(T_JOBS.c.k)).where(T_JOBS.c.status == "active").group_by(T_JOBS.c.tenant)
         ).all()
+        reserved = reservations_in(conn)
     return {
         "cluster": spec.name,
         "store": store.safe_url,
@@ -71,7 +72,25 @@ def status(store: Store) -> dict[str, Any]:
             "finished": iso(last.finished_at), "interrupted": last.finished_at is None,
             "assigned": last.n_assigned, "deferred": last.n_deferred, "rejected": last.n_rejected,
         },
+        "reservations": reserved,
     }
+
+
+def _reservation_doc(r: Any) -> dict[str, Any]:
+    return {"request_id": r["request_id"], "tenant": r["tenant"], "rank": r["rank"], "start": iso(r["start_at"]), "start_at": r["start_at"],
+            "gpus": json.loads(r["gpus"]), "predicted_gbps": r["predicted_gbps"], "mode": r["mode"],
+            "computed": iso(r["computed_at"]), "batch_id": r["batch_id"]}
+
+
+def reservations_in(conn: sa.Connection) -> list[dict[str, Any]]:
+    """The reservations the last batch made (earliest rank first)."""
+    q = sa.select(T_RESERVE, T_REQ.c.tenant).join(T_REQ, T_REQ.c.id == T_RESERVE.c.request_id).order_by(T_RESERVE.c.rank)
+    return [_reservation_doc(r) for r in conn.execute(q).mappings()]
+
+
+def describe_reservation(r: dict[str, Any]) -> str:
+    bw = f", predicted {r['predicted_gbps']:.0f} GB/s" if r.get("predicted_gbps") else ""
+    return f"expected start ~{r['start']} on {format_gpus(r['gpus'])}{bw}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,6 +119,7 @@ def list_requests(
     q = _list_stmt(*(v is not None for v in params.values()))
     out = []
     with store.read(snapshot=False) as conn:
+        reserved = {r["request_id"]: r for r in reservations_in(conn)}
         for r in conn.execute(q, {k: v for k, v in params.items() if v is not None}).mappings():
             out.append(
                 {
@@ -113,6 +133,7 @@ def list_requests(
                     "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
                     "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
                     "checkpoint_every_s": r["checkpoint_every_s"],
+                    "reservation": reserved.get(r["id"]) if r["status"] == "pending" else None,
                 }
             )
     return out
