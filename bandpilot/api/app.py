@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from bandpilot.api import admin, cluster, problems, requests
 from bandpilot.api.auth import FailedAuth, TokenCache
+from bandpilot.api.fastjson import JSONResponse
 from bandpilot.api.batches import BatchLoop
 from bandpilot.api.guard import MAX_BODY, Guard, page_csp
 from bandpilot.queue.quotas import TenantLimits
@@ -98,7 +99,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
             sampler.close()
 
     app = FastAPI(
-        title="BandPilot", version="0.2", lifespan=lifespan,
+        title="BandPilot", version="0.2", lifespan=lifespan, default_response_class=JSONResponse,
         description="Bandwidth-aware GPU dispatcher: submit gang requests, read assignments, operate the cluster. "
                     "Authenticate with `Authorization: Bearer <token>` (`bandpilot tokens create --tenant T`).",
     )
