@@ -38,12 +38,13 @@ PG = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process and its reaped children used so far (Linux /proc)."""
+    """CPU seconds (user + system) a process and its live descendants (uvicorn workers) used so far (Linux /proc)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return float("nan")
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+    return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(k)) for k in kids)
 
 
 def _port() -> int:
