@@ -52,14 +52,15 @@ def find_registry() -> str:
 
     from bandpilot.config import default_tracking_uri
 
-    if is_tracking_uri_set() or os.environ.get("MLFLOW_REGISTRY_URI"):
-        return mlflow.get_registry_uri()
-    uri = default_tracking_uri()
-    db = Path(uri.removeprefix("sqlite:///"))
-    if not db.is_file():
-        raise ModelError(f"no MLflow registry at {db} (train a model first, e.g. `make run`, or set "
-                         "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
-    mlflow.set_tracking_uri(uri)
+    explicit = is_tracking_uri_set() or bool(os.environ.get("MLFLOW_REGISTRY_URI"))
+    uri = mlflow.get_registry_uri() if explicit else default_tracking_uri()
+    if uri.startswith("sqlite:///"):  # MLflow would create an empty store on the first query
+        db = Path(uri.removeprefix("sqlite:///")).expanduser()
+        if not db.is_file():
+            raise ModelError(f"no MLflow registry at {db.absolute()} (train a model first, e.g. `make run`, or set "
+                             "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
+    if not explicit:
+        mlflow.set_tracking_uri(uri)
     return uri
 
 
