@@ -133,8 +133,7 @@ class SearchContext:
         for h in np.flatnonzero(self.exposed):
             subs = allm[valid[h]]
             pcs = pc[subs]
-            jm = np.unique(self.pred.job_masks[:, h])
-            jm = jm[jm != 0]
+            jm = self.pred.masks_at(int(h))
             feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
             order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
             subs, pcs, feats = subs[order], pcs[order], feats[order]
@@ -180,12 +179,8 @@ class SearchContext:
         self.n_classes = n_keys
         self.ccls = ccls  # same standalone behaviour, contention exposure ignored
         self.n_cclasses = n_ckeys
-        pr = self.pred
-        if pr.n_jobs:
-            #: total demand of the contending jobs touching each host (0: unexposed)
-            self.exposure = (pr.job_used * pr.job_demand[:, None]).sum(axis=0)
-        else:
-            self.exposure = np.zeros(self.H)
+        #: total demand of the contending jobs touching each host (0: unexposed)
+        self.exposure = self.pred.host_exposure
 
     def classes(self, allowed: np.ndarray | None = None, coarse: bool = False) -> list[_Class]:
         """Host classes with free GPUs. ``coarse``: classes ignore contention exposure (members
@@ -204,10 +199,11 @@ class SearchContext:
         return out
 
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, masks: np.ndarray) -> Prediction:
+    def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None) -> Prediction:
         """Contention-aware values of candidates (pruned by the standalone bound in big
-        batches: candidates that cannot win come back as ``-inf``)."""
-        return self.pred.predict_best(masks)
+        batches: candidates that cannot win come back as ``-inf``); ``cols``: rows given on
+        those host columns only."""
+        return self.pred.predict_best(masks, cols=cols)
 
     def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
         counts = np.atleast_2d(counts)

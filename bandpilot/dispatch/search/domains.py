@@ -127,12 +127,14 @@ class Units:
         out[r, h] = c
         return out
 
-    def mask_rows(self, D: np.ndarray) -> np.ndarray:
-        """Per-unit count rows ``(n, U)`` -> the best mask rows for them (``masks_from_counts(rows(D))``)."""
+    def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-unit count rows ``(n, U)`` -> the best mask rows for them on the hosts they touch:
+        ``(masks (n, len(cols)), cols)`` (``masks_from_counts(rows(D))[:, cols]``)."""
         r, h, c = self._scatter(D)
-        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[r, h] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
-        return out
+        cols = np.unique(h)
+        out = np.zeros((D.shape[0], cols.size), dtype=np.int64)
+        out[r, np.searchsorted(cols, h)] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
+        return out, cols
 
     def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(row, host, count) of every nonzero per-host count of the rows of ``D``."""
@@ -158,33 +160,51 @@ class Units:
         return np.repeat(ri, lens), h_of[by_key][idx], c_of[by_key][idx]
 
 
-def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
-    """Best candidate; within ``tie`` of it, the least fragmenting one (see module docstring)."""
+def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE,
+           cols: np.ndarray | None = None) -> int:
+    """Best candidate; within ``tie`` of it, the least fragmenting one (see module docstring).
+    ``cols``: the rows are given on those host columns only."""
     vmax = float(np.max(value))
     near = np.flatnonzero(value >= vmax - max(tie * abs(vmax), 1e-9))
     if near.size == 1:
         return int(near[0])
     c = popcount(masks[near])
     used = c > 0
-    ucount = units.index.sum(c)
+    if cols is None:
+        ucount = units.index.sum(c)
+        ufree = units.free
+        fcount = ctx.fcount
+    else:  # per-unit sums over the columns' units only (the others are 0 in every row)
+        seg_u, seg = np.unique(units.unit[cols], return_inverse=True)
+        ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
+        np.add.at(ucount.T, seg.ravel(), c.T)
+        ufree = units.free[seg_u]
+        fcount = ctx.fcount[cols]
     uused = ucount > 0
     n_units = uused.sum(axis=1)
-    unit_left = (uused * units.free[None, :]).sum(axis=1) - ucount.sum(axis=1)
-    tray_left = (used * ctx.fcount[None, :]).sum(axis=1) - c.sum(axis=1)
+    unit_left = (uused * ufree[None, :]).sum(axis=1) - ucount.sum(axis=1)
+    tray_left = (used * fcount[None, :]).sum(axis=1) - c.sum(axis=1)
     n_trays = used.sum(axis=1)
     # keep the largest placeable gang: avoid the unit(s) with the most free GPUs when others do
     top = units.free == units.free.max()
-    hits_top = (uused & top[None, :]).sum(axis=1) >= top.sum()
+    top_here = top if cols is None else top[seg_u]
+    hits_top = (uused & top_here[None, :]).sum(axis=1) >= top.sum()
     return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, hits_top, n_units))[0]])
 
 
-def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float) -> Found | None:
+def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols: np.ndarray | None = None) -> Found | None:
+    """Best of candidate rows (``cols``: given on those host columns; the result is a full row)."""
     masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
     if masks.shape[0] == 0:
         return None
-    p = ctx.evaluate(masks)
-    i = choose(ctx, units, masks, p.value, tie)
-    return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
+    p = ctx.evaluate(masks, cols)
+    i = choose(ctx, units, masks, p.value, tie, cols)
+    if cols is None:
+        mask = masks[i].copy()
+    else:
+        mask = np.zeros(ctx.H, dtype=np.int64)
+        mask[cols] = masks[i]
+    return Found(mask, float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 
 
 def _in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
@@ -352,7 +372,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if not starts:
         return None
     D = np.unique(np.array(starts), axis=0)
-    best = _best(ctx, units, units.mask_rows(D), tie)
+    masks, cols = units.mask_rows(D)
+    best = _best(ctx, units, masks, tie, cols)
     if best is None:
         return None
     evaluated = best.evaluated
@@ -363,7 +384,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        got = _best(ctx, units, units.mask_rows(moves), 0.0)
+        masks, cols = units.mask_rows(moves)
+        got = _best(ctx, units, masks, 0.0, cols)
         evaluated += 0 if got is None else got.evaluated
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
