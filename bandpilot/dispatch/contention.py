@@ -33,6 +33,7 @@ candidate's standalone value, then super allocations only for candidates that ca
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,29 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[idx], inv.ravel().astype(np.int64)
 
 
+_JOB_HOSTS: dict[int, tuple[np.ndarray, bool]] = {}
+
+
+def _job_hosts(job: Any, units: UnitIndex | None) -> tuple[np.ndarray, bool]:
+    """A job's hosts and whether its traffic leaves NVLink, cached per job object: states change
+    by one job at a time and share the others, so predictors after the first pay only for new jobs."""
+    got = _JOB_HOSTS.get(id(job))
+    if got is None:
+        hs = np.flatnonzero(job.mask)
+        if units is None:
+            spans = hs.size >= 2
+        else:
+            u = units.unit[hs]
+            spans = hs.size >= 2 and bool(np.any(u != u[0]))
+        got = (hs, bool(spans))
+        try:
+            weakref.finalize(job, _JOB_HOSTS.pop, id(job), None)
+        except TypeError:  # not weak-referenceable: do not cache
+            return got
+        _JOB_HOSTS[id(job)] = got
+    return got
+
+
 @dataclass
 class Prediction:
     """Contention-aware and standalone predictions for a batch of candidates."""
@@ -96,11 +120,7 @@ class ContentionPredictor:
         for j in state.jobs:
             if j.demand_gbps <= 0:
                 continue
-            hs = np.flatnonzero(j.mask)
-            if self._units is None:
-                spans = hs.size >= 2
-            else:
-                spans = hs.size >= 2 and np.unique(self._units.unit[hs]).size >= 2
+            hs, spans = _job_hosts(j, self._units)
             if spans:
                 jobs.append(j)
                 hosts_of.append(hs)
@@ -117,7 +137,10 @@ class ContentionPredictor:
         for i, (j, hs) in enumerate(zip(jobs, hosts_of)):
             self._E_masks[np.searchsorted(self._exposed_cols, hs), i] = j.mask[hs]
             self.host_exposure[hs] += j.demand_gbps
-        self._job_used_t = (self._E_masks != 0).astype(np.float32)
+        # host -> jobs incidence (CSR over the exposed hosts): contenders by sparse lookups, not a
+        # BLAS matmul (which on a loaded 2-core machine spins its threads for tiny batches)
+        e_of, self._inc_jobs = np.nonzero(self._E_masks)
+        self._inc_ptr = np.searchsorted(e_of, np.arange(self._exposed_cols.size + 1))
         self._dense: np.ndarray | None = None
         self.evaluations = 0
         self.calls = 0
@@ -215,15 +238,21 @@ class ContentionPredictor:
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if self.n_jobs == 0:
             return np.zeros((masks.shape[0], 0), dtype=bool)
-        if cols is None:
-            used = (masks[:, self._exposed_cols] != 0).astype(np.float32)
-            table = self._job_used_t
-        else:
-            e = np.flatnonzero(self.exposed[cols])
-            used = (masks[:, e] != 0).astype(np.float32)
-            table = self._job_used_t[np.searchsorted(self._exposed_cols, cols[e])]
         cross = self._spans(masks, cols)
-        return ((used @ table) > 0.5) & cross[:, None]
+        if cols is None:
+            r, e = np.nonzero(masks[:, self._exposed_cols])
+        else:
+            at = np.flatnonzero(self.exposed[cols])
+            r, i = np.nonzero(masks[:, at])
+            e = np.searchsorted(self._exposed_cols, cols[at[i]])
+        keep = cross[r]
+        r, e = r[keep], e[keep]
+        lo, hi = self._inc_ptr[e], self._inc_ptr[e + 1]
+        lens = hi - lo
+        idx = np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+        out = np.zeros((masks.shape[0], self.n_jobs), dtype=bool)
+        out[np.repeat(r, lens), self._inc_jobs[idx]] = True
+        return out
 
     def predict(self, masks: np.ndarray, cols: np.ndarray | None = None) -> Prediction:
         """``B̂(S, τ)`` and ``B̂(S)`` for every candidate row, with ONE model call per batch

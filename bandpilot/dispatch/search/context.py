@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.contention import ContentionPredictor, Prediction
+from bandpilot.dispatch.contention import ContentionPredictor, Prediction, unique_rows
 from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
 from bandpilot.dispatch.state import State
 from bandpilot.errors import PlacementError
@@ -160,15 +160,18 @@ class SearchContext:
         hosts = np.flatnonzero(self.fcount > 0)
         cls = np.full(self.H, -1, dtype=np.int64)
         ccls = np.full(self.H, -1, dtype=np.int64)
+        scls = np.full(self.H, -1, dtype=np.int64)
         n_keys = n_ckeys = 0
         if hosts.size:
             gpu_id, dom_id = host_ids(self.spec)
             f = self.fcount[hosts]
-            vals = np.round(self.best_val[hosts], 9)
-            vals = np.where(np.arange(self.G + 1)[None, :] <= f[:, None], vals, 0.0)
-            rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals])
-            coarse = _first_seen(np.unique(rows, axis=0, return_inverse=True)[1].ravel())
+            # values rounded to 1e-9 as integers (np.round(v, 9) is rint(v * 1e9) / 1e9): hashable rows
+            vals = np.rint(np.where(np.arange(self.G + 1)[None, :] <= f[:, None], self.best_val[hosts], 0.0) * 1e9)
+            rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals.astype(np.int64)])
+            coarse = _first_seen(unique_rows(rows)[1])
             ccls[hosts] = coarse
+            # the same without the domain label: trays alike in any domain (units alike, see domains.py)
+            scls[hosts] = _first_seen(unique_rows(np.delete(rows, 1, axis=1))[1])
             n_ckeys = int(coarse.max()) + 1
             exp = self.exposed[hosts]
             key = np.where(exp, n_ckeys + np.arange(hosts.size), coarse)
@@ -179,6 +182,7 @@ class SearchContext:
         self.n_classes = n_keys
         self.ccls = ccls  # same standalone behaviour, contention exposure ignored
         self.n_cclasses = n_ckeys
+        self.scls = scls  # ccls without the domain label
         #: total demand of the contending jobs touching each host (0: unexposed)
         self.exposure = self.pred.host_exposure
 

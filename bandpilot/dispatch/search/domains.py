@@ -81,7 +81,8 @@ class Units:
         else:
             hs = self.members[u]
             hs = hs[ctx.fcount[hs] > 0]
-            sig = (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(int(ctx.ccls[h]) for h in hs)))
+            # tray classes without the domain label: alike units of different domains match
+            sig = (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(ctx.scls[hs].tolist())))
         self._sigs[(u, coarse)] = sig
         return sig
 
@@ -270,10 +271,17 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     ok = (ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & np.isin(np.arange(units.U), cand)[None, :]
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
     rows, where = [], []
-    trays_of = {int(u): hosts[u_of == u] for u in np.unique(u_of)}
+    by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
+    present, first = np.unique(u_of[by_unit], return_index=True)
+    trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
+    ok_ordered = ok[:, order]
     for i in range(pats.shape[0]):
-        us = [int(u) for u in order if ok[i, u]]
-        for u in (us if per_unit else us[:1]):
+        if per_unit:
+            us = order[ok_ordered[i]].tolist()
+        else:
+            j = int(np.argmax(ok_ordered[i]))
+            us = [int(order[j])] if ok_ordered[i, j] else []
+        for u in us:
             hs = trays_of[u]
             hs = hs[np.lexsort((hs, ctx.exposure[hs], ctx.fcount[hs], ctx.exposed[hs]))]
             taken = np.zeros(hs.size, dtype=bool)
@@ -337,31 +345,42 @@ def _unit_starts(units: Units, k: int, seg: int, eligible: np.ndarray) -> list[n
 
 
 def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.ndarray:
-    rows = []
+    """Rows moving ``t`` GPUs from a used unit to another used or a promising unused unit, in the
+    lexicographic order of the rows, one per signature sequence (interchangeable targets).
+    Vectorised on the few units a move can touch: every other column equals ``d`` in every row."""
     src = np.flatnonzero(d > 0)
     room = cap - d
     clean = units.free - units.exposed_free
     unused = np.flatnonzero((d == 0) & (cap > 0))
     unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:UNIT_TARGETS]
     targets = np.concatenate([src, unused])
+    A, B, T = [], [], []
     for a in src:
         for t in sorted({seg, 4 * seg, int(d[a])}):
             if t > d[a] or t % seg:
                 continue
-            for b in targets[room[targets] >= t]:
-                if b == a:
-                    continue
-                r = d.copy()
-                r[a] -= t
-                r[b] += t
-                rows.append(r)
-    if not rows:
+            bs = targets[(room[targets] >= t) & (targets != a)]
+            A.append(np.full(bs.size, a))
+            B.append(bs)
+            T.append(np.full(bs.size, t))
+    if not A or sum(b.size for b in B) == 0:
         return np.zeros((0, units.U), dtype=np.int64)
-    rows_a = np.unique(np.array(rows), axis=0)
-    # interchangeable unused targets: keep one per signature and count
-    sig = [tuple((units.signature(int(u)), int(r[u])) for u in np.flatnonzero(r)) for r in rows_a]
-    _, first = np.unique(np.array([hash(s) for s in sig]), return_index=True)
-    return rows_a[np.sort(first)]
+    a_, b_, t_ = np.concatenate(A), np.concatenate(B), np.concatenate(T)
+    cols = np.union1d(src, unused)  # every unit nonzero in some row
+    R = np.tile(d[cols], (a_.size, 1))
+    at = np.arange(a_.size)
+    R[at, np.searchsorted(cols, a_)] -= t_
+    R[at, np.searchsorted(cols, b_)] += t_
+    R = np.unique(R, axis=0)  # the order np.unique gives the full rows (other columns are equal)
+    # interchangeable unused targets: keep one per sequence of (unit signature, count)
+    sig_id: dict[tuple, int] = {}
+    sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)
+    code = np.where(R > 0, sid[None, :] * (int(R.max()) + 1) + R, 0)
+    seq = np.take_along_axis(code, np.argsort(code == 0, axis=1, kind="stable"), axis=1)
+    _, first = np.unique(seq, axis=0, return_index=True)
+    out = np.tile(d, (first.size, 1))
+    out[:, cols] = R[np.sort(first)]
+    return out
 
 
 def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float) -> Found | None:
