@@ -284,23 +284,28 @@ class ContentionPredictor:
         return np.where(demand <= cap, solo, shared)
 
     def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256,
-                     cols: np.ndarray | None = None) -> Prediction:
+                     cols: np.ndarray | None = None, known: np.ndarray | None = None) -> Prediction:
         """Like :meth:`predict`, but only as far as needed to find the maximum and its near-ties.
 
         Uses ``B̂(S, τ) <= B̂(S)``: one call gives every candidate's standalone value; super
         allocations are then built for the candidates in descending standalone order, a growing
         chunk per call, until the best contention-aware value found exceeds the standalone value
         of every candidate left. Candidates never scored get ``-inf``. Small batches (at most
-        ``max_pairs`` super allocations) take the single-call path of :meth:`predict`.
+        ``max_pairs`` super allocations) take the single-call path of :meth:`predict`. ``known``:
+        standalone values already evaluated (NaN where not), not sent to the model again.
         """
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
         cont = self.contenders(masks, cols)
         n_pairs = int(cont.sum())
-        if n_pairs <= max_pairs:
+        if n_pairs <= max_pairs and known is None:
             return self.predict(masks, cols)
         masks, jobs, cols = self._columns(masks, np.flatnonzero(cont.any(axis=0)), cols)
-        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS], cols) for i in range(0, n, MAX_BATCH_ROWS)])
+        solo = np.full(n, np.nan) if known is None else np.asarray(known, dtype=float).copy()
+        todo_solo = np.flatnonzero(np.isnan(solo))
+        for i in range(0, todo_solo.size, MAX_BATCH_ROWS):
+            idx = todo_solo[i : i + MAX_BATCH_ROWS]
+            solo[idx] = self.raw(masks[idx], cols)
         value = np.full(n, -np.inf)
         free_of = ~cont.any(axis=1)
         value[free_of] = solo[free_of]

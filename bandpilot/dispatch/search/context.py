@@ -203,11 +203,11 @@ class SearchContext:
         return out
 
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None) -> Prediction:
-        """Contention-aware values of candidates (pruned by the standalone bound in big
-        batches: candidates that cannot win come back as ``-inf``); ``cols``: rows given on
-        those host columns only."""
-        return self.pred.predict_best(masks, cols=cols)
+    def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None, max_pairs: int = 8192) -> Prediction:
+        """Contention-aware values of candidates (pruned by the standalone bound in batches of
+        more than ``max_pairs`` super allocations: candidates that cannot win come back as
+        ``-inf``); ``cols``: rows given on those host columns only."""
+        return self.pred.predict_best(masks, max_pairs=max_pairs, cols=cols)
 
     def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
         counts = np.atleast_2d(counts)
@@ -228,11 +228,11 @@ class SearchContext:
         fit = (used * self.fcount[None, :]).sum(axis=1)
         return int(near[np.lexsort((near, fit, nh))[0]])
 
-    def best_of(self, masks: np.ndarray) -> Found | None:
+    def best_of(self, masks: np.ndarray, max_pairs: int = 8192) -> Found | None:
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return None
-        p = self.evaluate(masks)
+        p = self.evaluate(masks, max_pairs=max_pairs)
         i = self.choose(masks, p.value)
         return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 
