@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from bandpilot.api import admin, cluster, problems, requests
 from bandpilot.api.auth import TokenCache
+from bandpilot.api.batches import BatchLoop
 from bandpilot.queue.clock import now
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
@@ -94,11 +95,14 @@ def dashboard_html() -> str:
 
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
-               token_ttl: float = 5.0, threads: int | None = None) -> Any:
+               token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
+               model_uri: str | None = None, policy: str = "utility") -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
-    valid token is trusted without a lookup (0: every request looks it up)."""
+    valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
+    batch that often with ``model_uri`` (default the cluster's champion) and ``policy`` (None: off)."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
+    batches = BatchLoop(st, dispatch_s, model_uri=model_uri, policy=policy)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -109,9 +113,11 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads or int(
             os.environ.get("BANDPILOT_API_THREADS", "12"))
         sampler.start()
+        batches.start()
         try:
             yield
         finally:
+            batches.close()
             sampler.close()
 
     app = FastAPI(
@@ -121,6 +127,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     )
     app.state.store = st
     app.state.tokens = TokenCache(token_ttl)
+    app.state.batches = batches
     problems.install(app)
     for r in (requests.router, cluster.router, admin.router):
         app.include_router(r)
@@ -128,7 +135,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     @app.get("/healthz", tags=["service"], summary="Liveness and store reachability (no token)")
     def healthz() -> dict[str, Any]:
         st.refresh()  # one small query: the store answers (and a replaced cluster is noticed)
-        return {"ok": True, "cluster": st.spec.name}
+        return {"ok": True, "cluster": st.spec.name, "batches": batches.status}
 
     page = dashboard_html()
 

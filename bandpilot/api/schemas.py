@@ -18,6 +18,11 @@ class SubmitBody(_Body):
     utility: Optional[float] = Field(None, ge=0)
     constraints: Optional[dict[str, Any]] = None
     tenant: Optional[str] = Field(None, max_length=200, description="Admin tokens only: submit for this tenant.")
+    time_limit_s: Optional[float] = Field(None, gt=0, description="Expected run time limit (Slurm --time), for planning.")
+    comm_fraction: Optional[float] = Field(None, ge=0, le=1, description="Share of the run time spent in collectives.")
+    preemptible: bool = Field(False, description="The job may be checkpointed and requeued.")
+    checkpoint_s: Optional[float] = Field(None, gt=0, description="Cost of one checkpoint + restart, seconds.")
+    checkpoint_every_s: Optional[float] = Field(None, gt=0, description="Checkpoint period, seconds.")
 
 
 class ReleaseBody(_Body):

@@ -77,6 +77,10 @@ def submit_cmd(
     allowed_hosts: Optional[str] = typer.Option(None, "--allowed-hosts", help="Comma-separated host names."),
     allowed_gpus: Optional[str] = typer.Option(None, "--allowed-gpus", help="Comma-separated GPU ids."),
     min_gbps: Optional[float] = typer.Option(None, "--min-gbps", help="Minimum predicted bandwidth (GB/s)."),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Expected run time limit in seconds (Slurm --time), for planning."),
+    comm_fraction: Optional[float] = typer.Option(None, "--comm-fraction", help="Share of the run time in collectives [0, 1]."),
+    preemptible: bool = typer.Option(False, "--preemptible", help="May be checkpointed and requeued."),
+    checkpoint_s: Optional[float] = typer.Option(None, "--checkpoint-s", help="Cost of one checkpoint + restart, seconds."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -116,6 +120,11 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         if utility is not None:
             doc["utility"] = utility
+        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s)):
+            if v is not None:
+                doc[key] = v
+        if preemptible:
+            doc["preemptible"] = True
         if cons:
             doc["constraints"] = cons
         requests = [q.Request.from_dict(doc, "flags")]
@@ -288,7 +297,7 @@ def undrain_cmd(
 
 @cluster_app.command("state")
 def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
-    """The state in the dispatcher's format ({"free": [...], "jobs": [...]}) with --json."""
+    """Free GPUs and running jobs; with --json, the state file `select --state` reads."""
     from bandpilot import queue as q
 
     doc = q.export_state(_store(store))
@@ -327,7 +336,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 # ------------------------------------------------------------------------------------------
 @app.command("dispatch")
 def dispatch_cmd(
-    batch: bool = typer.Option(False, "--batch", help="Assign the queued requests (the only mode)."),
+    batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
     policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
@@ -341,8 +350,6 @@ def dispatch_cmd(
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
-    if not batch:
-        raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")
     if policy not in sched.POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
     if commit not in sched.COMMIT_MODES:

@@ -19,16 +19,35 @@ def verify_cmd(
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec to probe (default: the model's).")] = None,
     runner: Annotated[str, typer.Option("--runner", help="emulator | ssh (nccl-tests over mpirun).")] = "emulator",
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated hosts to verify (default: all).")] = None,
-    inject: Annotated[Path | None, typer.Option("--inject", help="Faults for the emulator (YAML list or {faults: [...]}).")] = None,
+    inject: Annotated[Path | None, typer.Option("--inject", help="Faults for the emulator: a YAML file, keys below.")] = None,
     measurements: Annotated[Path | None, typer.Option("--measurements", help="Verify this measurement directory instead of probing.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the probe command lines and their cost; run nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"hosts": {...}} verdicts as JSON on stdout.')] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write verify.md and verify.json here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print the per-host verdicts as JSON on stdout.')] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write verify.md and verify.json here.")] = None,
     gate: Annotated[bool, typer.Option("--gate", help="Record the verdicts in the queue store and drain suspects "
                                                       "(undrain what an earlier verify drained and now passes).")] = False,
     store: Annotated[str | None, typer.Option("--store", envvar="BANDPILOT_STORE", help="Queue store URL for --gate.")] = None,
 ) -> None:
-    """Verified discovery: a few nccl-tests runs per host against the model's expectation."""
+    """Verified discovery: a few nccl-tests runs per host against the model's expectation.
+
+    The --inject file is a YAML list of faults (or a mapping whose "faults" key holds the list).
+    Each fault scales one part of the emulated fabric; its keys:
+
+    \b
+      kind    nvlink_width | nvlink_pair | nic_rail | slow_host | missing_gpu
+      host    a host of the cluster
+      gpu     GPU index on that host (every kind but slow_host; nvlink_pair:
+              its first GPU; nic_rail: the GPU whose rail is slow)
+      peer    nvlink_pair only: the second GPU
+      factor  bandwidth scale 0..1 (default 0.5; slow_host 0.7; missing_gpu 0)
+
+    \b
+    Example:
+      - kind: nvlink_width
+        host: h100-1
+        gpu: 3
+        factor: 0.25
+    """
     from bandpilot.health import verify as hv
     from bandpilot.model.surrogate import Surrogate
     from bandpilot.topology.cluster import load_cluster

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from bandpilot.config import portable
 from bandpilot.errors import ModelError
 from bandpilot.evaluation.decision import (
     CHALLENGER,
@@ -58,17 +59,28 @@ def holdout_metrics(model: Any, holdout: Any) -> dict[str, Any]:
 
     ds = holdout if isinstance(holdout, Dataset) else load_dataset(holdout)
     check_same_cluster(model.spec, ds.spec, "held-out dataset of cluster")
+    use, cross = _holdout_use(ds)
+    y = use.busbw()
+    yhat = np.asarray(model.predict_masks(use.masks()), dtype=float)
+    ev = evaluate_predictions(y, yhat, n_hosts=use.frame["n_hosts"].to_numpy())
+    ev["rows"] = "cross-host" if cross else "all"
+    ev["dataset"] = portable(ds.path) if ds.path else None
+    return ev
+
+
+def _holdout_use(ds: Any) -> tuple[Any, bool]:
+    """The rows a held-out dataset scores: cross-host ones (stage 1 is a lookup), else all."""
     agg = ds.aggregated()
     cross = agg.cross_host()
     use = cross if len(cross) else agg
     if len(use) == 0:
         raise PromotionError(f"held-out dataset {ds.path} has no rows")
-    y = use.busbw()
-    yhat = np.asarray(model.predict_masks(use.masks()), dtype=float)
-    ev = evaluate_predictions(y, yhat, n_hosts=use.frame["n_hosts"].to_numpy())
-    ev["rows"] = "cross-host" if len(cross) else "all"
-    ev["dataset"] = str(ds.path) if ds.path else None
-    return ev
+    return use, bool(len(cross))
+
+
+def _holdout_rows(ds: Any) -> tuple[Any, Any]:
+    use, _ = _holdout_use(ds)
+    return np.asarray(use.busbw(), dtype=float), use.masks()
 
 
 def cv_mape(model: Any) -> float | None:
@@ -77,6 +89,43 @@ def cv_mape(model: Any) -> float | None:
     m = (getattr(model, "meta", None) or {}).get("metrics") or {}
     v = m.get("cv_mape")
     return float(v) if v is not None and np.isfinite(v) else None
+
+
+def paired_se(diff: Any) -> float | None:
+    """Standard error of the mean of paired differences (None below two pairs)."""
+    d = np.asarray(diff, dtype=float)
+    d = d[np.isfinite(d)]
+    return float(d.std(ddof=1) / math.sqrt(d.size)) if d.size >= 2 else None
+
+
+def gbe_noise(cand: EvaluationResult, champ: EvaluationResult, profiles: Iterable[str]) -> dict[str, float]:
+    """Per profile: SE of the candidate-minus-champion GBE, paired on the shared scenarios."""
+    out: dict[str, float] = {}
+    for p in profiles:
+        sides = [r.frame[(r.frame["profile"] == p) & (r.frame["algorithm"] == "bandpilot")].set_index("scenario")["gbe"]
+                 for r in (cand, champ)]
+        se = paired_se((sides[0] - sides[1]).dropna())
+        if se is not None:
+            out[p] = se
+    return out
+
+
+def mape_noise(cand_model: Any, champ_model: Any, holdout: Any = None) -> float | None:
+    """SE of the candidate-minus-champion MAPE (% points): paired over the held-out cross-host rows,
+    else from each model's per-fold cross-validated MAPEs (different data: independent errors)."""
+    if holdout is not None:
+        y, masks = _holdout_rows(holdout)
+        ape = [100 * np.abs(np.asarray(m.predict_masks(masks), dtype=float) - y) / y for m in (cand_model, champ_model)]
+        return paired_se(ape[0] - ape[1])
+    var = 0.0
+    for m in (cand_model, champ_model):
+        metrics = (getattr(m, "meta", None) or {}).get("metrics") or {}
+        folds = [float(v) for k, v in metrics.items() if k.startswith("cv_fold") and k.endswith("_mape")]
+        se = float(np.std(folds, ddof=1) / math.sqrt(len(folds))) if len(folds) >= 2 else None
+        if se is None or not math.isfinite(se):
+            return None
+        var += se * se
+    return math.sqrt(var)
 
 
 def _now() -> str:
@@ -326,7 +375,13 @@ def promote(
         champ.truth = champ_res.truth
 
     # 3. decide, write everything
-    checks = apply_policy(pol, cand, champ, profs)
+    noise: dict[str, float] = {}
+    if champ_res is not None:
+        noise = gbe_noise(cand_res, champ_res, profs)
+        mn = mape_noise(cand_model, champ_model, ho) if cand.mape is not None and champ and champ.mape is not None else None
+        if mn is not None:
+            noise["mape"] = mn
+    checks = apply_policy(pol, cand, champ, profs, noise)
     passed = all(c.passed for c in checks)
     if manual:
         action, aliases = ("awaiting_approval" if passed else "challenger"), {CHALLENGER: version}
@@ -341,7 +396,7 @@ def promote(
         name=name, candidate=cand, champion=champ, passed=passed, manual=manual, action=action, checks=checks,
         report_dir=out, aliases=aliases, policy=pol.to_dict() | {"evaluation": {"profiles": list(profs), "algorithms": list(algs),
                                                                            "repeats": reps, "seed": sd, "workers": wk}},
-        scenarios=cand_res.n_scenarios, decided_at=_now(),
+        scenarios=cand_res.n_scenarios, decided_at=_now(), noise=noise,
     )
     fig = _comparison_figure(cand_res, champ_res, out, f"{name}: candidate v{version}" + (f" vs champion v{champ_version}" if champ_version else ""))
     _write_decision(dec, cand_res, champ_res, fig)
@@ -382,8 +437,7 @@ def _log_run(run_id: str, dec: PromotionDecision, cand: EvaluationResult, out: P
     dest = f"promotion/{out.name}"
     client.log_artifacts(run_id, str(out), dest)
     client.set_tag(run_id, TAG_PREFIX + "report", dest)
-    run = client.get_run(run_id)
-    return f"{run.info.artifact_uri.rstrip('/')}/{dest}"
+    return f"runs:/{run_id}/{dest}"  # portable: MLflow resolves it against the store, not this checkout
 
 
 def approve(name: str, version: str | int, *, force: bool = False, tracking_uri: str | None = None,

@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from bandpilot.config import portable, settings
 from bandpilot.errors import ModelError
 from bandpilot.evaluation.params import PROFILES, EvaluationError, check_algorithms, check_profiles
 from bandpilot.evaluation.result import EvaluationResult
@@ -222,7 +223,7 @@ def _start_method(requested: str | None = None) -> str:
     Workers pin torch to one thread, so a forked torch model never enters an OpenMP region."""
     import multiprocessing as mp
 
-    method = requested or os.environ.get("BANDPILOT_MP_START") or ""
+    method = requested or settings().mp_start or ""
     avail = mp.get_all_start_methods()
     if method:
         if method not in avail:
@@ -234,7 +235,7 @@ def _start_method(requested: str | None = None) -> str:
 def _describe_truth(fabric: Any) -> str:
     spec = fabric.spec
     kind = type(fabric).__name__
-    where = f" {spec.path}" if spec.path else ""
+    where = f" {portable(spec.path)}" if spec.path else ""
     # Say it in words: an emulator's score is not a measurement (truth comes from measured tables).
     what = "measured tables" if spec.source == "trace" else "EMULATED, not measurements"
     return f"{kind}({spec.name}){where} [{what}]"

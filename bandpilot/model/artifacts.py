@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -25,9 +26,35 @@ def _client() -> MlflowClient:
     return MlflowClient()
 
 
+def find_registry() -> str:
+    """The tracking/registry URI a registry or run URI resolves against, found like the CLI does.
+
+    Why: a library caller (``Dispatcher.load``, ``Surrogate.load``) has not run
+    :func:`bandpilot.config.setup_env`, and MLflow's own default (``sqlite:///mlflow.db`` in the
+    current directory) is an empty store it creates on the spot. A URI set by the caller
+    (``mlflow.set_tracking_uri``, ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``) wins; else the
+    project's store (:func:`bandpilot.config.default_tracking_uri`), which must already exist:
+    nothing is created by a lookup."""
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    from bandpilot.config import default_tracking_uri
+
+    if is_tracking_uri_set() or os.environ.get("MLFLOW_REGISTRY_URI"):
+        return mlflow.get_registry_uri()
+    uri = default_tracking_uri()
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not db.is_file():
+        raise ModelError(f"no MLflow registry at {db} (train a model first, e.g. `make run`, or set "
+                         "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
 def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
     """``models:/NAME@alias`` | ``models:/NAME/VERSION`` | ``runs:/ID/...`` -> (name, version, run_id)."""
     uri = str(uri)
+    if uri.startswith(("models:/", "runs:/")):
+        find_registry()
     m = _URI.match(uri)
     if m:
         name, alias, version = m.group("name"), m.group("alias"), m.group("version")

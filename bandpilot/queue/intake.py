@@ -84,7 +84,8 @@ def submit(
                 "constraints": r.constraints.key if r.constraints.to_dict() else None,
                 "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
                 "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
-                "updated_at": ts,
+                "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
+                "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
             }
             for r in good
         ]

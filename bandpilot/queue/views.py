@@ -100,6 +100,9 @@ def list_requests(
                     "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
                     "predicted_gbps": r["predicted_gbps"], "standalone_gbps": r["standalone_gbps"],
                     "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+                    "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
+                    "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
+                    "checkpoint_every_s": r["checkpoint_every_s"],
                 }
             )
     return out

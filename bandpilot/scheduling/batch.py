@@ -29,13 +29,16 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 
+from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressure_factor
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import now
-from bandpilot.queue.learning import load_estimates
+from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
-from bandpilot.scheduling.policies import POLICIES, PENDING_STMT, Pending, row_to_pending, order_pending, utility_quotas
+from bandpilot.scheduling.policies import (
+    PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
+)
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
@@ -97,7 +100,7 @@ _INS_ASSIGN = sa.insert(T_ASSIGN)
 
 def _write_assignment(
     conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, ts: float,
-    model_uri: str | None, model_version: str | None, algorithm: str,
+    model_uri: str | None, model_version: str | None, algorithm: str, demand: str = DEFAULT_DEMAND,
 ) -> str:
     """Assign inside a savepoint: 'assigned', 'skipped' (no longer pending) or raise _Conflict.
     Order matters: request CAS first (nothing touched if it lost), the job row before the GPUs
@@ -107,7 +110,9 @@ def _write_assignment(
         if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": ts}).rowcount != 1:
             return "skipped"
         standalone = float(getattr(sel, "standalone_gbps", None) or 0.0)
-        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": standalone,
+        # the job's pressure on shared NICs under the demand model: what later predictions charge it
+        pressed = standalone * pressure_factor(req.comm_fraction, demand)
+        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": pressed,
                                 "status": "active", "started_at": ts, "ended_at": None})
         n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": ts}).rowcount
         if n != len(gpus):
@@ -190,8 +195,8 @@ def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[st
     out, notes = [], {}
     for r in conn.execute(PENDING_STMT):
         t = tuple(r)
-        out.append(row_to_pending(t[:8]))
-        notes[t[1]] = (t[8], t[9])
+        out.append(row_to_pending(t[:PENDING_REQ_COLS]))
+        notes[t[1]] = (t[PENDING_REQ_COLS], t[PENDING_REQ_COLS + 1])
     return out, notes
 
 
@@ -204,6 +209,7 @@ def run_batch(
     commit: str = "batch",
     algorithm: str = "bandpilot",
     model_uri: str | None = None,
+    demand: str = DEFAULT_DEMAND,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -212,6 +218,7 @@ def run_batch(
     requests see its contention; one that cannot be placed now is deferred with the reason and
     retried next batch; an invalid one is rejected. ``limit`` caps the requests considered.
     ``commit="batch"`` is one transaction; ``"request"`` one per request (state re-read each time).
+    ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -219,6 +226,10 @@ def run_batch(
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(COMMIT_MODES)}")
     if limit is not None and limit < 1:
         raise RequestError(f"limit must be >= 1, got {limit}")
+    try:
+        check_demand_model(demand)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
     store.refresh()
     check_model(store, dispatcher)
     version = model_version_of(dispatcher)
@@ -240,7 +251,10 @@ def run_batch(
     def plan(loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         report.pending_before = len(pending)
-        expected = load_estimates(conn, [p.req.id for p in pending]) if policy == "sjf" else None
+        expected = None
+        if policy == "sjf":
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         queue = order_pending(pending, policy, expected)
         whole = limit is None or limit >= len(queue)
         if not whole:
@@ -259,7 +273,7 @@ def run_batch(
             out.status, out.reason, out.detail = d.status, d.reason, d.detail
             return out
         try:
-            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm)
+            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm, demand)
         except _Conflict as exc:
             out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
             placer.set_state(store.load_state(conn, mspec))
@@ -268,7 +282,7 @@ def run_batch(
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
         gpus = list(sel.gpus)
-        placer.commit_to_state(req, gpus, float(getattr(sel, "standalone_gbps", None) or 0.0))
+        placer.commit_to_state(req, gpus, float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand))
         out.status = "assigned"
         out.gpus = gpus
         out.predicted_gbps = _f(sel.predicted_gbps)

@@ -53,7 +53,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
     return {
         "cluster": res.cluster, "gpus": res.n_gpus, "policy": res.config.policy, "algorithm": res.config.algorithm,
         "truth": res.truth, "model": res.model, "interval_s": res.config.interval_s, "epochs": res.config.epochs,
-        "lambda": res.config.lam, "seed": res.config.seed,
+        "lambda": res.config.lam, "seed": res.config.seed, "demand": res.config.demand,
         "jobs": len(res.jobs), "completed": len(done),
         "rejected": sum(j.status == "rejected" for j in res.jobs), "stuck": sum(j.status == "stuck" for j in res.jobs),
         "avg_jct_s": float(jct.mean()) if jct.size else math.nan, "p50_jct_s": _pct(jct, 50), "p95_jct_s": _pct(jct, 95),
