@@ -123,42 +123,42 @@ class Units:
 
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
-        r, h, c = self._scatter(D)
+        r, idx, h_of, c_of = self._scatter(D)
         out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[r, h] = c
+        out[r, h_of[idx]] = c_of[idx]
         return out
 
     def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per-unit count rows ``(n, U)`` -> the best mask rows for them on the hosts they touch:
         ``(masks (n, len(cols)), cols)`` (``masks_from_counts(rows(D))[:, cols]``)."""
-        r, h, c = self._scatter(D)
-        cols = np.unique(h)
+        r, idx, h_of, c_of = self._scatter(D)
+        cols = np.unique(h_of)
+        m_of = self.ctx.best_mask[h_of, c_of]  # per (unit, count) part: few entries
         out = np.zeros((D.shape[0], cols.size), dtype=np.int64)
-        out[r, np.searchsorted(cols, h)] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
+        out[r, np.searchsorted(cols, h_of)[idx]] = m_of[idx]
         return out, cols
 
-    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row, host, count) of every nonzero per-host count of the rows of ``D``."""
+    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every nonzero per-host count of the rows of ``D``: ``(row, idx, host, count)`` with the
+        distinct (unit, count) parts' hosts and counts in ``host``/``count`` and ``idx`` into them."""
         ri, ui = np.nonzero(D)
         width = int(D.max(initial=0)) + 1
         keys = ui * width + D[ri, ui]
         uniq, inv = np.unique(keys, return_inverse=True)
         # units hold disjoint hosts: scatter each unit's (sparse) part into its rows
-        hs, cs, owner = [], [], []
-        for j, key in enumerate(uniq.tolist()):
+        hs, cs = [], []
+        for key in uniq.tolist():
             part = self.part(key // width, key % width)
             h = self.members[key // width]
             h = h[part[h] > 0]
             hs.append(h)
             cs.append(part[h])
-            owner.append(np.full(h.size, j))
-        h_of, c_of, own = np.concatenate(hs), np.concatenate(cs), np.concatenate(owner)
-        by_key = np.argsort(own, kind="stable")
-        ptr = np.r_[0, np.cumsum(np.bincount(own, minlength=uniq.size))]
+        h_of, c_of = np.concatenate(hs), np.concatenate(cs)
+        ptr = np.r_[0, np.cumsum([h.size for h in hs])]
         inv = inv.ravel()
         lens = ptr[inv + 1] - ptr[inv]
         idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
-        return np.repeat(ri, lens), h_of[by_key][idx], c_of[by_key][idx]
+        return np.repeat(ri, lens), idx, h_of, c_of
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE,
@@ -243,16 +243,17 @@ def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
 
 
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
-             per_unit: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+             per_unit: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """In-domain candidates as *count patterns* (stage 1.5: the multiset of per-tray counts, shared
     by every domain with trays for it): partitions of ``k`` into at most ``trays`` parts of at most
     ``G``. Each pattern is placed on the best-fit unit of ``cand`` that can hold it (or, with
     ``per_unit``, on every unit of ``cand``), parts largest first on the best-fitting free tray
     (trays touched by contending jobs last, and only ``with_exposed``). Returns ``(masks, unit of
-    each mask)``, or None when trays are not symmetric (see :func:`symmetric_trays`)."""
+    each mask, cols)`` with the masks given on the host columns ``cols`` they touch, or None when
+    trays are not symmetric (see :func:`symmetric_trays`)."""
     k, G = ctx.k, ctx.G
     hosts = np.flatnonzero((ctx.fcount > 0) & np.isin(units.unit, cand) & (with_exposed | ~ctx.exposed))
-    empty = np.zeros((0, ctx.H), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    empty = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if hosts.size == 0:
         return empty
     if not symmetric_trays(ctx, hosts):
@@ -270,7 +271,7 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     need = np.stack([(pats >= c).sum(axis=1) for c in range(G + 1)], axis=1)  # (P, G+1)
     ok = (ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & np.isin(np.arange(units.U), cand)[None, :]
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
-    rows, where = [], []
+    r_of, h_of, c_of, where = [], [], [], []
     by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
     present, first = np.unique(u_of[by_unit], return_index=True)
     trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
@@ -285,16 +286,21 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
             hs = trays_of[u]
             hs = hs[np.lexsort((hs, ctx.exposure[hs], ctx.fcount[hs], ctx.exposed[hs]))]
             taken = np.zeros(hs.size, dtype=bool)
-            counts = np.zeros(ctx.H, dtype=np.int64)
+            f_hs = ctx.fcount[hs]
             for c in pats[i][pats[i] > 0]:
-                j = int(np.flatnonzero(~taken & (ctx.fcount[hs] >= c))[0])
+                j = int(np.flatnonzero(~taken & (f_hs >= c))[0])
                 taken[j] = True
-                counts[hs[j]] = c
-            rows.append(counts)
+                r_of.append(len(where))
+                h_of.append(int(hs[j]))
+                c_of.append(int(c))
             where.append(u)
-    if not rows:
+    if not where:
         return empty
-    return ctx.masks_from_counts(np.array(rows)), np.array(where)
+    h = np.array(h_of, dtype=np.int64)
+    cols = np.unique(h)
+    masks = np.zeros((len(where), cols.size), dtype=np.int64)
+    masks[np.array(r_of), np.searchsorted(cols, h)] = ctx.best_mask[h, np.array(c_of)]
+    return masks, np.array(where), cols
 
 
 def _balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
@@ -439,7 +445,7 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     exact; asymmetric trays fall back to per-unit coarse count vectors (units alike searched once)."""
     pats = patterns(ctx, units, fits, with_exposed=True)
     if pats is not None:
-        got = _best(ctx, units, pats[0], tie)
+        got = _best(ctx, units, pats[0], tie, pats[2])
         return [] if got is None else [got]
     found: list[Found] = []
     seen: set[tuple] = set()
