@@ -26,9 +26,11 @@ from bandpilot.model.networks import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
-#: Forward passes of at most this many rows run on one intra-op thread: on a busy 2-core machine
-#: torch's thread pool costs more than it saves on small batches (k = 4: 400 ms vs 7 ms measured).
-SMALL_BATCH = 256
+#: Forward passes of at most this many rows (one chunk: every search call) run on one intra-op
+#: thread: on a busy 2-core machine torch's thread pool spins against the other processes (k = 4:
+#: 400 ms vs 7 ms; 4 x 8 H100 at load 13, 20 decisions: max 8.2 s with the pool above 256 rows,
+#: 0.35 s single-threaded). Bigger offline batches keep the pool.
+SMALL_BATCH = 8192
 
 
 class _threads_for:
