@@ -11,9 +11,13 @@ measurement tables by :mod:`bandpilot.fabric.calibration`.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
+
+from bandpilot.config import SOURCE_ROOT
 
 from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.errors import SpecError
@@ -22,119 +26,46 @@ from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
 from bandpilot.fabric.units import unit_index
 
-# Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
-# ``bandpilot calibrate`` against the public BandPilot tables (H100 from its four host tables,
-# the Het-4Mix types from one host each; A100 and unknown types are uncalibrated guesses).
-#   link        per-pair path capacity by ``nvidia-smi topo`` class (NV: per NVLink)
-#   pcie        per-GPU PCIe port;  uplink: PCIe switch-group uplink;  sys: inter-socket link
-#   p2p         GPU peer-to-peer over PCIe (false: PCIe traffic is staged through host memory)
-#   cap         host ceiling, approached with exponent ``sharpness``
-#   hop_penalty pipeline cost of slow hops;  ring_eff: efficiency by rank count k = 2, 3, ...
-DEFAULT_GPU_PARAMS: dict[str, dict[str, Any]] = {}  # filled below
-GENERIC_GPU_PARAMS: dict[str, Any] = {
-    "link": {"NV": 20.0, "PIX": 20.0, "PXB": 18.0, "PHB": 15.0, "NODE": 13.0, "SYS": 10.0},
-    "pcie": 24.0,
-    "uplink": 24.0,
-    "sys": 16.0,
-    "p2p": True,
-    "cap": 200.0,
-    "sharpness": 8.0,
-    "hop_penalty": 0.0,
-    "k0": 0.3,
-}
+#: The calibrated constants (per-GPU-type parameters, network, NVLink domains), with their citations
+#: and calibration notes: ``params/emulator.yaml`` beside the package. Specs override them per cluster.
+CONSTANTS_FILE = SOURCE_ROOT / "params" / "emulator.yaml"
 GPU_PARAM_KEYS = frozenset(
     {"link", "pcie", "uplink", "sys", "p2p", "cap", "sharpness", "hop_penalty", "ring_eff", "k0", "nic_gbps"}
 )
-DEFAULT_GPU_PARAMS.update(
-    {
-        "H100": {
-            "link": {"NV": 29.72},
-            "p2p": True,
-            "cap": 239.9,
-            "sharpness": 2.103,
-            "hop_penalty": 0.3901,
-            "ring_eff": [1.0, 1.051, 1.097, 0.9876, 1.0, 1.013, 1.025],
-        },
-        "A800": {
-            "link": {"NV": 42.0},
-            "p2p": True,
-            "cap": 100.3,
-            "sharpness": 40.0,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 0.9876, 1.005, 0.7691, 0.7459, 0.7408, 0.9394],
-        },
-        "V100": {
-            "link": {"NV": 21.55, "SYS": 17.32},
-            "pcie": 12.02,
-            "sys": 9.167,
-            "p2p": True,
-            "cap": 74.21,
-            "sharpness": 3.137,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 1.0, 1.0, 1.0, 1.0, 1.284, 1.35],
-        },
-        "A6000": {
-            "link": {"NV": 28.38, "PXB": 30.27, "SYS": 22.84},
-            "pcie": 30.34,
-            "uplink": 40.68,
-            "sys": 17.79,
-            "p2p": True,
-            "cap": 41.27,
-            "sharpness": 12.1,
-            "hop_penalty": 0.4946,
-            "ring_eff": [1.0, 1.0, 1.0, 1.0, 1.221, 1.0, 0.9512],
-        },
-        "RTX4090": {
-            "link": {"PIX": 6.464, "PXB": 22.76, "SYS": 42.82},
-            "pcie": 12.09,
-            "uplink": 13.9,
-            "sys": 11.83,
-            "p2p": False,
-            "cap": 12.07,
-            "sharpness": 5.983,
-            "hop_penalty": 0.2996,
-            "ring_eff": [1.0, 1.105, 1.162, 1.221, 1.221, 1.221, 0.8607],
-        },
-        # uncalibrated: A800 with 1.5x NVLink
-        "A100": {
-            "link": {"NV": 63.0},
-            "p2p": True,
-            "cap": 150.4,
-            "sharpness": 40.0,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 0.9876, 1.005, 0.7691, 0.7459, 0.7408, 0.9394],
-        },
-    }
-)
-for _name, _over in DEFAULT_GPU_PARAMS.items():
+_CONSTANT_KEYS = ("generic_gpu", "gpu", "network", "nvlink", "count_gain_max")
+
+
+def load_constants(path: str | Path = CONSTANTS_FILE) -> dict[str, Any]:
+    """The emulator's constants file, checked: every section present, no unknown key."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"emulator constants not found: {p}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: invalid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict) or set(doc) != set(_CONSTANT_KEYS):
+        got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"{p}: expected the sections {list(_CONSTANT_KEYS)}, got {got}")
+    for name, gp in {"generic_gpu": doc["generic_gpu"], **{f"gpu.{k}": v for k, v in (doc["gpu"] or {}).items()}}.items():
+        if not isinstance(gp, dict) or set(gp) - GPU_PARAM_KEYS or not isinstance(gp.get("link", {}), dict):
+            raise SpecError(f"{p}: {name} must be a mapping of {sorted(GPU_PARAM_KEYS)}")
+    return doc
+
+
+_CONSTANTS = load_constants()
+GENERIC_GPU_PARAMS: dict[str, Any] = _CONSTANTS["generic_gpu"]
+#: Per GPU type: its calibrated parameters over the generic ones (a fitted ``ring_eff`` replaces ``k0``).
+DEFAULT_GPU_PARAMS: dict[str, dict[str, Any]] = {}
+for _name, _over in _CONSTANTS["gpu"].items():
     _full = {**GENERIC_GPU_PARAMS, **_over, "link": {**GENERIC_GPU_PARAMS["link"], **_over["link"]}}
     if "ring_eff" in _over:
         _full.pop("k0", None)
     DEFAULT_GPU_PARAMS[_name] = _full
-# Network defaults: fitted to the H100 cluster's inter-host table (per-pattern MAPE 6 %).
-DEFAULT_NETWORK: dict[str, float] = {
-    "rail_efficiency": 0.7944,  # achieved busbw per rail / line rate (H100 1+1: 38.5 GB/s of 50)
-    "switch_base": 1.041,  # switch cap (in rails' worth of bandwidth) as n_hosts -> infinity
-    "switch_peer": 1.588,  # extra cap for few hosts: cap = base + peer / (n_hosts - 1)
-    "count_gain": 0.2503,  # cap grows mildly with the smallest per-host count (more channels)
-    "imbalance": 0.1552,  # cap falls with mean/min count on >= 3 hosts (long intra-host ring segments)
-    "sharpness": 13.81,  # smooth-min exponent between NIC and switch limits
-    "cross_domain_factor": 0.5,  # uncalibrated: a 2:1 oversubscribed rack uplink halves the switch cap
-    # three-tier fat-tree: racks (leaf switches, the spec's domains) grouped into pods (spine
-    # switches) of ``pod_racks`` consecutive racks; traffic between pods crosses the core tier,
-    # ``cross_pod_factor`` on top of the rack factor. 0: no pod tier (two tiers).
-    "pod_racks": 0.0,
-    "cross_pod_factor": 0.5,  # uncalibrated: a 2:1 oversubscribed spine uplink
-}
-
-
-# Multi-node NVLink domains (spec ``emulator.nvlink``): a ring across trays of one domain runs
-# through the NVLink switch trays at ``efficiency`` x the GPU type's host ceiling (``cap``) x its
-# rank-count efficiency, or at an explicit ``gbps``. Uncalibrated (no NVL72 measurements here).
-DEFAULT_NVLINK: dict[str, float | None] = {"efficiency": 0.9, "gbps": None}
-#: The fitted count gain (more channels with more GPUs per host) is not extrapolated past the
-#: largest host it was fitted on (8 GPUs): a domain with 72 GPUs in an allocation is not 2x faster.
-COUNT_GAIN_MAX = 8
+DEFAULT_NETWORK: dict[str, float] = {k: float(v) for k, v in _CONSTANTS["network"].items()}
+DEFAULT_NVLINK: dict[str, float | None] = dict(_CONSTANTS["nvlink"])
+#: The count gain is not extrapolated past the largest host it was fitted on (see the YAML).
+COUNT_GAIN_MAX = int(_CONSTANTS["count_gain_max"])
 
 
 def nvlink_params(spec: ClusterSpec) -> dict[str, float | None]:

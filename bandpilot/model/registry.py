@@ -28,7 +28,7 @@ from mlflow.exceptions import MlflowException
 
 from bandpilot.config import portable
 from bandpilot.errors import ModelError
-from bandpilot.model.artifacts import _client, _one_line
+from bandpilot.model.artifacts import mlflow_client, one_line
 from bandpilot.model.pyfunc import ARTIFACT_NAME, SurrogatePyfunc
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str
             client.create_experiment(name, artifact_location=artifact_root_for(uri))
         mlflow.set_experiment(name)
     except MlflowException as exc:
-        raise ModelError(f"MLflow tracking store {uri!r} unusable: {_one_line(exc)}") from None
+        raise ModelError(f"MLflow tracking store {uri!r} unusable: {one_line(exc)}") from None
     return uri
 
 
@@ -169,7 +169,7 @@ def log_history(history: list[dict[str, float]]) -> None:
         for k, v in row.items():
             if k != "epoch" and v is not None and math.isfinite(v):
                 ms.append(Metric(f"epoch_{k}", float(v), now, step))
-    client = _client()
+    client = mlflow_client()
     for i in range(0, len(ms), 900):
         client.log_batch(run.info.run_id, metrics=ms[i : i + 900], synchronous=True)
 
@@ -233,7 +233,7 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
                     pip_requirements=PIP_REQUIREMENTS,
                     metadata={"bandpilot_cluster": result.surrogate.spec.name, "bandpilot_kind": result.surrogate.kind},
                 )
-        client = _client()
+        client = mlflow_client()
         try:
             client.get_registered_model(name)
         except MlflowException:
@@ -264,28 +264,28 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
 # ------------------------------------------------------------------------------------------
 def set_alias(name: str, alias: str, version: str | int) -> None:
     try:
-        _client().set_registered_model_alias(name, alias, str(version))
+        mlflow_client().set_registered_model_alias(name, alias, str(version))
     except MlflowException as exc:
-        raise ModelError(f"cannot set alias {alias!r} of {name!r} to version {version}: {_one_line(exc)}") from None
+        raise ModelError(f"cannot set alias {alias!r} of {name!r} to version {version}: {one_line(exc)}") from None
 
 
 def get_alias(name: str, alias: str) -> str | None:
     """Version an alias points to, or None (also when the model does not exist)."""
     try:
-        return str(_client().get_model_version_by_alias(name, alias).version)
+        return str(mlflow_client().get_model_version_by_alias(name, alias).version)
     except MlflowException:
         return None
 
 
 def describe(name: str, version: str | int, text: str) -> None:
     try:
-        _client().update_model_version(name, str(version), description=text)
+        mlflow_client().update_model_version(name, str(version), description=text)
     except MlflowException:
         raise ModelError(f"model {name!r} has no version {version!r}") from None
 
 
 def set_tags(name: str, version: str | int, tags: dict[str, Any]) -> None:
-    client = _client()
+    client = mlflow_client()
     try:
         for k, v in tags.items():
             client.set_model_version_tag(name, str(version), str(k), str(v))
