@@ -79,3 +79,39 @@ def test_sparse_jobs_match_dense_definition(fab):
     assert np.array_equal(pred.job_masks, np.array([j.mask for j in want]))
     exposure = (np.array([j.mask for j in want]) != 0).T @ np.array([j.demand_gbps for j in want])
     np.testing.assert_allclose(pred.host_exposure, exposure)
+
+
+def _part_reference(ctx, units, u: int, t: int) -> np.ndarray:
+    """The loop Units.part replaced: whole trays in order, the remainder on the best-fitting tray."""
+    hs = units.members[u]
+    hs = hs[ctx.fcount[hs] > 0]
+    top = ctx.best_val[hs, ctx.fcount[hs]]
+    order = hs[np.lexsort((hs, -top, -ctx.fcount[hs], ctx.exposed[hs]))]
+    counts = np.zeros(ctx.H, dtype=np.int64)
+    left, used = t, set()
+    for h in order:
+        if left == 0:
+            break
+        fits = [x for x in order if int(x) not in used and ctx.fcount[x] >= left]
+        if fits:
+            best = min(fits, key=lambda x: (bool(ctx.exposed[x]), int(ctx.fcount[x]), -float(ctx.best_val[x, left])))
+            counts[best] = left
+            return counts
+        counts[h] = ctx.fcount[h]
+        left -= int(ctx.fcount[h])
+        used.add(int(h))
+    assert left == 0
+    return counts
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_unit_parts_match_the_reference_loop(fab, seed):
+    from bandpilot.dispatch.search.context import SearchContext
+    from bandpilot.dispatch.search.domains import Units
+
+    st = _busy(fab, seed)
+    ctx = SearchContext(fab, st, st.free, 8)
+    units = Units(ctx)
+    for u in range(units.U):
+        for t in range(1, int(units.free[u]) + 1):
+            assert np.array_equal(units.part(u, t), _part_reference(ctx, units, u, t)), (u, t)

@@ -100,24 +100,22 @@ class Units:
         top = ctx.best_val[hs, f]
         order = hs[np.lexsort((hs, -top, -f, ctx.exposed[hs]))]
         counts = np.zeros(ctx.H, dtype=np.int64)
-        left = t
-        used: set[int] = set()
-        for h in order:
-            if left == 0:
-                break
-            fits = [x for x in order if int(x) not in used and ctx.fcount[x] >= left]
-            if fits:
-                best = min(fits, key=lambda x: (bool(ctx.exposed[x]), int(ctx.fcount[x]), -float(ctx.best_val[x, left])))
-                counts[best] = left
-                left = 0
-                break
-            if int(h) in used:
-                continue
-            counts[h] = ctx.fcount[h]
-            left -= int(ctx.fcount[h])
-            used.add(int(h))
-        if left:
+        # whole trays in order until some tray left fits the remainder (prefix sums / suffix maxima:
+        # the first step i where the GPUs still needed are 0 or fit one of trays i..)
+        f_ord = ctx.fcount[order]
+        need = t - np.r_[0, np.cumsum(f_ord)]
+        fits_after = np.r_[np.maximum.accumulate(f_ord[::-1])[::-1], 0]
+        stop = np.flatnonzero((need[:-1] == 0) | (fits_after[:-1] >= need[:-1]))
+        i = int(stop[0]) if stop.size else order.size
+        if not stop.size and need[-1] != 0:
             raise ValueError(f"unit {u} cannot hold {t} GPUs")
+        counts[order[:i]] = f_ord[:i]
+        left = int(need[i])
+        if left:
+            # the remainder on the best-fitting tray: unexposed, fewest free, best stage-1, then order
+            cand = order[i:][f_ord[i:] >= left]
+            j = np.lexsort((np.arange(cand.size), -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))[0]
+            counts[cand[j]] = left
         self._parts[key] = counts
         return counts
 
