@@ -103,8 +103,9 @@ class Units:
         # whole trays in order until some tray left fits the remainder (prefix sums / suffix maxima:
         # the first step i where the GPUs still needed are 0 or fit one of trays i..)
         f_ord = ctx.fcount[order]
-        need = t - np.r_[0, np.cumsum(f_ord)]
-        fits_after = np.r_[np.maximum.accumulate(f_ord[::-1])[::-1], 0]
+        zero = np.zeros(1, dtype=np.int64)
+        need = t - np.concatenate([zero, np.cumsum(f_ord)])
+        fits_after = np.concatenate([np.maximum.accumulate(f_ord[::-1])[::-1], zero])
         stop = np.flatnonzero((need[:-1] == 0) | (fits_after[:-1] >= need[:-1]))
         i = int(stop[0]) if stop.size else order.size
         if not stop.size and need[-1] != 0:
