@@ -213,6 +213,7 @@ def run_batch(
     demand: str = DEFAULT_DEMAND,
     backfill: str = "greedy",
     max_reservations: int | None = None,
+    locality: float | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -224,7 +225,10 @@ def run_batch(
     ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
     ``backfill`` (:mod:`bandpilot.scheduling.reservations`): ``greedy`` tries every request on what is
     free now; ``easy`` / ``conservative`` give the first one / the first ``max_reservations`` blocked
-    gangs a reservation (start time and GPUs) that later requests may not delay.
+    gangs a reservation (start time and GPUs) that later requests may not delay. ``locality`` (the
+    dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
+    gain more than this relative bandwidth - a placement lives for hours and a spread one meets
+    more co-tenants than the ones running now.
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -237,6 +241,11 @@ def run_batch(
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     check_backfill(backfill)
+    if locality is not None:
+        if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
+            raise RequestError(f"locality must be in [0, 1), got {locality!r}")
+        if hasattr(dispatcher, "with_locality"):
+            dispatcher = dispatcher.with_locality(float(locality))
     book: Book | None = None
     store.refresh()
     check_model(store, dispatcher)
