@@ -38,7 +38,7 @@ from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
-    PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
+    ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
@@ -269,10 +269,10 @@ def run_batch(
         pending, notes = loaded
         report.pending_before = len(pending)
         expected = None
-        if policy == "sjf":
+        if policy in ESTIMATE_POLICIES:
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, policy, expected)
+        queue = order_pending(pending, policy, expected, now())
         whole = limit is None or limit >= len(queue)
         if not whole:
             queue = queue[:limit]
