@@ -97,6 +97,9 @@ class SearchContext:
         self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
         self.segment: int | None = None  # NVLink-domain search: each domain's share a multiple of it
         self.tie: float | None = None  # NVLink-domain search: fragmentation decides within this margin
+        #: lifetime locality: a candidate on fewer hosts wins unless spreading gains more than this
+        #: relative predicted bandwidth (a spread job meets more co-tenants over its run)
+        self.locality = 0.0
         stage1 = np.asarray(model.stage1, dtype=float)
         if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
             raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")
@@ -217,10 +220,10 @@ class SearchContext:
         return out
 
     def choose(self, masks: np.ndarray, value: np.ndarray) -> int:
-        """Index of the best candidate; near-ties prefer fewer hosts, then the tightest fit
-        (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
+        """Index of the best candidate; near-ties (within :attr:`locality`) prefer fewer hosts, then the
+        tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
         vmax = float(value.max())
-        near = np.flatnonzero(value >= vmax - _REL_TIE * max(1.0, abs(vmax)))
+        near = np.flatnonzero(value >= vmax - max(_REL_TIE, self.locality) * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
         used = masks[near] != 0
