@@ -241,3 +241,57 @@ def test_launch_torchrun_warns_on_interleaved_ranks():
     assert "WARNING" in render(a, "torchrun")
     sl = render(a, "slurm")
     assert sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n") == ["h100-0", "h100-1", "h100-0", "h100-1"]
+
+
+# ---- queue: shape in the request, rank map in the assignment (schema v8) ----------------------
+def test_queue_shape_request_to_launch(tmp_path):
+    from bandpilot import queue as q
+    from bandpilot import scheduling as sched
+    from bandpilot.errors import RequestError
+    from bandpilot.queue.launch import render
+
+    store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    store.init_cluster(H100.spec)
+    q.submit(store, [{"id": "blocker", "k": 6, "tenant": "t", "constraints": {"single_host": True}}])
+    sched.run_batch(store, Dispatcher(H100))
+    q.submit(store, [{"id": "mp", "k": 16, "tenant": "t", "shape": {"tp": 4, "pp": 2, "dp": 2}},
+                     {"id": "plain", "k": 2, "tenant": "t"}])
+    sched.run_batch(store, Dispatcher(H100))
+    a = q.assignment(store, "mp")
+    assert a["shape"]["tp"] == 4 and len(a["ranks"]) == 16 and set(a["ranks"]) == set(a["gpus"])
+    assert set(a["axis_gbps"]) == {"tp", "pp", "dp"} and a["step_ms"] > 0
+    hosts = [g.rpartition(":")[0] for g in a["ranks"]]
+    assert all(len(set(hosts[i:i + 4])) == 1 for i in range(0, 16, 4))
+    assert render(a, "hostfile").split("\n") == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
+    assert q.assignment(store, "plain")["ranks"] == q.assignment(store, "plain")["gpus"]
+    for bad, msg in (({"tp": 4, "dp": 2}, "but k=16"), ("tp=4,zz=1", "unknown key"), ({"tp": "x"}, "must be an integer")):
+        with pytest.raises(RequestError) as e:
+            q.submit(store, [{"id": "bad", "k": 16, "tenant": "t", "shape": bad}])
+        assert msg in str(e.value) and "'bad'" in str(e.value) and "\n" not in str(e.value)
+    store.close()
+
+
+def test_store_migration_8_adds_shape_columns(tmp_path):
+    import sqlalchemy as sa
+
+    from bandpilot import queue as q
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = q.Store(url)
+    s.init_cluster(H100.spec)
+    s.close()
+    eng = sa.create_engine(url)
+    with eng.begin() as conn:  # roll the store back to v7: no shape / rank-map columns
+        conn.exec_driver_sql("ALTER TABLE bp_requests DROP COLUMN shape")
+        conn.exec_driver_sql("ALTER TABLE bp_assignments DROP COLUMN ranks")
+        conn.exec_driver_sql("ALTER TABLE bp_assignments DROP COLUMN placement")
+        conn.exec_driver_sql("DELETE FROM bp_schema WHERE version = 8")
+    eng.dispose()
+    again = q.Store(url)
+    assert again.migrate() == q.schema_version() == 8
+    with again.read() as conn:
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+        acols = {c["name"] for c in sa.inspect(conn).get_columns("bp_assignments")}
+    assert "shape" in cols and {"ranks", "placement"} <= acols
+    q.submit(again, [{"id": "mp", "k": 8, "tenant": "t", "shape": "tp=8"}])
+    again.close()

@@ -54,6 +54,8 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
     extra = {"ranks": ranks or [f"{h}:{i}" for h, v in hosts.items() for i in v]}
     if r.get("shape"):
         extra["shape"] = json.loads(r["shape"])
+    if r.get("placement"):
+        extra.update(json.loads(r["placement"]))
     return {**extra, "id": r["id"], "tenant": r["tenant"], "status": r["status"], "k": r["k"], "gpus": gpus, "hosts": hosts,
             "predicted_gbps": r["predicted_gbps"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"])}
 
