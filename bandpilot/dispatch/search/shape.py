@@ -138,7 +138,8 @@ def _plan_axis(pred: ContentionPredictor, M: np.ndarray, rows: _Rows, sample: in
     plan["tenant"] = rows.add(M[ci] | pred.job_masks[ji])
     # siblings: the other spanning groups of the axis that share a host with this one
     src = np.flatnonzero(spans_all)
-    share = (used.astype(np.float32) @ (M_all[src] != 0).astype(np.float32).T > 0.5) & spans[:, None]
+    cols = np.flatnonzero(M_all.any(axis=0))  # the job's hosts only: the incidence product stays small
+    share = (used[:, cols].astype(np.float32) @ (M_all[src][:, cols] != 0).astype(np.float32).T > 0.5) & spans[:, None]
     share &= sel_idx[:, None] != src[None, :]
     plan["share"], plan["sib_src"] = share, src
     has = share.any(axis=1)
@@ -217,9 +218,12 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
     tp, G = shape.tp, shape.pp * shape.dp
     groups: list[list[tuple[int, int]]] = []
     left: list[tuple[int, int]] = []
+    need = G - int(n_groups.sum())  # spanning groups: only then do the leftovers matter
     for u in order:
-        g = _unit_gpus(spec, free, units[u])
         n = int(n_groups[u])
+        if n == 0 and (need <= 0 or len(left) >= need * tp):
+            continue
+        g = _unit_gpus(spec, free, units[u])
         groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
         left += g[n * tp:]
     if len(groups) < G:
