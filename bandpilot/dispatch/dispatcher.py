@@ -187,6 +187,9 @@ class Dispatcher:
         from bandpilot.topology.domains import domain_index
 
         self._domains = domain_index(self.spec.hosts)[0]
+        #: shaped requests: also seed the shape search with the bandwidth-only set (better step
+        #: times on busy clusters, at the cost of one bandwidth-only search per select)
+        self.shape_bandwidth_seed = True
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""
@@ -377,7 +380,8 @@ class Dispatcher:
         free = self._filter(st, shp.k, cons)
         pred = ContentionPredictor(self.model, st)
         place, _ = shaped_select(self.spec, free, shp, algorithm, pred,
-                                 lambda: self._search("bandpilot", self.model, st, free, shp.k, pred, cons).mask)
+                                 lambda: self._search("bandpilot", self.model, st, free, shp.k, pred, cons).mask,
+                                 self.shape_bandwidth_seed)
         mask = place.mask(self.spec.n_hosts)
         if np.any(mask & ~free) or int(popcount(mask).sum()) != shp.k or len(set(zip(place.hosts, place.idx))) != shp.k:
             raise AssertionError(f"{algorithm} produced an invalid shaped allocation")

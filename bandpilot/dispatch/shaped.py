@@ -25,21 +25,25 @@ SHAPE_ALGORITHMS = ("shape", "blind", "segment", "bandpilot")
 
 
 def shaped_select(spec: Any, free: np.ndarray, shape: Shape, algorithm: str, pred: ContentionPredictor,
-                  bandwidth_only: Callable[[], np.ndarray]) -> tuple[Placement, int]:
+                  bandwidth_only: Callable[[], np.ndarray], bandwidth_seed: bool = True) -> tuple[Placement, int]:
     """The placement ``algorithm`` makes for ``shape`` (scored), and the candidates it scored."""
     if algorithm not in SHAPE_ALGORITHMS:
         raise PlacementError("invalid_request",
                              f"algorithm {algorithm!r} does not take a shape; choose from {list(SHAPE_ALGORITHMS)}")
     k = shape.k
     if algorithm == "shape":
-        # the compact set is a seed (re-laid out) and competes as it is (GPU-id order), so the
-        # shape-aware result is never predicted slower than the topology-blind baseline; the
-        # segment baseline is not a seed: block_select's per-segment search costs more than
-        # the whole shape search on 1,152 GPUs
-        compact = topo_select(spec, free, k)
-        fixed = rank_order(spec, compact)
-        fixed.label = "compact/gpu-order"
-        return shape_search(pred, free, shape, {"compact": compact}, [fixed])
+        # the compact and bandwidth-only sets are seeds (re-laid out) and compete as they are (GPU-id
+        # order), so the result is never predicted slower than those baselines unless the TP rule
+        # (TP groups inside a unit whenever a candidate can) excludes them; the segment baseline
+        # is not a seed: block_select's per-segment search costs more than the shape search
+        seeds = {"compact": topo_select(spec, free, k)}
+        if bandwidth_seed:  # the bandwidth-only search's cost, for its set: less contended hosts
+            seeds["bandwidth"] = bandwidth_only()
+        fixed = []
+        for name, m in seeds.items():
+            fixed.append(rank_order(spec, m))
+            fixed[-1].label = f"{name}/gpu-order"
+        return shape_search(pred, free, shape, seeds, fixed)
     if algorithm == "blind":
         mask = topo_select(spec, free, k)
     elif algorithm == "segment":
