@@ -349,6 +349,7 @@ def dispatch_cmd(
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
     backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
+    locality: float = typer.Option(0.0, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -375,7 +376,7 @@ def dispatch_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, demand=demand)
+                          backfill=backfill, demand=demand, locality=locality)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -28,6 +28,7 @@ def simulate_cmd(
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
     backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    locality: float = typer.Option(0.0, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -56,7 +57,7 @@ def simulate_cmd(
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill)
+                    backfill=backfill, locality=locality)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:

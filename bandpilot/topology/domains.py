@@ -42,6 +42,7 @@ def resolve_nvlink_domains(
         if not isinstance(raw, list):
             raise SpecError(f"{where(('nvlink_domains',))}: must be a list of domain names or {{name, hosts}} mappings")
         index = {h.name: i for i, h in enumerate(hosts)}
+        labelled = {h.domain for h in hosts}  # one pass, not one per listed domain (1,389 x 25,002)
         owner: dict[str, tuple[str, tuple]] = {}  # tray -> (domain, key) from an explicit list
         for i, entry in enumerate(raw):
             key = ("nvlink_domains", i)
@@ -62,7 +63,7 @@ def resolve_nvlink_domains(
                 raise SpecError(f"{where(key)}: NVLink domain {name!r} is declared twice (also at {where(names[name])})")
             names[name] = key
             if members is None:
-                if not any(h.domain == name for h in hosts):
+                if name not in labelled:
                     raise SpecError(f"{where(key)}: no host has domain {name!r}; list its trays under hosts")
                 continue
             for j, tray in enumerate(members):
@@ -81,6 +82,7 @@ def resolve_nvlink_domains(
                     )
                 owner[tray] = (name, tkey)
                 hosts[index[tray]] = dataclasses.replace(h, domain=name)
+                labelled.add(name)
     by_domain: dict[str | None, list[Any]] = {}
     for h in hosts:  # one pass, not one scan per domain: 1,389 domains x 25,002 trays at 100k GPUs
         by_domain.setdefault(h.domain, []).append(h)
