@@ -295,3 +295,19 @@ def test_store_migration_8_adds_shape_columns(tmp_path):
     assert "shape" in cols and {"ranks", "placement"} <= acols
     q.submit(again, [{"id": "mp", "k": 8, "tenant": "t", "shape": "tp=8"}])
     again.close()
+
+
+def test_shape_with_single_host_and_single_domain():
+    disp = Dispatcher(H100)
+    st_ = _state(H100, {0: 6, 1: 8, 2: 4, 3: 8})
+    sel = disp.select(8, st_, shape="tp=4,dp=2", constraints={"single_host": True})
+    assert len({g.rpartition(":")[0] for g in sel.ranks}) == 1
+    with pytest.raises(PlacementError, match="segment does not combine"):
+        disp.select(8, st_, shape="tp=4,dp=2", constraints={"segment": 4})
+    nvl = Dispatcher(NVL)
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(18):
+        free[h] = 2  # domain 0 half busy
+    sel = nvl.select(64, _state(NVL, free), shape="tp=4,pp=2,dp=8", constraints={"single_domain": True})
+    dom = {h.name: h.domain for h in NVL.spec.hosts}
+    assert len({dom[g.rpartition(":")[0]] for g in sel.ranks}) == 1

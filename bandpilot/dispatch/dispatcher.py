@@ -377,11 +377,25 @@ class Dispatcher:
         cons = Constraints.parse(constraints)
         if shp.k > st.n_free:
             raise PlacementError("insufficient_gpus", f"{shp.k} GPUs requested but only {st.n_free} are free")
+        if cons.segment is not None:
+            raise PlacementError("invalid_request", "constraint segment does not combine with a shape: the shape's "
+                                 "TP groups are the segments")
         free = self._filter(st, shp.k, cons)
         pred = ContentionPredictor(self.model, st)
-        place, _ = shaped_select(self.spec, free, shp, algorithm, pred,
-                                 lambda: self._search("bandpilot", self.model, st, free, shp.k, pred, cons).mask,
-                                 self.shape_bandwidth_seed)
+        # single_host / single_domain: one shaped search per host / domain that fits, the fastest wins
+        label = np.arange(self.spec.n_hosts) if cons.single_host else self._domains if cons.single_domain else None
+        parts = [free] if label is None else [np.where(label == u, free, 0) for u in np.unique(label[popcount(free) > 0])]
+        place = None
+        for sub in parts:
+            if int(popcount(sub).sum()) < shp.k:
+                continue
+            got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
+                                   lambda sub=sub: self._search("bandpilot", self.model, st, sub, shp.k, pred,
+                                                                Constraints(cons.single_host)).mask,
+                                   self.shape_bandwidth_seed)
+            if place is None or got.step_ms < place.step_ms:
+                place = got
+        assert place is not None  # _filter left at least one part that fits
         mask = place.mask(self.spec.n_hosts)
         if np.any(mask & ~free) or int(popcount(mask).sum()) != shp.k or len(set(zip(place.hosts, place.idx))) != shp.k:
             raise AssertionError(f"{algorithm} produced an invalid shaped allocation")
