@@ -99,7 +99,16 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
             log.warning("no champion for %s yet: the queue waits", name)
         results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url,
                                      "truth": src.truth}
+    record_stages_task(data_root, results, str(P.get("dvc_git", "leave")))
     return results
+
+
+@task(cache_policy=NONE)
+def record_stages_task(data_root: str, results: dict[str, Any], git: str) -> None:
+    """dvc.yaml's train/evaluate outputs from this run, recorded in dvc.lock (``dvc status`` clean)."""
+    from flows.stages import record
+
+    record(resolve(data_root), results, git=git)
 
 
 SHOWN_OUTCOMES = 8  # outcomes listed per cluster; the rest are counted ("and N more")

@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 _ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
+#: uvicorn's httptools protocol with JSON errors for what it cannot parse (bandpilot.api.protocol)
+PROTOCOL = "bandpilot.api.protocol:JSONErrorsProtocol"
 POOL = 20  # PostgreSQL connections per process: about half of uvicorn's 40 request threads
 
 
@@ -35,7 +37,8 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
     from bandpilot.api.app import create_app
     from bandpilot.queue.store import Store
 
-    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s)
+    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+                  http=PROTOCOL)
     if workers > 1:
         os.environ[_ENV] = json.dumps({"store": Store(store_url).url, "sample_s": sample_s, "token_ttl": token_ttl,
                                        "first": True, "dispatch_s": dispatch_s, "model_uri": model_uri, "policy": policy})

@@ -171,6 +171,8 @@ def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> No
     if b:
         state = "INTERRUPTED" if b["interrupted"] else f"assigned {b['assigned']} deferred {b['deferred']} rejected {b['rejected']}"
         typer.echo(f"last batch #{b['id']} ({b['policy']}, model {b['model_version']}) at {b['started']}: {state}")
+    for r in s.get("reservations", []):
+        typer.echo(f"reservation {r['request_id']} ({r['mode']}): {q.describe_reservation(r)}")
 
 
 @queue_app.command("list")
@@ -190,7 +192,9 @@ def list_cmd(
         return
     out = [
         [r["id"], r["tenant"], r["k"], r["priority"], _fmt(r["utility"], 2), r["status"],
-         q.format_gpus(r["gpus"]) if r["gpus"] else (r["reason"] or ""), _fmt(r["predicted_gbps"]), r["model_version"] or ""]
+         q.format_gpus(r["gpus"]) if r["gpus"] else
+         (f"reserved: {q.describe_reservation(r['reservation'])}" if r.get("reservation") else (r["reason"] or "")),
+         _fmt(r["predicted_gbps"]), r["model_version"] or ""]
         for r in rows
     ]
     typer.echo(_table(out, ["id", "tenant", "k", "prio", "util", "status", "gpus / reason", "pred GB/s", "model"]))
@@ -342,6 +346,8 @@ def dispatch_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
+    backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
+    demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -354,6 +360,9 @@ def dispatch_cmd(
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
     if commit not in sched.COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
+    sched.check_backfill(backfill)
+    if demand not in sched.DEMAND_MODELS:
+        raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
     idle = q.nothing_to_place(st)
     if idle is not None:  # the every-minute schedule: no model load, no torch import
@@ -364,7 +373,8 @@ def dispatch_cmd(
         return
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
-    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)
+    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
+                          backfill=backfill, demand=demand)
     if as_json:
         _echo_json(rep.to_dict())
         return
@@ -382,3 +392,5 @@ def dispatch_cmd(
         + (f", {c['skipped']} taken by another run" if c["skipped"] else "")
         + f" of {rep.pending_before} pending in {rep.duration_s:.2f}s"
     )
+    for r in rep.reservations:
+        typer.echo(f"reservation {r['request_id']}: {q.describe_reservation(r)}")

@@ -258,6 +258,9 @@ T_RESERVE = sa.Table(
     sa.Column("computed_at", sa.Double, nullable=False),
 )
 
+#: A tenant's pending requests (its limits, :mod:`bandpilot.queue.quotas`) and its own ids (v7).
+IX_REQ_TENANT = sa.Index("ix_bp_requests_tenant_status", T_REQ.c.tenant, T_REQ.c.status)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -296,6 +299,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (5, "entropy reports and run-time estimates",
      lambda conn: metadata.create_all(conn, tables=[T_ENTROPY, T_ESTIMATES], checkfirst=True)),
     (6, "run-time limits, communication fraction, preemptibility; reservations", _m6_runtime_fields),
+    (7, "requests by tenant and status (per-tenant limits and ids)",
+     lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
 ]
 
 

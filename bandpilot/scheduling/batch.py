@@ -36,6 +36,7 @@ from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
     PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
@@ -210,6 +211,8 @@ def run_batch(
     algorithm: str = "bandpilot",
     model_uri: str | None = None,
     demand: str = DEFAULT_DEMAND,
+    backfill: str = "greedy",
+    max_reservations: int | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -219,6 +222,9 @@ def run_batch(
     retried next batch; an invalid one is rejected. ``limit`` caps the requests considered.
     ``commit="batch"`` is one transaction; ``"request"`` one per request (state re-read each time).
     ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
+    ``backfill`` (:mod:`bandpilot.scheduling.reservations`): ``greedy`` tries every request on what is
+    free now; ``easy`` / ``conservative`` give the first one / the first ``max_reservations`` blocked
+    gangs a reservation (start time and GPUs) that later requests may not delay.
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -230,6 +236,8 @@ def run_batch(
         check_demand_model(demand)
     except ValueError as exc:
         raise RequestError(str(exc)) from None
+    check_backfill(backfill)
+    book: Book | None = None
     store.refresh()
     check_model(store, dispatcher)
     version = model_version_of(dispatcher)
@@ -237,7 +245,7 @@ def run_batch(
     mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
     sleep = float(os.environ.get(SLEEP_ENV, "0") or 0)
     placer = Placer(mspec, dispatcher, algorithm)
-    report = BatchReport(None, policy, commit, uri, version, now())
+    report = BatchReport(None, policy, commit, uri, version, now(), backfill=backfill)
 
     def new_batch(conn: sa.Connection) -> int:
         return int(
@@ -267,10 +275,13 @@ def run_batch(
         req = p.req
         ts = now()
         out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=ts)
+        hidden = book.hidden_for(req) if book is not None else None
         try:
-            sel = placer.place(req)
+            sel = placer.place(req, hidden)
         except Deferred as d:
             out.status, out.reason, out.detail = d.status, d.reason, d.detail
+            if book is not None and d.status == "deferred":
+                book.note_blocked(req, hidden, placer.state.n_free if placer.state is not None else 0, out)
             return out
         try:
             res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm, demand)
@@ -282,7 +293,10 @@ def run_batch(
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
         gpus = list(sel.gpus)
-        placer.commit_to_state(req, gpus, float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand))
+        pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
+        placer.commit_to_state(req, gpus, pressed)
+        if book is not None:
+            book.started(req, gpus, pressed)
         out.status = "assigned"
         out.gpus = gpus
         out.predicted_gbps = _f(sel.predicted_gbps)
@@ -298,7 +312,7 @@ def run_batch(
         to_flush: list[Outcome] = []
 
         def one(p: Pending, second_pass: bool) -> None:
-            o = placer.quick_deferral(p.req, version)
+            o = placer.quick_deferral(p.req, version) if book is None else None
             if o is None:
                 with conn_for() as conn:
                     o = attempt(conn, p, batch_id)
@@ -329,12 +343,15 @@ def run_batch(
             pl = plan(load_pending(conn), state, conn)
             batch_id = new_batch(conn)
             report.batch_id = batch_id
+            if backfill != "greedy":
+                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
                 yield conn
 
             to_flush = run(same_conn, pl, batch_id)
+            _write_book(conn, book, batch_id, backfill, report)
             _flush_outcomes(conn, to_flush, batch_id, pl)
             report.finished_at = now()
             _finish_batch(conn, batch_id, report)
@@ -346,6 +363,8 @@ def run_batch(
         with store.read() as conn:
             state = store.load_state(conn, mspec)
             pl = plan(load_pending(conn), state, conn)
+            if backfill != "greedy":
+                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -358,10 +377,18 @@ def run_batch(
         to_flush = run(fresh_conn, pl, batch_id)
         report.finished_at = now()
         with store.write() as conn:  # deferral notes are informational: one write at the end
+            _write_book(conn, book, batch_id, backfill, report)
             _flush_outcomes(conn, to_flush, batch_id, pl)
             _finish_batch(conn, batch_id, report)
             sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
     return report
+
+
+def _write_book(conn: sa.Connection, book: Book | None, batch_id: int, backfill: str, report: BatchReport) -> None:
+    """This batch's reservations replace the stored ones (none under greedy: stale ones go)."""
+    res = book.reservations if book is not None else []
+    write_reservations(conn, res, batch_id, backfill, now())
+    report.reservations = [r.to_dict() for r in res]
 
 
 def _finish_batch(conn: sa.Connection, batch_id: int, report: BatchReport) -> None:

@@ -38,14 +38,14 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_fa
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling import POLICIES, run_batch
+from bandpilot.scheduling import BACKFILL_MODES, POLICIES, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random")
+ALGORITHMS = ("bandpilot", "topo", "default", "random", "block")
 
 
 class SimulationError(BandPilotError):
@@ -61,6 +61,7 @@ class SimConfig:
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
+    backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -73,6 +74,8 @@ class SimConfig:
             raise SimulationError(f"epochs must be >= 1, got {self.epochs}")
         if not 0.0 <= self.lam <= 1.0:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
+        if self.backfill not in BACKFILL_MODES:
+            raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -95,6 +98,8 @@ class JobRecord:
     b_standalone: float = 0.0
     bw_time: float = 0.0  # ∫ B_achieved / B_ref dt while running
     final_utility: float | None = None
+    preemptions: int = 0
+    wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
 
     @property
     def jct_s(self) -> float | None:
@@ -210,7 +215,8 @@ class _Sim:
 
     def _batch(self, t: float) -> int:
         self._flush()
-        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm, demand=self.cfg.demand)
+        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
+                        demand=self.cfg.demand, backfill=self.cfg.backfill)
         self.batches += 1
         for o in rep.outcomes:
             rec = self.recs[o.request_id]
