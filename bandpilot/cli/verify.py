@@ -32,6 +32,8 @@ def verify_cmd(
                                                                      "(any collective, any GPUs per node; no model needed).")] = None,
     message_bytes: Annotated[int | None, typer.Option("--bytes", min=1, help="--pairwise: message size to compare "
                                                                              "(default: the largest most runs reached).")] = None,
+    min_drop: Annotated[float, typer.Option("--min-drop", min=0.01, max=0.9, help="--pairwise: the smallest loss "
+                                                                                 "called a fault (0.15 = 15 % below the peers).")] = 0.15,
 ) -> None:
     """Verified discovery: a few nccl-tests runs per host against the model's expectation, or pairwise
     sweep logs against their peers (--pairwise DIR; no model needed, --model optional).
@@ -66,14 +68,14 @@ def verify_cmd(
 
         st = Store(store)
     if pairwise is not None:
-        _pairwise(pairwise, model, message_bytes, st, out, as_json,
+        _pairwise(pairwise, model, message_bytes, min_drop, st, out, as_json,
                   conflicts=[n for n, v in (("--measurements", measurements), ("--inject", inject), ("--dry-run", dry_run),
                                             ("--hosts", hosts), ("--cluster", cluster)) if v])
         return
     if model is None:
         raise RequestError("verify needs --model (or --pairwise DIR, which compares sweep logs with their peers)")
-    if message_bytes is not None:
-        raise RequestError("--bytes applies to --pairwise")
+    if message_bytes is not None or min_drop != 0.15:
+        raise RequestError("--bytes and --min-drop apply to --pairwise")
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
@@ -112,8 +114,8 @@ def verify_cmd(
     raise typer.Exit(rep.exit_code)
 
 
-def _pairwise(directory: Path, model: str | None, message_bytes: int | None, st, out: Path | None, as_json: bool,
-              conflicts: list[str]) -> None:
+def _pairwise(directory: Path, model: str | None, message_bytes: int | None, min_drop: float, st, out: Path | None,
+              as_json: bool, conflicts: list[str]) -> None:
     from bandpilot.health.pairwise import analyze, report_json
     from bandpilot.health.sweeps import read_sweep
 
@@ -127,7 +129,7 @@ def _pairwise(directory: Path, model: str | None, message_bytes: int | None, st,
         from bandpilot.model.surrogate import Surrogate
 
         expect = model_expectation(Surrogate.load(model))
-    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect)
+    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect, min_drop=min_drop)
     if st is not None:
         from bandpilot.queue import apply_verdicts
 
