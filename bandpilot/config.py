@@ -42,6 +42,7 @@ class Settings:
     task_runner: str | None = None  # BANDPILOT_TASK_RUNNER
     api_threads: int = 12  # BANDPILOT_API_THREADS
     api_config: str | None = None  # BANDPILOT_API_CONFIG (set by `api serve` for its workers)
+    dispatch_s: float = 10.0  # BANDPILOT_DISPATCH_S (`api serve`: seconds between batches, 0 = off)
     data: Path | None = None  # BANDPILOT_DATA (benchmarks: the shared measurement tables)
     test_batch_sleep: float = 0.0  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
 
@@ -66,7 +67,7 @@ def _parse(raw: tuple[str | None, ...]) -> Settings:
     for key in ("home", "data"):
         if key in out:
             out[key] = Path(str(out[key])).expanduser().resolve()
-    for key, kind in (("api_threads", int), ("test_batch_sleep", float)):
+    for key, kind in (("api_threads", int), ("dispatch_s", float), ("test_batch_sleep", float)):
         if key in out:
             try:
                 out[key] = kind(str(out[key]))
@@ -74,6 +75,8 @@ def _parse(raw: tuple[str | None, ...]) -> Settings:
                 raise SpecError(f"${ENV_NAMES[key]}: expected a number, got {env[key]!r}") from None
     if "api_threads" in out and int(out["api_threads"]) < 1:  # type: ignore[call-overload]
         raise SpecError(f"${ENV_NAMES['api_threads']}: must be at least 1, got {env['api_threads']!r}")
+    if "dispatch_s" in out and not float(out["dispatch_s"]) >= 0:  # type: ignore[arg-type]
+        raise SpecError(f"${ENV_NAMES['dispatch_s']}: must be >= 0 seconds, got {env['dispatch_s']!r}")
     if "task_runner" in out:
         out["task_runner"] = str(out["task_runner"]).lower()
     return Settings(**out)  # type: ignore[arg-type]
