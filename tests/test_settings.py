@@ -20,7 +20,7 @@ def test_defaults_and_parsing(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     assert settings() == Settings()
     monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path / "h"))
-    monkeypatch.setenv("BANDPILOT_API_THREADS", "3")
+    monkeypatch.setenv("BANDPILOT_API_THREADS", " 3")
     monkeypatch.setenv("BANDPILOT_TASK_RUNNER", "Dask")
     s = settings()
     assert (s.home, s.api_threads, s.task_runner) == ((tmp_path / "h").resolve(), 3, "dask")
@@ -29,11 +29,15 @@ def test_defaults_and_parsing(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("name,value", [("BANDPILOT_API_THREADS", "many"), ("BANDPILOT_API_THREADS", "0"),
-                                        ("BANDPILOT_TEST_BATCH_SLEEP", "1s"), ("BANDPILOT_DISPATCH_S", "-1")])
-def test_bad_value_names_the_variable(monkeypatch, name, value):
+                                        ("BANDPILOT_TEST_BATCH_SLEEP", "1s"), ("BANDPILOT_DISPATCH_S", "-1"),
+                                        ("BANDPILOT_DISPATCH_S", "nan")])
+def test_bad_value_names_the_variable_where_it_is_read(monkeypatch, tmp_path, name, value):
     monkeypatch.setenv(name, value)
-    with pytest.raises(SpecError, match=re.escape(name)):
-        settings()
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path))
+    assert project_root() == tmp_path.resolve()  # other settings (every command's set-up) still work
+    with pytest.raises(SpecError, match=re.escape(name)) as exc:
+        getattr(settings(), name.removeprefix("BANDPILOT_").lower())
+    assert "\n" not in str(exc.value)
 
 
 def test_variables_are_documented_and_read_in_one_place():
