@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from bandpilot.cli.common import cli_store
 from bandpilot.cli.main import app
 from bandpilot.cli.queue import cluster_app
 from bandpilot.errors import RequestError
@@ -64,9 +65,7 @@ def verify_cmd(
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     st = None
     if gate:  # open (and check) the store first: a bad store must not cost a verify run
-        from bandpilot.queue import Store
-
-        st = Store(store)
+        st = cli_store(store)
     if pairwise is not None:
         _pairwise(pairwise, model, message_bytes, min_drop, st, out, as_json,
                   conflicts=[n for n, v in (("--measurements", measurements), ("--inject", inject), ("--dry-run", dry_run),
@@ -86,7 +85,7 @@ def verify_cmd(
     else:
         spec = load_cluster(cluster) if cluster is not None else sur.spec
         if dry_run:
-            for line in hv.dry_run_lines(spec, host_list):
+            for line in hv.dry_run_lines(spec, host_list, model=sur):
                 typer.echo(line)
             return
         fabric = None
@@ -156,7 +155,7 @@ def drift_cmd(
 
     from bandpilot.config import project_root
     from bandpilot.errors import SpecError
-    from bandpilot.queue import Store, drift
+    from bandpilot.queue import drift
 
     p = params if params.is_absolute() or params.is_file() else project_root() / params
     cfg: dict = {}
@@ -169,7 +168,7 @@ def drift_cmd(
         if unknown:
             raise SpecError(f"{p}: unknown keys {unknown}")
     try:
-        d = drift(Store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
+        d = drift(cli_store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
     except (TypeError, ValueError):
         raise SpecError(f"{p}: window and min_observations must be integers, threshold a number") from None
     if as_json:
@@ -190,9 +189,9 @@ def health_cmd(
     """The last verify verdict per host and how many GPUs it keeps out of the pool."""
     import json
 
-    from bandpilot.queue import Store, health
+    from bandpilot.queue import health
 
-    rows = health(Store(store))
+    rows = health(cli_store(store))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

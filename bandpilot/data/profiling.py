@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from bandpilot.data.ingest import (
 from bandpilot.data.planning import RAW_DIR, PlannedMeasurement, plan, safe
 from bandpilot.data.runners import command_lines, make_runner
 from bandpilot.errors import BandPilotError, DataError
+from bandpilot.progress import stage
 
 
 @dataclass
@@ -252,6 +254,7 @@ def _execute(spec: ClusterSpec, todo: list[PlannedMeasurement], jobs: int | None
             e.pop("error", None)
             measured += 1
         bar.update(1)
+        st.advance()
         manifest.save()
 
     from tqdm.auto import tqdm
@@ -259,17 +262,19 @@ def _execute(spec: ClusterSpec, todo: list[PlannedMeasurement], jobs: int | None
     bar = tqdm(total=len(todo), desc=f"profile {spec.name}", unit="run", disable=not progress or not todo,
                file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     try:
-        n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
-        if n_jobs == 1:
-            for m in todo:
-                try:
-                    val = one(m)
-                except BandPilotError as exc:
-                    done(m, None, error=exc)
-                else:
-                    done(m, None, value=val)
-        else:
-            _schedule(todo, n_jobs, one, done)
+        # A resumed run with nothing left opens no stage (no "0 runs" line).
+        with stage(f"profile {spec.name}", total=len(todo), unit="runs") if todo else nullcontext() as st:
+            n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
+            if n_jobs == 1:
+                for m in todo:
+                    try:
+                        val = one(m)
+                    except BandPilotError as exc:
+                        done(m, None, error=exc)
+                    else:
+                        done(m, None, value=val)
+            else:
+                _schedule(todo, n_jobs, one, done)
     finally:
         bar.close()
         manifest.save(force=True)

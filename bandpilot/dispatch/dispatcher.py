@@ -34,6 +34,8 @@ Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > f
 
 from __future__ import annotations
 
+import copy
+
 import time
 import zlib
 from collections.abc import Mapping
@@ -164,16 +166,30 @@ def _check_model(model: Any, what: str = "model") -> ClusterSpec:
 class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
-    def __init__(self, model: Any, seed: int = 0, frag_tie: float | None = None) -> None:
+    def __init__(self, model: Any, seed: int = 0, frag_tie: float | None = None, locality: float = 0.0) -> None:
         self.spec = _check_model(model)
         self.model = model
         self.seed = int(seed)
         #: NVLink-domain clusters: relative bandwidth margin within which the least fragmenting
         #: candidate wins (None: :data:`bandpilot.dispatch.search.domains.DOMAIN_TIE`)
         self.frag_tie = frag_tie
+        if not (0.0 <= locality < 1.0):
+            raise ValueError(f"locality must be in [0, 1), got {locality!r}")
+        #: relative predicted-bandwidth gain below which a placement on fewer hosts is preferred
+        self.locality = float(locality)
         from bandpilot.topology.domains import domain_index
 
         self._domains = domain_index(self.spec.hosts)[0]
+
+    def with_locality(self, locality: float) -> "Dispatcher":
+        """The same dispatcher (model, caches) scoring with another locality margin."""
+        if locality == self.locality:
+            return self
+        if not (0.0 <= locality < 1.0):
+            raise ValueError(f"locality must be in [0, 1), got {locality!r}")
+        other = copy.copy(self)
+        other.locality = float(locality)
+        return other
 
     @classmethod
     def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
@@ -283,7 +299,9 @@ class Dispatcher:
         cons = Constraints.parse(constraints)
         guide = self._oracle(fabric, algorithm) if algorithm in ORACLES else self.model
         if k > st.n_free:
-            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but only {st.n_free} are free")
+            n = st.spec.n_gpus
+            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but cluster {st.spec.name} has {n} GPUs" if k > n
+                                 else f"{k} GPUs requested but only {st.n_free} of the cluster's {n} GPUs are free")
         free = self._filter(st, k, cons)
         pred = ContentionPredictor(guide, st)
 
@@ -348,6 +366,7 @@ class Dispatcher:
         ctx = SearchContext(guide, st, free, k, predictor=pred)
         ctx.segment = cons.segment
         ctx.tie = self.frag_tie
+        ctx.locality = self.locality
         if cons.single_host:
             return single_host(ctx)
         if algorithm in ("bandpilot", "ideal"):

@@ -23,6 +23,7 @@ from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
 from bandpilot.model.train import fit_pool, record_provenance, set_threads
+from bandpilot.progress import stage
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -62,7 +63,7 @@ def holdout_patterns(pattern: np.ndarray, fraction: float, seed: int = 0) -> np.
 
 
 def _out_of_fold(spec: Any, stage1: np.ndarray, pool: Any, rest: np.ndarray, folds: list[np.ndarray], p: TrainParams,
-                 say: Callable[[str], None]) -> tuple[np.ndarray, list[dict[str, float]]]:
+                 say: Callable[[str], None], advance: Callable[[], Any]) -> tuple[np.ndarray, list[dict[str, float]]]:
     """Each fold's predictions by a surrogate fit on the other folds, and each fold's figures."""
     oof = np.full(rest.size, np.nan)
     per_fold: list[dict[str, float]] = []
@@ -75,6 +76,7 @@ def _out_of_fold(spec: Any, stage1: np.ndarray, pool: Any, rest: np.ndarray, fol
         oof[f] = sur_i.predict_masks(te.masks)
         ev = evaluate_predictions(te.busbw, oof[f])
         per_fold.append({k: float(ev[k]) for k in ("r2", "mape", "max_err", "spearman")} | {"n": float(f.size)})
+        advance()
     return oof, per_fold
 
 
@@ -101,13 +103,15 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     test_idx = holdout_patterns(pool.pattern, p.holdout, p.seed) if p.holdout > 0 else np.zeros(0, np.int64)
     rest = np.setdiff1d(np.arange(len(pool)), test_idx)
     folds = pattern_folds(pool.pattern[rest], p.folds, p.seed)
-    oof, per_fold = _out_of_fold(spec, stage1, pool, rest, folds, p, say)
-    cv_pool = pool.take(rest)
-    cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
+    with stage(f"train {spec.name}", total=len(folds) + 1, unit="fits") as st:  # the folds, then the final fit
+        oof, per_fold = _out_of_fold(spec, stage1, pool, rest, folds, p, say, st.advance)
+        cv_pool = pool.take(rest)
+        cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
 
-    say(f"final fit on {rest.size} allocations")
-    fit_idx, val_idx = val_split(pool, rest, p)
-    sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+        say(f"final fit on {rest.size} allocations")
+        fit_idx, val_idx = val_split(pool, rest, p)
+        sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+        st.advance()
     train_seconds = time.perf_counter() - t0
     all_tr = pool.take(rest)
     if p.pattern_memory:

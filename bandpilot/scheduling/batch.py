@@ -38,7 +38,7 @@ from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
-    PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
+    ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
@@ -213,6 +213,7 @@ def run_batch(
     demand: str = DEFAULT_DEMAND,
     backfill: str = "greedy",
     max_reservations: int | None = None,
+    locality: float | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -224,7 +225,10 @@ def run_batch(
     ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
     ``backfill`` (:mod:`bandpilot.scheduling.reservations`): ``greedy`` tries every request on what is
     free now; ``easy`` / ``conservative`` give the first one / the first ``max_reservations`` blocked
-    gangs a reservation (start time and GPUs) that later requests may not delay.
+    gangs a reservation (start time and GPUs) that later requests may not delay. ``locality`` (the
+    dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
+    gain more than this relative bandwidth - a placement lives for hours and a spread one meets
+    more co-tenants than the ones running now.
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -237,6 +241,11 @@ def run_batch(
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     check_backfill(backfill)
+    if locality is not None:
+        if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
+            raise RequestError(f"locality must be in [0, 1), got {locality!r}")
+        if hasattr(dispatcher, "with_locality"):
+            dispatcher = dispatcher.with_locality(float(locality))
     book: Book | None = None
     store.refresh()
     check_model(store, dispatcher)
@@ -260,10 +269,10 @@ def run_batch(
         pending, notes = loaded
         report.pending_before = len(pending)
         expected = None
-        if policy == "sjf":
+        if policy in ESTIMATE_POLICIES:
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, policy, expected)
+        queue = order_pending(pending, policy, expected, now())
         whole = limit is None or limit >= len(queue)
         if not whole:
             queue = queue[:limit]
