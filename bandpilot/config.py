@@ -30,8 +30,10 @@ QUIET_ENV = {
 
 #: Numeric variables: (type, default, smallest allowed). Checked where they are read, so a bad
 #: API setting stops `api serve` with the variable's name but not every other command.
-_NUMBERS: dict[str, tuple[type, float, float]] = {
+_NUMBERS: dict[str, tuple[type, float | None, float]] = {
     "api_threads": (int, 12, 1),  # BANDPILOT_API_THREADS
+    "api_max_pending": (int, 100, 0),  # BANDPILOT_API_MAX_PENDING (pending requests per tenant)
+    "api_max_pending_gpus": (int, None, 0),  # BANDPILOT_API_MAX_PENDING_GPUS (their GPUs together; unset: no cap)
     "dispatch_s": (float, 10.0, 0.0),  # BANDPILOT_DISPATCH_S (`api serve`: seconds between batches, 0 = off)
     "test_batch_sleep": (float, 0.0, 0.0),  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
 }
@@ -51,21 +53,31 @@ class Settings:
     task_runner: str | None = None  # BANDPILOT_TASK_RUNNER
     api_config: str | None = None  # BANDPILOT_API_CONFIG (set by `api serve` for its workers)
     data: Path | None = None  # BANDPILOT_DATA (benchmarks: the shared measurement tables)
+    progress: str | None = None  # BANDPILOT_PROGRESS: bars | lines | off (default: bars on a terminal)
     numbers: tuple[tuple[str, str], ...] = ()  # raw text of the set numeric variables (see _NUMBERS)
 
     @property
     def api_threads(self) -> int:
-        return int(self._number("api_threads"))
+        return int(self._number("api_threads"))  # type: ignore[arg-type]
+
+    @property
+    def api_max_pending(self) -> int:
+        return int(self._number("api_max_pending"))  # type: ignore[arg-type]
+
+    @property
+    def api_max_pending_gpus(self) -> int | None:
+        v = self._number("api_max_pending_gpus")
+        return None if v is None else int(v)
 
     @property
     def dispatch_s(self) -> float:
-        return float(self._number("dispatch_s"))
+        return float(self._number("dispatch_s"))  # type: ignore[arg-type]
 
     @property
     def test_batch_sleep(self) -> float:
-        return float(self._number("test_batch_sleep"))
+        return float(self._number("test_batch_sleep"))  # type: ignore[arg-type]
 
-    def _number(self, key: str) -> float:
+    def _number(self, key: str) -> float | None:
         kind, default, least = _NUMBERS[key]
         text = dict(self.numbers).get(key)
         if text is None:
@@ -99,8 +111,9 @@ def _parse(raw: tuple[str | None, ...]) -> Settings:
     for key in ("home", "data"):
         if key in out:
             out[key] = Path(str(out[key])).expanduser().resolve()
-    if "task_runner" in out:
-        out["task_runner"] = str(out["task_runner"]).lower()
+    for key in ("task_runner", "progress"):
+        if key in out:
+            out[key] = str(out[key]).strip().lower()
     out["numbers"] = tuple((k, v.strip()) for k, v in env.items() if k in _NUMBERS)
     return Settings(**out)  # type: ignore[arg-type]
 
