@@ -84,7 +84,7 @@ def workload_cmd(
     gpus: int = typer.Option(32, "--gpus", min=1, help="Cluster size the load refers to."),
     load: float = typer.Option(0.9, "--load", help="Offered load (philly, helios)."),
     rate: float = typer.Option(20.0, "--rate", help="Arrivals per hour (poisson)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated trace."),
 ) -> None:
     """Generate a trace: seed 001's 50 jobs, Poisson arrivals, or a public trace's published shape."""
     from bandpilot.simulation import workloads as w

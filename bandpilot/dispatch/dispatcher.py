@@ -299,7 +299,9 @@ class Dispatcher:
         cons = Constraints.parse(constraints)
         guide = self._oracle(fabric, algorithm) if algorithm in ORACLES else self.model
         if k > st.n_free:
-            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but only {st.n_free} are free")
+            n = st.spec.n_gpus
+            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but cluster {st.spec.name} has {n} GPUs" if k > n
+                                 else f"{k} GPUs requested but only {st.n_free} of the cluster's {n} GPUs are free")
         free = self._filter(st, k, cons)
         pred = ContentionPredictor(guide, st)
 
