@@ -66,6 +66,11 @@ def test_greedy_lets_small_jobs_take_what_the_gang_needs(store, fab):
 
 
 def test_easy_reserves_for_the_blocked_gang_and_backfills_only_what_cannot_delay_it(store, fab):
+    scenario_easy(store, fab)
+
+
+def scenario_easy(store, fab):
+    """Shared with test_queue_pg.py: the same plan on PostgreSQL."""
     clock = Clock()
     d = Dispatcher(fab)
     with use_clock(clock):
