@@ -40,7 +40,7 @@ from bandpilot.simulation.workloads import mixed_workload, poisson_workload, see
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
-RECOMMENDED = SimConfig(policy="hrrn", backfill="easy", locality=0.5)  # candidate default
+RECOMMENDED = SimConfig()  # the simulator's default: what the queue runs without flags
 
 
 def truth_fabric():

@@ -67,7 +67,7 @@ def _env_int(name: str, default: int | None) -> int | None:
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
                token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
-               model_uri: str | None = None, policy: str = "utility", max_pending: int | None = None,
+               model_uri: str | None = None, policy: str = "hrrn", max_pending: int | None = None,
                max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
                auth_window_s: float = 60.0) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a

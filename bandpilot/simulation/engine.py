@@ -38,7 +38,7 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_fa
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling import BACKFILL_MODES, POLICIES, run_batch
+from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
@@ -54,15 +54,15 @@ class SimulationError(BandPilotError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    policy: str = "fifo"
+    policy: str = recommended.POLICY  # the queue's recommended configuration (scheduling.recommended)
     algorithm: str = "bandpilot"
     interval_s: float = 60.0  # dispatch interval (a batch at most every interval)
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
-    backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
-    locality: float = 0.0  # fewer hosts win unless spreading gains more (run_batch's locality)
+    backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
+    locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
