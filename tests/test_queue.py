@@ -290,6 +290,26 @@ def test_spec_round_trip_and_init_idempotent(store, spec):
     assert store.spec.name == "h100dom"
 
 
+def test_spec_stored_as_json_and_yaml_stores_still_open(tmp_path, spec):
+    """Specs are stored as JSON (YAML took minutes at 100,008 GPUs); stores written before hold
+    YAML and must still open as the same cluster."""
+    url = f"sqlite:///{tmp_path / 'j.db'}"
+    store = q.Store(url)
+    store.init_cluster(spec)
+    with store.read() as conn:
+        text = conn.execute(sa.select(q_schema.T_CLUSTER.c.spec_yaml)).scalar()
+    assert json.loads(text)["name"] == spec.name
+    old = yaml.safe_dump(json.loads(text), sort_keys=False)  # what the earlier code wrote
+    with store.write() as conn:
+        conn.execute(sa.update(q_schema.T_CLUSTER).values(spec_yaml=old))
+    reopened = q.Store(url)
+    assert reopened.spec.fingerprint() == spec.fingerprint()
+    assert reopened.spec.gpu_ids == spec.gpu_ids
+    assert reopened.init_cluster(spec) is False
+    q.submit(reopened, reqs(1))
+    assert sched.run_batch(reopened, GreedyDispatcher(spec)).counts()["assigned"] == 1
+
+
 def test_uninitialised_and_bad_urls(tmp_path):
     s = q.Store(f"sqlite:///{tmp_path / 'x' / 'new.db'}")
     with pytest.raises(q.StoreError, match="cluster init"):

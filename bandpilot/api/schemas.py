@@ -5,7 +5,7 @@ control characters and every number range-checked here, before anything reaches 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -61,6 +61,9 @@ class SubmitBody(_Body):
                                           description="Cost of one checkpoint + restart, seconds.")
     checkpoint_every_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
                                                 description="Checkpoint period, seconds.")
+    shape: Optional[Union[Annotated[Text, Field(max_length=400)], JSONObject]] = Field(
+        None, description="Parallelism shape: 'tp=T,pp=P,dp=D[,ep=E]' or {tp, pp, dp, ep, traffic, compute_ms, model}; "
+        "k must be tp*pp*dp. The assignment then carries the rank map (launch formats follow it).")
 
 
 class ReleaseBody(_Body):

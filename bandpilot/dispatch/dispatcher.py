@@ -80,6 +80,12 @@ class Selection:
     evaluations: int  # rows passed to predict_masks
     k: int = 0
     mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False, compare=False)
+    #: with a shape: ranks (GPU per rank, Megatron order), per-axis GB/s, step time (shaped.placement_dict)
+    placement: dict[str, Any] | None = None
+
+    @property
+    def ranks(self) -> list[str] | None:
+        return None if self.placement is None else list(self.placement["ranks"])
 
     @property
     def hosts(self) -> list[str]:
@@ -95,6 +101,7 @@ class Selection:
             "algorithm": self.algorithm,
             "search_ms": round(float(self.search_ms), 3),
             "evaluations": int(self.evaluations),
+            **(self.placement or {}),
         }
 
 
@@ -180,6 +187,9 @@ class Dispatcher:
         from bandpilot.topology.domains import domain_index
 
         self._domains = domain_index(self.spec.hosts)[0]
+        #: shaped requests: also seed the shape search with the bandwidth-only set (better step
+        #: times on busy clusters, at the cost of one bandwidth-only search per select)
+        self.shape_bandwidth_seed = True
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""
@@ -281,13 +291,19 @@ class Dispatcher:
         self,
         k: int,
         state: State | Mapping[str, Any],
-        algorithm: str = "bandpilot",
+        algorithm: str | None = None,
         *,
         fabric: Any = None,
         constraints: Any = None,
+        shape: Any = None,
     ) -> Selection:
-        """The ``k`` GPUs ``algorithm`` picks under ``state``; see the module docstring."""
+        """The ``k`` GPUs ``algorithm`` picks under ``state``; see the module docstring. With a
+        ``shape`` (:class:`bandpilot.dispatch.shape.Shape` or its text / mapping) the result also
+        carries the rank map and per-axis figures (:mod:`bandpilot.dispatch.shaped`)."""
         t0 = time.perf_counter()
+        if shape is not None:
+            return self._select_shaped(k, state, algorithm or "shape", constraints, shape, t0)
+        algorithm = algorithm or "bandpilot"
         if algorithm not in ALGORITHMS:
             raise PlacementError("invalid_request", f"unknown algorithm {algorithm!r}; choose from {list(ALGORITHMS)}")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -348,6 +364,49 @@ class Dispatcher:
             k=k,
             mask=mask,
         )
+
+    def _select_shaped(self, k: Any, state: Any, algorithm: str, constraints: Any, shape: Any, t0: float) -> Selection:
+        from bandpilot.dispatch.shape import Shape
+        from bandpilot.dispatch.shaped import placement_dict, shaped_select
+
+        shp = Shape.parse(shape)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise PlacementError("invalid_request", f"k must be a positive integer, got {k!r}")
+        shp.check_k(int(k))
+        st = self._state(state)
+        cons = Constraints.parse(constraints)
+        if shp.k > st.n_free:
+            raise PlacementError("insufficient_gpus", f"{shp.k} GPUs requested but only {st.n_free} are free")
+        if cons.segment is not None:
+            raise PlacementError("invalid_request", "constraint segment does not combine with a shape: the shape's "
+                                 "TP groups are the segments")
+        free = self._filter(st, shp.k, cons)
+        pred = ContentionPredictor(self.model, st)
+        # single_host / single_domain: one shaped search per host / domain that fits, the fastest wins
+        label = np.arange(self.spec.n_hosts) if cons.single_host else self._domains if cons.single_domain else None
+        parts = [free] if label is None else [np.where(label == u, free, 0) for u in np.unique(label[popcount(free) > 0])]
+        place = None
+        for sub in parts:
+            if int(popcount(sub).sum()) < shp.k:
+                continue
+            got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
+                                   lambda sub=sub: self._search("bandpilot", self.model, st, sub, shp.k, pred,
+                                                                Constraints(cons.single_host)).mask,
+                                   self.shape_bandwidth_seed)
+            if place is None or got.step_ms < place.step_ms:
+                place = got
+        assert place is not None  # _filter left at least one part that fits
+        mask = place.mask(self.spec.n_hosts)
+        if np.any(mask & ~free) or int(popcount(mask).sum()) != shp.k or len(set(zip(place.hosts, place.idx))) != shp.k:
+            raise AssertionError(f"{algorithm} produced an invalid shaped allocation")
+        p = pred.predict(mask[None, :])
+        value, solo = float(p.value[0]), float(p.standalone[0])
+        if cons.min_gbps is not None and value < cons.min_gbps:
+            raise PlacementError("constraint_unmet", f"best {algorithm} allocation for k={shp.k} is predicted at "
+                                 f"{value:.1f} GB/s, below min_gbps={cons.min_gbps:g}")
+        return Selection(gpus=self.spec.from_mask(mask), predicted_gbps=value, standalone_gbps=solo, algorithm=algorithm,
+                         search_ms=(time.perf_counter() - t0) * 1e3, evaluations=pred.evaluations, k=shp.k, mask=mask,
+                         placement=placement_dict(place, self.spec, shp))
 
     def _search(self, algorithm: str, guide: Any, st: State, free: np.ndarray, k: int,
                 pred: ContentionPredictor, cons: Constraints) -> Any:

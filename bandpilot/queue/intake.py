@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -95,6 +97,7 @@ def submit(
                 "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
                 "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
                 "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
+                "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
             }
             for r in good
         ]

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from bandpilot.dispatch.shape import Shape
 from bandpilot.errors import RequestError, SpecError
 from bandpilot.queue.clock import iso
 from bandpilot.topology.cluster import ClusterSpec, popcount
@@ -27,7 +28,7 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 _CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps", "whole_domains", "segment")
 #: Run-time and preemption fields (schema v6): planning hints, never trusted for correctness.
 RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints") + RUNTIME_KEYS
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape") + RUNTIME_KEYS
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -149,6 +150,8 @@ class Request:
     preemptible: bool = False
     checkpoint_s: float | None = None  # one checkpoint + restart, seconds
     checkpoint_every_s: float | None = None
+    #: parallelism shape (schema v8): the batch places each axis and stores the rank map
+    shape: Shape | None = None
 
     def runtime_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -168,6 +171,8 @@ class Request:
         c = self.constraints.to_dict()
         if c:
             out["constraints"] = c
+        if self.shape is not None:
+            out["shape"] = self.shape.to_dict()
         return out
 
     @classmethod
@@ -209,7 +214,14 @@ class Request:
         sub = doc.get("submitted", doc.get("submitted_at"))
         sub_t = _parse_time(sub, where) if sub is not None else None
         cons = Constraints.from_dict(doc.get("constraints"), where)
-        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where))
+        shape = None
+        if doc.get("shape") is not None:
+            try:
+                shape = Shape.parse(doc["shape"], "'shape'")
+                shape.check_k(k)
+            except RequestError as exc:
+                raise RequestError(f"{where}: {exc}") from None
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where), shape=shape)
 
 
 def _positive(doc: Mapping[str, Any], key: str, where: str, upper: float | None = None) -> float | None:

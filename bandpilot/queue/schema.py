@@ -23,6 +23,9 @@ PostgreSQL URL at scale:
                           predicted bandwidth there; recomputed by every batch
 ========================  ==================================================================
 
+v8 adds the parallelism ``shape`` of a request and the ``ranks`` / ``placement`` (rank map, per-axis
+figures) of its assignment, nullable like v6's fields.
+
 v6 also adds the run-time and preemption fields of a request (``time_limit_s``,
 ``comm_fraction``, ``preemptible``, ``checkpoint_s``, ``checkpoint_every_s``), all nullable so a
 store written before them still opens and its requests read as "not given".
@@ -86,6 +89,8 @@ T_REQ = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     # v6 (added by ALTER on older stores, see _m6_runtime_fields):
     *(sa.Column(name, type_, nullable=True) for name, type_ in V6_REQUEST_COLUMNS),
+    # v8 (ALTER on older stores, _m8_shape): the parallelism shape as JSON, NULL = none given
+    sa.Column("shape", sa.Text, nullable=True),
     sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
     sa.CheckConstraint(
         "status IN ('pending','assigned','rejected','released','cancelled')", name="ck_bp_requests_status"
@@ -106,6 +111,9 @@ T_ASSIGN = sa.Table(
     sa.Column("search_ms", sa.Double, nullable=True),
     sa.Column("evaluations", sa.Integer, nullable=True),
     sa.Column("assigned_at", sa.Double, nullable=False),
+    # v8: a shaped request's rank map (GPU ids in rank order) and per-axis figures, as JSON
+    sa.Column("ranks", sa.Text, nullable=True),
+    sa.Column("placement", sa.Text, nullable=True),
 )
 T_JOBS = sa.Table(
     "bp_jobs",
@@ -289,6 +297,16 @@ def _m6_runtime_fields(conn: sa.Connection) -> None:
     T_RESERVE.create(conn, checkfirst=True)
 
 
+def _m8_shape(conn: sa.Connection) -> None:
+    # fresh stores got the columns from the table definitions in v1; older ones by ALTER
+    ops = alembic_ops(conn)
+    for table, cols in (("bp_requests", ("shape",)), ("bp_assignments", ("ranks", "placement"))):
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name in cols:
+            if name not in have:
+                ops.add_column(table, sa.Column(name, sa.Text, nullable=True))
+
+
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
@@ -301,6 +319,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (6, "run-time limits, communication fraction, preemptibility; reservations", _m6_runtime_fields),
     (7, "requests by tenant and status (per-tenant limits and ids)",
      lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
+    (8, "parallelism shape of a request; rank map of its assignment", _m8_shape),
 ]
 
 

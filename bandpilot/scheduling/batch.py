@@ -124,8 +124,16 @@ def _write_assignment(
             "algorithm": str(getattr(sel, "algorithm", None) or algorithm), "model_uri": model_uri,
             "model_version": model_version, "search_ms": _f(getattr(sel, "search_ms", None)),
             "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": ts,
+            **_rank_map(getattr(sel, "placement", None)),
         })
     return "assigned"
+
+
+def _rank_map(placement: dict | None) -> dict[str, str | None]:
+    if not placement:
+        return {"ranks": None, "placement": None}
+    figures = {k: v for k, v in placement.items() if k != "ranks"}
+    return {"ranks": json.dumps(placement["ranks"]), "placement": json.dumps(figures, sort_keys=True)}
 
 
 def _f(v: Any) -> float | None:

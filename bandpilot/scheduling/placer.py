@@ -174,6 +174,9 @@ class Placer:
         if c.segment is not None:
             cons["segment"] = c.segment
         try:
+            if req.shape is not None:  # shape-aware search unless the placer was told a shape baseline
+                alg = self.algorithm if self.algorithm in ("blind", "segment", "shape") else None
+                return self.dispatcher.select(req.k, view, algorithm=alg, constraints=cons, shape=req.shape)
             return self.dispatcher.select(req.k, view, algorithm=self.algorithm, constraints=cons)
         except self.PlacementError as exc:
             reason = getattr(exc, "reason", None) or "invalid_request"
