@@ -79,6 +79,42 @@ def host_ids(spec: Any) -> tuple[np.ndarray, np.ndarray]:
     return got[1], got[2]
 
 
+#: stage-1 array -> (the array, distinct-row id per host, best mask / value per (row, free mask, count))
+_TABLES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _subset_tables(stage1: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each distinct stage-1 row and each free mask: the best-stage-1 subset of each size
+    (first in mask order on ties, -1 / -inf where none fits) - what a per-select scan of every
+    host's subsets computed, built once per model and reused by every search."""
+    hit = _TABLES.get(id(stage1))
+    if hit is not None and hit[0] is stage1:
+        return hit[1], hit[2], hit[3]
+    n = 1 << G
+    allm = np.arange(n, dtype=np.int64)
+    pc = popcount(allm)
+    vals = np.ascontiguousarray(stage1[:, :n], dtype=float)
+    uniq, srow = unique_rows(vals.view(np.int64))  # bitwise-equal rows (NaN-safe)
+    uniq = uniq.view(float)
+    R = uniq.shape[0]
+    bm = np.full((R, n, G + 1), -1, dtype=np.int64)
+    bv = np.full((R, n, G + 1), -np.inf)
+    rows = np.arange(R)
+    for m in range(n):
+        score = np.where(((allm & ~m) == 0)[None, :], uniq, -np.inf)
+        for c in range(G + 1):
+            sel = np.flatnonzero(pc == c)
+            sub = score[:, sel]
+            i = sub.argmax(axis=1)
+            bm[:, m, c] = sel[i]
+            bv[:, m, c] = sub[rows, i]
+    bm[~np.isfinite(bv)] = -1
+    while len(_TABLES) >= 4:
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[id(stage1)] = (stage1, srow, bm, bv)
+    return srow, bm, bv
+
+
 class SearchContext:
     """Per-request precomputation shared by every algorithm.
 
@@ -113,28 +149,21 @@ class SearchContext:
 
     # -- per-host best subsets ------------------------------------------------------------
     def _build_tables(self) -> None:
-        H, G = self.H, self.G
+        G = self.G
         allm = np.arange(1 << G, dtype=np.int64)
         pc = popcount(allm)
-        valid = (allm[None, :] & ~self.free[:, None]) == 0
-        score = np.where(valid, self.stage1[:, : 1 << G], -np.inf)
-        self.best_mask = np.full((H, G + 1), -1, dtype=np.int64)
-        self.best_val = np.full((H, G + 1), -np.inf)
-        rows = np.arange(H)
-        for c in range(G + 1):
-            sel = np.flatnonzero(pc == c)
-            sub = score[:, sel]
-            i = sub.argmax(axis=1)
-            self.best_mask[:, c] = sel[i]
-            self.best_val[:, c] = sub[rows, i]
-        bad = ~np.isfinite(self.best_val)
-        self.best_mask[bad] = -1
+        # Best subset per count of every host: a lookup (distinct stage-1 row, free mask) in a
+        # table built once per model (the search used to rescore H x 2^G subsets per select).
+        srow, bm_tab, bv_tab = _subset_tables(self.stage1, G)
+        free = self.free & ((1 << G) - 1)
+        self.best_mask = bm_tab[srow, free]
+        self.best_val = bv_tab[srow, free]
         self.exposed = self.pred.exposed & (self.fcount > 0)
         # Hosts a contending job touches: the subset also sets the stage-1 of the super
         # allocations there, so among the best stage-1 subsets of each size prefer the best
         # union stage-1s (worst, then sum); Exact uses the whole Pareto set (see options()).
         for h in np.flatnonzero(self.exposed):
-            subs = allm[valid[h]]
+            subs = allm[(allm & ~self.free[h]) == 0]
             pcs = pc[subs]
             jm = self.pred.masks_at(int(h))
             feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
