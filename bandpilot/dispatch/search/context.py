@@ -79,6 +79,10 @@ def host_ids(spec: Any) -> tuple[np.ndarray, np.ndarray]:
     return got[1], got[2]
 
 
+#: stage-1 array id -> {(distinct row, free mask, contending masks): [subsets, counts, features,
+#: best per count, Pareto sets]} for hosts a contending job touches
+_EXPOSED: dict[int, dict[tuple, list]] = {}
+_EXPOSED_MAX = 65_536
 #: stage-1 array -> (the array, distinct-row id per host, best mask / value per (row, free mask, count))
 _TABLES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -110,8 +114,10 @@ def _subset_tables(stage1: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, 
             bv[:, m, c] = sub[rows, i]
     bm[~np.isfinite(bv)] = -1
     while len(_TABLES) >= 4:
+        _EXPOSED.pop(next(iter(_TABLES)), None)
         _TABLES.pop(next(iter(_TABLES)))
     _TABLES[id(stage1)] = (stage1, srow, bm, bv)
+    _EXPOSED.pop(id(stage1), None)  # a new array under a recycled id
     return srow, bm, bv
 
 
@@ -143,7 +149,7 @@ class SearchContext:
         self.fcount = popcount(self.free)
         self.n_free = int(self.fcount.sum())
         self._options: dict[tuple[int, int], np.ndarray] = {}
-        self._exposed_subs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._exposed_subs: dict[int, list] = {}  # (subs, pcs, feats, counts, best, Pareto sets)
         self._build_tables()
         self._build_classes()
 
@@ -162,16 +168,26 @@ class SearchContext:
         # Hosts a contending job touches: the subset also sets the stage-1 of the super
         # allocations there, so among the best stage-1 subsets of each size prefer the best
         # union stage-1s (worst, then sum); Exact uses the whole Pareto set (see options()).
+        # These depend on (stage-1 row, free mask, contending masks there) only: kept across
+        # selects (the running set changes one job at a time), Pareto sets included.
+        memo = _EXPOSED.setdefault(id(self.stage1), {})
         for h in np.flatnonzero(self.exposed):
-            subs = allm[(allm & ~self.free[h]) == 0]
-            pcs = pc[subs]
             jm = self.pred.masks_at(int(h))
-            feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
-            order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
-            subs, pcs, feats = subs[order], pcs[order], feats[order]
-            first = np.flatnonzero(np.r_[True, np.diff(pcs) != 0])
-            self.best_mask[h, pcs[first]] = subs[first]
-            self._exposed_subs[int(h)] = (subs, pcs, feats)
+            key = (int(srow[h]), int(self.free[h]), jm.tobytes())
+            ent = memo.get(key)
+            if ent is None:
+                subs = allm[(allm & ~self.free[h]) == 0]
+                pcs = pc[subs]
+                feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
+                order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
+                subs, pcs, feats = subs[order], pcs[order], feats[order]
+                first = np.flatnonzero(np.r_[True, np.diff(pcs) != 0])
+                ent = [subs, pcs, feats, pcs[first], subs[first], None]
+                if len(memo) >= _EXPOSED_MAX:
+                    memo.clear()
+                memo[key] = ent
+            self.best_mask[h, ent[3]] = ent[4]
+            self._exposed_subs[int(h)] = ent
 
     def options(self, h: int, c: int) -> np.ndarray:
         """Subsets of size ``c`` worth trying on host ``h``: the best one, or on exposed hosts the
@@ -181,8 +197,10 @@ class SearchContext:
             return got
         if h not in self._exposed_subs:
             return self.best_mask[h, c : c + 1]
-        subs, pcs, feats = self._exposed_subs[h]
-        for cc, opts in pareto_options(feats, subs, pcs).items():
+        ent = self._exposed_subs[h]
+        if ent[5] is None:
+            ent[5] = pareto_options(ent[2], ent[0], ent[1])
+        for cc, opts in ent[5].items():
             self._options[(h, cc)] = opts
         return self._options.get((h, c), np.zeros(0, dtype=np.int64))
 
