@@ -8,11 +8,17 @@ from __future__ import annotations
 
 
 class BandPilotError(Exception):
-    """Base class for expected, user-facing errors (bad input, bad config)."""
+    """Base class for expected, user-facing errors (bad input, bad config). ``code`` names the
+    kind of failure for machines (the API maps codes to HTTP statuses in one table); a subclass
+    sets its default, a raise site may pass a more precise one."""
 
-    def __init__(self, message: str) -> None:
+    code: str = "error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         # One line only: multi-line messages break log scraping and the CLI contract.
         super().__init__(" ".join(str(message).split()))
+        if code is not None:
+            self.code = code
 
 
 class SpecError(BandPilotError):
@@ -40,7 +46,7 @@ class PlacementError(RequestError):
     def __init__(self, reason: str, message: str) -> None:
         if reason not in self.REASONS:
             raise ValueError(f"unknown placement error reason {reason!r}")
-        super().__init__(message)
+        super().__init__(message, code=reason)
         self.reason = reason
 
 

@@ -31,6 +31,7 @@ from bandpilot.queue import schema as q_schema
 from bandpilot.scheduling.batch import load_pending
 from bandpilot.scheduling.policies import Pending
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
+from bandpilot.dispatch.constraints import Constraints
 from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import ModelError, RequestError, StateError
 from bandpilot.fabric.emulator import make_fabric
@@ -66,8 +67,8 @@ class GreedyDispatcher:
         self.calls: list[tuple[int, State, dict]] = []
 
     def select(self, k, state, algorithm="bandpilot", *, constraints=None):
-        self.calls.append((k, state, dict(constraints or {})))
-        c = constraints or {}
+        c = Constraints.parse(constraints).to_dict()
+        self.calls.append((k, state, c))
         spec = self.spec
         if k > state.n_free:
             raise PlacementError("insufficient_gpus", f"{k} > {state.n_free} free")

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from bandpilot.dispatch.constraints import Constraints
+from bandpilot.errors import RequestError
 
 
 class _Body(BaseModel):
@@ -18,6 +22,17 @@ class SubmitBody(_Body):
     utility: Optional[float] = Field(None, ge=0)
     constraints: Optional[dict[str, Any]] = None
     tenant: Optional[str] = Field(None, max_length=200, description="Admin tokens only: submit for this tenant.")
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """Parsed by the one :class:`Constraints` parser (a bad one is a 422 naming it), stored normalised."""
+        if v is None:
+            return None
+        try:
+            return Constraints.parse(v).to_dict()
+        except RequestError as exc:
+            raise PydanticCustomError("invalid_constraints", str(exc).removeprefix("constraints: ")) from None
 
 
 class ReleaseBody(_Body):

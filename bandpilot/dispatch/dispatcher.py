@@ -20,12 +20,11 @@ ideal        ``bandpilot`` guided by the true fabric (``fabric=``): Ideal-BP
 exact        true optimum by enumeration (``fabric=``); raises if intractable
 ===========  ================================================================================
 
-Constraints (batch queue): ``single_host`` (all ``k`` GPUs on one host), ``allowed_hosts``
-(only these hosts), ``min_gbps`` (reject results predicted below it), and for domains
-``single_domain`` (one domain), ``whole_domains`` (only wholly free domains) and ``segment``
-(NVLink-domain clusters: every domain's share a multiple of it, so each segment stays in one
-domain; it must divide ``k``). Like a Kubernetes scheduler, hosts are filtered first (free mask
-restricted), then candidates are scored.
+Constraints are :class:`~bandpilot.dispatch.constraints.Constraints` (or their JSON object):
+``single_host``, ``single_domain``, ``allowed_hosts``, ``allowed_gpus``, ``min_gbps`` (reject
+results predicted below it), ``whole_domains`` and ``segment``. Like a Kubernetes scheduler, the
+free GPUs are filtered first (:meth:`Constraints.filter`), then candidates are scored, and the
+result is checked against the same constraints (:meth:`Constraints.check_selection`).
 
 Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > free GPUs),
 ``constraint_unmet`` (feasible after filtering < k, no single host fits, below ``min_gbps``) and
@@ -44,6 +43,7 @@ import numpy as np
 
 from bandpilot.dispatch.baselines import block_select, default_select, random_select, topo_select
 from bandpilot.topology.cluster import ClusterSpec, popcount
+from bandpilot.dispatch.constraints import Constraints
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
 from bandpilot.dispatch.search import (
@@ -96,57 +96,6 @@ class Selection:
         }
 
 
-@dataclass(frozen=True)
-class Constraints:
-    single_host: bool = False
-    allowed_hosts: tuple[str, ...] | None = None
-    min_gbps: float | None = None
-    single_domain: bool = False
-    whole_domains: bool = False
-    segment: int | None = None
-
-    KEYS = ("single_host", "allowed_hosts", "min_gbps", "single_domain", "whole_domains", "segment")
-
-    @classmethod
-    def parse(cls, value: Any) -> Constraints:
-        if value is None:
-            return cls()
-        if isinstance(value, Constraints):
-            return value
-        if not isinstance(value, Mapping):
-            value = {k: getattr(value, k) for k in cls.KEYS if hasattr(value, k)}
-        unknown = set(value) - set(cls.KEYS)
-        if unknown:
-            raise PlacementError("invalid_request", f"unknown constraints {sorted(unknown)}; known: {list(cls.KEYS)}")
-        sh = value.get("single_host", False)
-        if sh is None:
-            sh = False
-        if not isinstance(sh, bool):
-            raise PlacementError("invalid_request", f"constraint single_host must be true/false, got {sh!r}")
-        ah = value.get("allowed_hosts")
-        if ah is not None:
-            if isinstance(ah, str) or not all(isinstance(x, str) for x in ah):
-                raise PlacementError("invalid_request", "constraint allowed_hosts must be a list of host names")
-            ah = tuple(ah)
-        mg = value.get("min_gbps")
-        if mg is not None:
-            if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not np.isfinite(mg) or mg < 0:
-                raise PlacementError("invalid_request", f"constraint min_gbps must be a finite number >= 0, got {mg!r}")
-            mg = float(mg)
-        flags = {}
-        for key in ("single_domain", "whole_domains"):
-            v = value.get(key, False)
-            if v is None:
-                v = False
-            if not isinstance(v, bool):
-                raise PlacementError("invalid_request", f"constraint {key} must be true/false, got {v!r}")
-            flags[key] = v
-        seg = value.get("segment")
-        if seg is not None and (isinstance(seg, bool) or not isinstance(seg, (int, np.integer)) or seg < 1):
-            raise PlacementError("invalid_request", f"constraint segment must be a positive integer (GPUs), got {seg!r}")
-        return cls(sh, ah, mg, flags["single_domain"], flags["whole_domains"], None if seg is None else int(seg))
-
-
 def _check_model(model: Any, what: str = "model") -> ClusterSpec:
     for attr in ("spec", "stage1", "predict_masks"):
         if not hasattr(model, attr):
@@ -197,47 +146,14 @@ class Dispatcher:
             raise PlacementError("invalid_request", f"invalid state: {exc}") from None
 
     def _filter(self, state: State, k: int, cons: Constraints) -> np.ndarray:
-        free = state.free.copy()
-        if cons.allowed_hosts is not None:
-            unknown = [h for h in cons.allowed_hosts if h not in self.spec.host_index]
-            if unknown:
-                raise PlacementError("invalid_request", f"allowed_hosts names unknown hosts {unknown[:3]}")
-            keep = np.zeros(self.spec.n_hosts, dtype=bool)
-            keep[[self.spec.host_index[h] for h in cons.allowed_hosts]] = True
-            free = np.where(keep, free, 0)
-        if cons.single_host:
-            fits = popcount(free) >= k
-            free = np.where(fits, free, 0)
-        if cons.segment is not None:
-            if not self.spec.nvlink_domains:
-                raise PlacementError("invalid_request", f"constraint segment needs NVLink domains; cluster {self.spec.name!r} has none")
-            if k % cons.segment:
-                raise PlacementError("invalid_request", f"segment {cons.segment} does not divide k={k}")
-        if cons.whole_domains or cons.single_domain:
-            dom = self._domains
-            per = np.bincount(dom, weights=popcount(free), minlength=int(dom.max()) + 1)
-            if cons.whole_domains:  # every GPU of the domain free (and allowed)
-                size = np.bincount(dom, weights=self.spec.gpus_per_host, minlength=per.size)
-                free = np.where((per == size)[dom], free, 0)
-                per = np.where(per == size, per, 0)
-            if cons.single_domain:
-                free = np.where((per >= k)[dom], free, 0)
-        n = int(popcount(free).sum())
-        if n < k:
-            what = []
-            if cons.allowed_hosts is not None:
-                what.append(f"allowed_hosts ({len(cons.allowed_hosts)} hosts)")
-            if cons.single_host:
-                what.append("single_host")
-            if cons.whole_domains:
-                what.append("whole_domains")
-            if cons.single_domain:
-                what.append("single_domain")
+        cons.check_names(self.spec, k)
+        feas = cons.filter(self.spec, state.free, k, self._domains)
+        if feas.n < k:
             raise PlacementError(
                 "constraint_unmet",
-                f"only {n} of {state.n_free} free GPUs satisfy {' and '.join(what)}; {k} requested",
+                f"only {feas.n} of {state.n_free} free GPUs satisfy {' and '.join(cons.names())}; {k} requested",
             )
-        return free
+        return feas.free
 
     def _oracle(self, fabric: Any, algorithm: str) -> Any:
         guide = fabric
@@ -311,17 +227,17 @@ class Dispatcher:
             mask, value, solo = got.mask, got.value, got.standalone
 
         mask = np.asarray(mask, dtype=np.int64)
-        if np.any(mask & ~free) or int(popcount(mask).sum()) != k:  # never hand out a busy GPU
-            raise AssertionError(f"{algorithm} produced an invalid allocation {self.spec.from_mask(mask)}")
-        if cons.single_domain and np.unique(self._domains[mask != 0]).size != 1:
-            raise AssertionError(f"{algorithm} spread a single_domain request over several domains")
+        gpus = self.spec.from_mask(mask)
+        bad = cons.check_selection(self.spec, gpus, free, k, self._domains)
+        if bad:  # never hand out a busy GPU
+            raise AssertionError(f"{algorithm} produced an invalid allocation {gpus}: {bad}")
         if cons.min_gbps is not None and value < cons.min_gbps:
             raise PlacementError(
                 "constraint_unmet",
                 f"best {algorithm} allocation for k={k} is predicted at {value:.1f} GB/s, below min_gbps={cons.min_gbps:g}",
             )
         return Selection(
-            gpus=self.spec.from_mask(mask),
+            gpus=gpus,
             predicted_gbps=value,
             standalone_gbps=solo,
             algorithm=algorithm,
@@ -340,7 +256,7 @@ class Dispatcher:
                 sub = np.where(self._domains == d, free, 0)
                 if int(popcount(sub).sum()) < k:
                     continue
-                got = self._search(algorithm, guide, st, sub, k, pred, Constraints(cons.single_host))
+                got = self._search(algorithm, guide, st, sub, k, pred, Constraints(single_host=cons.single_host))
                 if best is None or got.value > best.value:
                     best = got
             assert best is not None  # _filter left only domains that fit
