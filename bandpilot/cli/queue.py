@@ -15,6 +15,7 @@ from typing import Any, List, Optional
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError
 
@@ -332,7 +333,7 @@ def dispatch_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,

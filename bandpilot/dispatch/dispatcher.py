@@ -6,19 +6,10 @@ contention-aware bandwidth ``B̂(S, τ)`` (paper Sec. III, IV-C, IV-D).
     sel = d.select(8, state)                    # algorithm="bandpilot"
     sel.gpus, sel.predicted_gbps, sel.to_dict()
 
-``model`` is any object with ``spec``, ``stage1`` and ``predict_masks`` (see
-:mod:`bandpilot.dispatch.contention`). Algorithms:
-
-===========  ================================================================================
-bandpilot    count-vector search when tractable, else EHA + PTS + local search (:mod:`~bandpilot.dispatch.search`)
-eha, pts     the paper's two search components on their own
-topo         Slurm-like compactness (fewest hosts, best fit, best link classes)
-block        Slurm topology/block-like: best-fit block (NVLink domain), then compact
-default      proximity: host order, then NUMA/index order
-random       ``k`` free GPUs at random (seeded: same seed + same request -> same answer)
-ideal        ``bandpilot`` guided by the true fabric (``fabric=``): Ideal-BP
-exact        true optimum by enumeration (``fabric=``); raises if intractable
-===========  ================================================================================
+``model`` is a :class:`~bandpilot.dispatch.model.BandwidthModel` (``spec``, ``stage1``,
+``predict_masks``). Algorithms are the strategies registered in :mod:`bandpilot.dispatch.strategies`
+(``bandpilot``, ``eha``, ``pts``; the baselines ``topo``, ``default``, ``random``, ``block``; the
+oracles ``ideal`` and ``exact``, which need ``fabric=``): ``select`` looks the name up there.
 
 Constraints are :class:`~bandpilot.dispatch.constraints.Constraints` (or their JSON object):
 ``single_host``, ``single_domain``, ``allowed_hosts``, ``allowed_gpus``, ``min_gbps`` (reject
@@ -34,36 +25,29 @@ Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > f
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.baselines import block_select, default_select, random_select, topo_select
-from bandpilot.topology.cluster import ClusterSpec, popcount
+from bandpilot.dispatch import strategies
+from bandpilot.dispatch.builtin_strategies import Job
 from bandpilot.dispatch.constraints import Constraints
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
-from bandpilot.dispatch.search import (
-    IntractableError,
-    SearchContext,
-    bandpilot,
-    domain_exact,
-    eha,
-    exact,
-    pts,
-    single_host,
-)
+from bandpilot.dispatch.model import BandwidthModel, check_model
+from bandpilot.dispatch.search import Found, IntractableError
 from bandpilot.dispatch.state import State
+from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
+from bandpilot.topology.domains import domain_index
 
 __all__ = ["ALGORITHMS", "Constraints", "Dispatcher", "IntractableError", "PlacementError", "Selection"]
 
-MODEL_ALGORITHMS = ("bandpilot", "eha", "pts")
-BASELINES = ("topo", "default", "random", "block")
-ORACLES = ("ideal", "exact")
-ALGORITHMS = MODEL_ALGORITHMS + BASELINES + ORACLES
+#: Every registered strategy (:mod:`bandpilot.dispatch.strategies`) at import, grouped by kind.
+MODEL_ALGORITHMS = strategies.names(strategies.MODEL_GUIDED)
+BASELINES = strategies.names(strategies.BASELINE)
+ORACLES = strategies.names(strategies.ORACLE)
+ALGORITHMS = strategies.names()
 
 
 @dataclass
@@ -96,32 +80,16 @@ class Selection:
         }
 
 
-def _check_model(model: Any, what: str = "model") -> ClusterSpec:
-    for attr in ("spec", "stage1", "predict_masks"):
-        if not hasattr(model, attr):
-            raise ModelError(f"{what} {type(model).__name__} has no {attr!r} (need spec, stage1, predict_masks)")
-    spec = model.spec
-    if not isinstance(spec, ClusterSpec):
-        raise ModelError(f"{what}.spec is not a ClusterSpec")
-    shape = np.shape(model.stage1)
-    need = 1 << int(spec.gpus_per_host.max())
-    if len(shape) != 2 or shape[0] != spec.n_hosts or shape[1] < need:
-        raise ModelError(f"{what}.stage1 has shape {shape}, expected ({spec.n_hosts}, {need})")
-    return spec
-
-
 class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
-    def __init__(self, model: Any, seed: int = 0, frag_tie: float | None = None) -> None:
-        self.spec = _check_model(model)
+    def __init__(self, model: BandwidthModel, seed: int = 0, frag_tie: float | None = None) -> None:
+        self.spec = check_model(model)
         self.model = model
         self.seed = int(seed)
         #: NVLink-domain clusters: relative bandwidth margin within which the least fragmenting
         #: candidate wins (None: :data:`bandpilot.dispatch.search.domains.DOMAIN_TIE`)
         self.frag_tie = frag_tie
-        from bandpilot.topology.domains import domain_index
-
         self._domains = domain_index(self.spec.hosts)[0]
 
     @classmethod
@@ -155,7 +123,7 @@ class Dispatcher:
             )
         return feas.free
 
-    def _oracle(self, fabric: Any, algorithm: str) -> Any:
+    def _oracle(self, fabric: BandwidthModel | None, algorithm: str) -> BandwidthModel:
         guide = fabric
         if guide is None:
             from bandpilot.fabric.base import Fabric
@@ -165,16 +133,12 @@ class Dispatcher:
             else:
                 raise PlacementError("invalid_request", f"algorithm {algorithm!r} needs fabric= (the true bandwidth)")
         try:
-            spec = _check_model(guide, "fabric")
+            spec = check_model(guide, "fabric")
         except ModelError as exc:
             raise PlacementError("invalid_request", str(exc)) from None
         if spec is not self.spec and spec.fingerprint() != self.spec.fingerprint():
             raise PlacementError("invalid_request", f"fabric is for cluster {spec.name!r}, the model for {self.spec.name!r}")
         return guide
-
-    def _rng(self, k: int, state: State) -> np.random.Generator:
-        key = zlib.crc32(state.free.astype("<i8").tobytes())
-        return np.random.default_rng([self.seed & 0xFFFFFFFF, k, key])
 
     # ------------------------------------------------------------------------------------
     def select(
@@ -183,13 +147,12 @@ class Dispatcher:
         state: State | Mapping[str, Any],
         algorithm: str = "bandpilot",
         *,
-        fabric: Any = None,
-        constraints: Any = None,
+        fabric: BandwidthModel | None = None,
+        constraints: Constraints | Mapping[str, Any] | None = None,
     ) -> Selection:
         """The ``k`` GPUs ``algorithm`` picks under ``state``; see the module docstring."""
         t0 = time.perf_counter()
-        if algorithm not in ALGORITHMS:
-            raise PlacementError("invalid_request", f"unknown algorithm {algorithm!r}; choose from {list(ALGORITHMS)}")
+        strategy = strategies.get(algorithm)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise PlacementError("invalid_request", f"k must be a positive integer, got {k!r}")
         k = int(k)
@@ -197,34 +160,18 @@ class Dispatcher:
             raise PlacementError("invalid_request", f"k must be a positive integer, got {k}")
         st = self._state(state)
         cons = Constraints.parse(constraints)
-        guide = self._oracle(fabric, algorithm) if algorithm in ORACLES else self.model
+        guide = self._oracle(fabric, algorithm) if strategy.kind == strategies.ORACLE else self.model
         if k > st.n_free:
             raise PlacementError("insufficient_gpus", f"{k} GPUs requested but only {st.n_free} are free")
         free = self._filter(st, k, cons)
         pred = ContentionPredictor(guide, st)
-
-        if algorithm in BASELINES:
-            if algorithm == "random":
-                rng = self._rng(k, st)
-                if cons.single_host:
-                    fits = np.flatnonzero(popcount(free) >= k)
-                    h = int(fits[rng.integers(fits.size)])
-                    free = np.where(np.arange(free.size) == h, free, 0)
-                mask = random_select(self.spec, free, k, rng)
-            elif algorithm == "default":
-                if cons.single_host:  # first host (in order) that fits
-                    h = int(np.flatnonzero(popcount(free) >= k)[0])
-                    free = np.where(np.arange(free.size) == h, free, 0)
-                mask = default_select(self.spec, free, k)
-            elif algorithm == "block":
-                mask = block_select(self.spec, free, k, cons.segment)
-            else:
-                mask = topo_select(self.spec, free, k)
-            p = pred.predict(mask[None, :])
-            value, solo = float(p.value[0]), float(p.standalone[0])
-        else:
-            got = self._search(algorithm, guide, st, free, k, pred, cons)
+        got = strategy.run(Job(guide, st, free, k, cons, pred, self._domains, self.seed, self.frag_tie))
+        if isinstance(got, Found):
             mask, value, solo = got.mask, got.value, got.standalone
+        else:  # a baseline's mask: the model predicts it
+            mask = got
+            p = pred.predict(np.asarray(mask)[None, :])
+            value, solo = float(p.value[0]), float(p.standalone[0])
 
         mask = np.asarray(mask, dtype=np.int64)
         gpus = self.spec.from_mask(mask)
@@ -246,33 +193,6 @@ class Dispatcher:
             k=k,
             mask=mask,
         )
-
-    def _search(self, algorithm: str, guide: Any, st: State, free: np.ndarray, k: int,
-                pred: ContentionPredictor, cons: Constraints) -> Any:
-        if cons.single_domain and not self.spec.nvlink_domains:
-            # plain clusters: one search per domain label that can hold k, the best wins
-            best = None
-            for d in np.unique(self._domains[popcount(free) > 0]):
-                sub = np.where(self._domains == d, free, 0)
-                if int(popcount(sub).sum()) < k:
-                    continue
-                got = self._search(algorithm, guide, st, sub, k, pred, Constraints(single_host=cons.single_host))
-                if best is None or got.value > best.value:
-                    best = got
-            assert best is not None  # _filter left only domains that fit
-            return best
-        ctx = SearchContext(guide, st, free, k, predictor=pred)
-        ctx.segment = cons.segment
-        ctx.tie = self.frag_tie
-        if cons.single_host:
-            return single_host(ctx)
-        if algorithm in ("bandpilot", "ideal"):
-            return bandpilot(ctx)
-        if algorithm == "eha":
-            return eha(ctx)
-        if algorithm == "pts":
-            return pts(ctx)
-        return domain_exact(ctx) if self.spec.nvlink_domains else exact(ctx)
 
     def predict(self, gpus: list[str], state: State | Mapping[str, Any]) -> dict[str, Any]:
         """``B̂(S, τ)`` breakdown of a given allocation under the model (what-if / debugging)."""

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bandpilot.dispatch import strategies
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.scheduling import POLICIES, run_batch
@@ -40,7 +41,8 @@ from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random")
+#: The strategies the simulator offers (oracles need the truth at placement time; EHA/PTS are ablations).
+ALGORITHMS = strategies.names(default_for="simulate")
 
 
 class SimulationError(BandPilotError):
