@@ -8,7 +8,11 @@ them is imported, and only fills variables the operator has not set (config over
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from pathlib import Path
+
+from bandpilot.errors import SpecError
 
 QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -24,6 +28,57 @@ QUIET_ENV = {
 }
 
 
+@dataclass(frozen=True)
+class Settings:
+    """Every ``BANDPILOT_*`` variable the library reads, parsed and checked in one place.
+
+    The table of names, defaults and meanings is in the README ("Configuration"). Fields are
+    ``None`` where the variable is unset and the default depends on the project (e.g. the store)."""
+
+    home: Path | None = None  # BANDPILOT_HOME
+    store: str | None = None  # BANDPILOT_STORE
+    experiment: str | None = None  # BANDPILOT_EXPERIMENT
+    mp_start: str | None = None  # BANDPILOT_MP_START
+    task_runner: str | None = None  # BANDPILOT_TASK_RUNNER
+    api_threads: int = 12  # BANDPILOT_API_THREADS
+    api_config: str | None = None  # BANDPILOT_API_CONFIG (set by `api serve` for its workers)
+    data: Path | None = None  # BANDPILOT_DATA (benchmarks: the shared measurement tables)
+    test_batch_sleep: float = 0.0  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
+
+
+#: Field -> variable name; the only place the names are spelled.
+ENV_NAMES = {f.name: "BANDPILOT_" + f.name.upper() for f in fields(Settings)}
+
+
+def settings() -> Settings:
+    """The ``BANDPILOT_*`` settings of this process.
+
+    Parsed once per distinct set of values (cached on the raw strings), so a test's
+    ``monkeypatch.setenv`` or a parent that sets a variable before starting a flow is seen without
+    a cache reset, and a bad value fails with the variable's name."""
+    return _parse(tuple(os.environ.get(v) or None for v in ENV_NAMES.values()))
+
+
+@lru_cache(maxsize=32)
+def _parse(raw: tuple[str | None, ...]) -> Settings:
+    env = dict(zip(ENV_NAMES, raw))
+    out: dict[str, object] = {k: v for k, v in env.items() if v is not None}
+    for key in ("home", "data"):
+        if key in out:
+            out[key] = Path(str(out[key])).expanduser().resolve()
+    for key, kind in (("api_threads", int), ("test_batch_sleep", float)):
+        if key in out:
+            try:
+                out[key] = kind(str(out[key]))
+            except ValueError:
+                raise SpecError(f"${ENV_NAMES[key]}: expected a number, got {env[key]!r}") from None
+    if "api_threads" in out and int(out["api_threads"]) < 1:  # type: ignore[call-overload]
+        raise SpecError(f"${ENV_NAMES['api_threads']}: must be at least 1, got {env['api_threads']!r}")
+    if "task_runner" in out:
+        out["task_runner"] = str(out["task_runner"]).lower()
+    return Settings(**out)  # type: ignore[arg-type]
+
+
 # The checkout (or installed tree) this package lives in: shipped params/ are found here too.
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,15 +87,31 @@ def project_root() -> Path:
     """The project home: ``$BANDPILOT_HOME``, else the BandPilot checkout containing the current
     directory (``params/pipeline.yaml`` + ``dvc.yaml``), else a per-user data directory - never
     whatever directory a command happens to run in (no stray ``mlruns/`` in ``~`` or ``/tmp``)."""
-    env = os.environ.get("BANDPILOT_HOME")
-    if env:
-        return Path(env).expanduser().resolve()
+    home = settings().home
+    if home is not None:
+        return home
     cwd = Path.cwd().resolve()
     for d in (cwd, *cwd.parents):
         if (d / "params" / "pipeline.yaml").is_file() and (d / "dvc.yaml").is_file():
             return d
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return (Path(data).expanduser() / "bandpilot").resolve()
+
+
+def portable(path: str | Path | None) -> str:
+    """``path`` as recorded in shared places (registry descriptions and tags, reports): relative to
+    the project home or the checkout when inside one, so a record reads the same on every clone."""
+    if path is None:
+        return ""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        return str(p)
+    for base in (project_root(), SOURCE_ROOT):
+        try:
+            return str(p.resolve().relative_to(base))
+        except ValueError:
+            continue
+    return str(p)
 
 
 def default_tracking_uri(root: Path | None = None) -> str:

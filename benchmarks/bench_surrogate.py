@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bandpilot.config import settings  # noqa: E402
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 from bandpilot.data.dataset import Dataset  # noqa: E402
 from bandpilot.fabric.emulator import EmulatorFabric  # noqa: E402
@@ -42,7 +43,7 @@ from bandpilot.model.train import train  # noqa: E402
 
 
 def data_root() -> Path | None:
-    for cand in (os.environ.get("BANDPILOT_DATA"), ROOT.parent / "shared" / "data", Path("/work/shared/data")):
+    for cand in (settings().data, ROOT.parent / "shared" / "data", Path("/work/shared/data")):
         if cand and (Path(cand) / "measurements").is_dir():
             return Path(cand)
     return None

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from bandpilot.config import project_root, setup_env
+from bandpilot.config import project_root, settings, setup_env
 from bandpilot.errors import SpecError
 
 PIPELINE_PARAMS = "params/pipeline.yaml"
@@ -43,6 +43,7 @@ class ClusterSource:
     path: str  # measurement directory (ingested; TraceFabric truth) or spec (profiled on the emulator)
     measured: bool
     note: str | None = None  # why an emulated fallback stands in for a measured directory
+    missing: str | None = None  # the measurement directory that was not found
 
     @property
     def truth(self) -> str:
@@ -68,19 +69,28 @@ def cluster_sources(entries: Any, where: str = "params/pipeline.yaml") -> list[C
             out.append(ClusterSource(str(measured), load_cluster(resolve(measured)).source == "trace"))
         elif fallback:
             note = f"measurement directory {measured} not found: emulated {fallback} instead" if measured else None
-            out.append(ClusterSource(str(fallback), load_cluster(resolve(fallback)).source == "trace", note))
+            out.append(ClusterSource(str(fallback), load_cluster(resolve(fallback)).source == "trace", note,
+                                     str(measured) if measured else None))
         else:
             raise SpecError(f"{where}: clusters[{i}]: measurement directory {measured} not found and no fallback")
     return out
 
 
 def truth_line(sources: list[ClusterSource]) -> str:
-    """The main job's first line: which truth scores the models."""
+    """The main job's first line: which truth scores the models, each thing said once
+    (``truth: EMULATED, not measurements - A.yaml, B.yaml (not found: DIR/a, b)``)."""
     if all(s.measured for s in sources):
         return "truth: measured tables - " + ", ".join(s.path for s in sources)
-    fell = [s.note for s in sources if s.note]
-    head = "truth: EMULATED clusters, not measurements" if not any(s.measured for s in sources) else "truth: mixed"
-    return head + " - " + "; ".join(s.truth for s in sources) + (f" ({'; '.join(fell)})" if fell else "")
+    head = "truth: EMULATED, not measurements" if not any(s.measured for s in sources) else "truth: mixed"
+    parts = [s.path if not s.measured else f"measured {s.path}" for s in sources]
+    missing = [s.missing for s in sources if s.missing]
+    line = f"{head} - {', '.join(parts)}"
+    if missing:
+        parent = os.path.commonpath(missing) if len(missing) > 1 else os.path.dirname(missing[0])
+        names = [os.path.relpath(m, parent) if parent else m for m in missing]
+        line += f" (not found: {os.path.join(parent, names[0]) if parent else names[0]}"
+        line += "".join(f", {n}" for n in names[1:]) + ")"
+    return line
 
 
 def resolve(path: str | Path) -> Path:
@@ -99,7 +109,7 @@ def content_hash(*parts: Any) -> str:
 
 def task_runner(kind: str | None = None, workers: int = 2):
     """``thread`` (default) or ``dask`` (prefect-dask LocalCluster, threads: no server per worker)."""
-    kind = (kind or os.environ.get("BANDPILOT_TASK_RUNNER") or "thread").lower()
+    kind = (kind or settings().task_runner or "thread").lower()
     if kind == "dask":
         from prefect_dask import DaskTaskRunner
 

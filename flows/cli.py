@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
     """Add ``pipeline`` and ``serve`` to the ``bandpilot`` command group."""
     app.command("pipeline")(pipeline_cmd)
     app.command("serve")(serve_cmd)
+    app.command("stage")(stage_cmd)
 
 
 def pipeline_cmd(
@@ -55,3 +56,16 @@ def serve_cmd(
         typer.echo("note: PREFECT_API_URL is not set; start `prefect server start` and export "
                    "PREFECT_API_URL=http://127.0.0.1:4200/api so the schedules persist", err=True)
     serve_all(str(params))
+
+
+def stage_cmd(
+    name: str = typer.Argument(..., metavar="NAME", help="train or evaluate"),
+    params: Path = typer.Option(Path("params/pipeline.yaml"), "--params", help="Pipeline parameters (clusters, sweep, gate)."),
+) -> None:
+    """Run one stage of dvc.yaml for every cluster of the pipeline (what `dvc repro` runs)."""
+    stages = ("train", "evaluate")
+    if name not in stages:
+        raise typer.BadParameter(f"unknown stage {name!r}: use one of {', '.join(stages)}", param_hint="NAME")
+    from flows.stages import stage_flow
+
+    typer.echo(f"{name}: wrote {stage_flow(name, str(params))}")

@@ -8,7 +8,6 @@ so the result is the same however it was split.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -74,4 +73,4 @@ def evaluate_flow(
 
 def evaluate_flow_with_runner(**kwargs: Any) -> dict[str, Any]:
     """Run :func:`evaluate_flow` on the configured task runner (``BANDPILOT_TASK_RUNNER``)."""
-    return evaluate_flow.with_options(task_runner=task_runner(os.environ.get("BANDPILOT_TASK_RUNNER")))(**kwargs)
+    return evaluate_flow.with_options(task_runner=task_runner())(**kwargs)

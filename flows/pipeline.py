@@ -99,7 +99,66 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
             log.warning("no champion for %s yet: the queue waits", name)
         results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url,
                                      "truth": src.truth}
+    record_stages_task(data_root, results, str(P.get("dvc_git", "leave")))
     return results
+
+
+@task(cache_policy=NONE)
+def record_stages_task(data_root: str, results: dict[str, Any], git: str) -> None:
+    """dvc.yaml's train/evaluate outputs from this run, recorded in dvc.lock (``dvc status`` clean)."""
+    from flows.stages import record
+
+    record(resolve(data_root), results, git=git)
+
+
+SHOWN_OUTCOMES = 8  # outcomes listed per cluster; the rest are counted ("and N more")
+STATUS_ORDER = ("assigned", "deferred", "rejected", "skipped")
+
+
+def batch_counts(outcomes: list[dict[str, Any]]) -> str:
+    """``9 assigned, 15 deferred``: every status that occurs, in a stable order."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o["status"]] = counts.get(o["status"], 0) + 1
+    order = [s for s in STATUS_ORDER if s in counts] + sorted(set(counts) - set(STATUS_ORDER))
+    return ", ".join(f"{counts[s]} {s}" for s in order) or "no requests"
+
+
+def _batch_lines(batch: dict[str, Any], store: str) -> list[str]:
+    from bandpilot.queue import format_gpus
+
+    outcomes = batch.get("outcomes", [])
+    out = [f"   dispatch batch #{batch.get('batch_id')} ({batch.get('policy')}): {batch_counts(outcomes)}"]
+    for o in outcomes[:SHOWN_OUTCOMES]:
+        what = format_gpus(o["gpus"]) if o.get("gpus") else o.get("reason") or ""
+        pred = o.get("predicted_gbps")
+        out.append(f"     {o['request_id']:<22} k={o['k']:<3} {o['status']:<9} {what}" + (f"  {pred:.1f} GB/s" if pred else ""))
+    if len(outcomes) > SHOWN_OUTCOMES:
+        out.append(f"     and {len(outcomes) - SHOWN_OUTCOMES} more: bandpilot queue list --store {store}")
+    return out
+
+
+def _cluster_lines(name: str, r: dict[str, Any], root: Path) -> list[str]:
+    rt, batch = r["retrain"], r["batch"]
+    gate = rt.get("gate") or {}
+    out = ["", f"== {name}: dataset {str(rt.get('dataset_hash', ''))[:12]}, model {rt['name']} v{rt['version']} "
+               f"({'trained' if rt['trained'] else 'reused'}), gate: {gate.get('action')}, champion: v{rt.get('champion')}",
+           f"   truth: {r.get('truth')}"]
+    dec = gate.get("decision") or {}
+    cand = (dec.get("candidate") or {}).get("gbe") or {}
+    if cand:
+        out.append("   mean GBE vs exact optimum: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in cand.items()))
+        if (dec.get("candidate") or {}).get("mape") is not None:
+            src = dec["candidate"].get("mape_source") or "held-out"
+            out.append(f"   {src} MAPE: {dec['candidate']['mape']:.2f}%")
+    if gate.get("report"):
+        rep = Path(gate["report"])
+        out.append(f"   report: {rep.relative_to(root) if rep.is_relative_to(root) else rep}")
+    if batch and batch.get("skipped"):
+        out.append(f"   dispatch: no batch ({batch['skipped']})")
+    elif batch:
+        out += _batch_lines(batch, r.get("store", ""))
+    return out
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
@@ -109,33 +168,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     root = project_root()
     out = [f"dataset (data.dvc): {results.get('dvc_md5')}"]  # the truth line opens the run (flows/cli.py)
     for name, r in results["clusters"].items():
-        rt, batch = r["retrain"], r["batch"]
-        gate = rt.get("gate") or {}
-        out.append("")
-        out.append(f"== {name}: dataset {str(rt.get('dataset_hash', ''))[:12]}, model {rt['name']} v{rt['version']} "
-                   f"({'trained' if rt['trained'] else 'reused'}), gate: {gate.get('action')}, champion: v{rt.get('champion')}")
-        out.append(f"   truth: {r.get('truth')}")
-        dec = gate.get("decision") or {}
-        cand = (dec.get("candidate") or {}).get("gbe") or {}
-        if cand:
-            out.append("   mean GBE vs exact optimum: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in cand.items()))
-            if (dec.get("candidate") or {}).get("mape") is not None:
-                src = dec["candidate"].get("mape_source") or "held-out"
-                out.append(f"   {src} MAPE: {dec['candidate']['mape']:.2f}%")
-        if gate.get("report"):
-            out.append(f"   report: {Path(gate['report']).relative_to(root) if Path(gate['report']).is_relative_to(root) else gate['report']}")
-        if batch and batch.get("skipped"):
-            out.append(f"   dispatch: no batch ({batch['skipped']})")
-        elif batch:
-            counts: dict[str, int] = {}
-            for o in batch.get("outcomes", []):
-                counts[o["status"]] = counts.get(o["status"], 0) + 1
-            out.append(f"   dispatch batch #{batch.get('batch_id')} ({batch.get('policy')}): {counts}")
-            for o in batch.get("outcomes", [])[:8]:
-                what = ",".join(o.get("gpus") or []) if o.get("gpus") else o.get("reason") or ""
-                pred = o.get("predicted_gbps")
-                out.append(f"     {o['request_id']:<22} k={o['k']:<3} {o['status']:<9} {what[:70]}"
-                           + (f"  {pred:.1f} GB/s" if pred else ""))
+        out += _cluster_lines(name, r, root)
+    # Store URLs as the run used them (absolute): the hint works from any directory.
+    stores = [r["store"] for r in results["clusters"].values() if r.get("store")]
     out += [
         "",
         "Where to look:",
@@ -143,6 +178,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         "  reports/<cluster>/v<version>/   (evaluation report, figures, promotion decision)",
         "  dvc status; dvc metrics show; git diff data.dvc",
         "  prefect server start   (then `bandpilot serve` for the scheduled deployments)",
-        "  bandpilot queue status --store sqlite:///.bandpilot/queue-<cluster>.db",
     ]
+    out += [f"  bandpilot queue status --store {url}" for url in stores] or [
+        "  bandpilot queue status --store " + f"sqlite:///{root / '.bandpilot'}/queue-<cluster>.db"]
     return out

@@ -72,12 +72,16 @@ def gate_task(name: str, version: str, cluster_spec: str | None, policy: str, ev
     from mlflow import MlflowClient
 
     from bandpilot.model import registry
+    from bandpilot.evaluation.decision import TAG_PREFIX
     from bandpilot.evaluation.gate import promote
 
     registry.tracking_setup()
     tags = MlflowClient().get_model_version(name, version).tags
-    if tags.get("promotion.action"):
-        return {"action": tags["promotion.action"], "reused": True, "passed": tags.get("promotion.passed")}
+    # The gate's own tags record the decision; "promotion.*" is what flows wrote before (read only).
+    action = tags.get(TAG_PREFIX + "action") or tags.get("promotion.action")
+    if action:
+        passed = tags.get(TAG_PREFIX + "passed") or tags.get("promotion.passed") or ""
+        return {"action": action, "reused": True, "passed": passed.lower() == "true"}
     dec = promote(
         f"models:/{name}/{version}",
         policy=resolve(policy),
@@ -88,7 +92,6 @@ def gate_task(name: str, version: str, cluster_spec: str | None, policy: str, ev
         workers=evaluate.get("workers"),
         out_dir=resolve(out_dir),
     )
-    registry.set_tags(name, version, {"promotion.action": dec.action, "promotion.passed": dec.passed})
     return {"action": dec.action, "passed": dec.passed, "reasons": dec.reasons, "report": str(dec.report_dir),
             "decision": dec.to_dict()}
 

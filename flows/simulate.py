@@ -6,7 +6,6 @@ thread pool."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -41,4 +40,4 @@ def simulate_sweep_flow(sweep: str, out_dir: str = "reports/simulate-sweep", log
 
 def simulate_sweep_flow_with_runner(**kwargs: Any) -> dict[str, Any]:
     """Run :func:`simulate_sweep_flow` on the configured task runner (``BANDPILOT_TASK_RUNNER``)."""
-    return simulate_sweep_flow.with_options(task_runner=task_runner(os.environ.get("BANDPILOT_TASK_RUNNER")))(**kwargs)
+    return simulate_sweep_flow.with_options(task_runner=task_runner())(**kwargs)

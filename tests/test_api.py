@@ -197,10 +197,13 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     assert c.post("/v1/requests/a-new/entropy", json={"entropy": 0.5}, headers=h(a)).status_code == 422  # finished job
     assert c.post("/v1/requests/a-wait/cancel", headers=h(a)).json()["status"] == "cancelled"
     log = q.audit_log(world.store, actor=f"alice (token {q.list_tokens(world.store, 'alice')[0]['id']})")
+    # the audit log names requests by their stored id: alice's API ids are hers ("alice:a-new"); a-wait
+    # was queued through the library with a plain id
     assert [(e["action"], e["target"], e["outcome"]) for e in reversed(log)] == [
-        ("submit", "a-new", "ok"), ("submit", None, "denied"), ("telemetry", "a-new", "ok"), ("release", "a-new", "ok"),
-        ("release", "a-new", "error"), ("telemetry", "a-new", "error"), ("entropy", "a-wait", "ok"),
-        ("entropy", "a-wait", "ok"), ("entropy", "a-new", "error"), ("cancel", "a-wait", "ok")]
+        ("submit", "alice:a-new", "ok"), ("submit", None, "denied"), ("telemetry", "alice:a-new", "ok"),
+        ("release", "alice:a-new", "ok"), ("release", "alice:a-new", "error"), ("telemetry", "alice:a-new", "error"),
+        ("entropy", "a-wait", "ok"), ("entropy", "a-wait", "ok"), ("entropy", "alice:a-new", "error"),
+        ("cancel", "a-wait", "ok")]
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -209,7 +212,7 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     (json.dumps({"k": 2, "gpus": 3}).encode(), 422, "unknown field 'gpus'"),
     (json.dumps({"k": 0}).encode(), 422, "k:"),
     (json.dumps({"k": "two"}).encode(), 422, "k:"),
-    (json.dumps({"k": 2, "id": "x'; DROP TABLE bp_requests; --"}).encode(), 422, "'id' must be a string"),
+    (json.dumps({"k": 2, "id": "x'; DROP TABLE bp_requests; --"}).encode(), 422, "id: String should match pattern"),
     (json.dumps({"k": 2, "constraints": {"hosts": ["h100-0'; --"]}}).encode(), 422, ""),
     (json.dumps({"k": 999}).encode(), 422, "999"),
     (json.dumps({"k": 2, "id": "a-run"}).encode(), 409, "already exists"),
@@ -242,7 +245,7 @@ def test_openapi_docs_list_every_endpoint(world):
     for route in ("/v1/requests", "/v1/requests/{rid}", "/v1/requests/{rid}/release", "/v1/requests/{rid}/telemetry",
                   "/v1/cluster", "/v1/cluster/drain", "/v1/cluster/fragmentation", "/v1/tokens", "/v1/audit"):
         assert route in paths
-    assert world.client.get("/docs").status_code == 200 and world.client.get("/healthz").json() == {"ok": True, "cluster": "h100"}
+    assert world.client.get("/docs").status_code == 200 and {"ok": True, "cluster": "h100"}.items() <= world.client.get("/healthz").json().items()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -126,8 +126,10 @@ def test_training_params_are_validated():
             TrainParams.from_dict(bad)
 
 
-def test_cli_train_fits_everything_and_bad_folds_register_nothing(het_ds, tmp_path, mlflow_uri, capsys):
+def test_cli_train_fits_everything_and_bad_folds_register_nothing(het_ds, tmp_path, mlflow_uri, capsys, monkeypatch):
     import mlflow
+
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path))
 
     from bandpilot.cli.main import main
     from bandpilot.data.dataset import save_dataset
@@ -143,6 +145,11 @@ def test_cli_train_fits_everything_and_bad_folds_register_nothing(het_ds, tmp_pa
     run = mlflow.get_run(mv.run_id)
     assert {"cv_mape", "cv_fold0_mape", "cv_fold2_r2"} <= set(run.data.metrics)
     assert "metrics from the 3-fold" in mv.description
+    # cross-validated figures are tagged as such, and the record names no checkout path
+    assert {"cv_mape", "cv_r2"} <= set(mv.tags) and not any(k.startswith("test_") for k in mv.tags)
+    assert "Cross-validated, out-of-fold" in mv.description and "Test (" not in mv.description
+    assert str(tmp_path) not in mv.description and ", ds)" in mv.description
+    assert run.data.tags["bandpilot.dataset_path"] == "ds"
 
     rc = main(["train", "--data", str(d), "--params", str(params), "--folds", "100000"])
     err = capsys.readouterr().err
@@ -162,7 +169,7 @@ def test_cluster_sources_prefer_measurements_and_say_when_they_fall_back(tmp_pat
     src = cluster_sources(entries)
     assert [s.measured for s in src] == [False, False] and all(s.note and "not found" in s.note for s in src)
     line = truth_line(src)
-    assert line.startswith("truth: EMULATED") and "h100-16m not found" in line
+    assert line.startswith("truth: EMULATED") and "not found: " in line and "h100-16m" in line
 
     meas = tmp_path / "meas"
     meas.mkdir()

@@ -48,6 +48,8 @@ def live(tmp_path):
     q.apply_verdicts(store, {"h100-2": {"status": "degraded", "gpus": ["h100-2:1"], "links": [], "ratio": 0.6}}, "test")
     q.submit(store, [{"id": "a-big", "k": 24, "tenant": "alice"}])
     sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")  # a-big is deferred: not enough GPUs
+    # submitted after the last batch, and nothing pending fits: no batch runs, so no batch gave it a reason
+    q.submit(store, [{"id": "a-huge", "k": 30, "tenant": "alice"}])
     port = _port()
     server = uvicorn.Server(uvicorn.Config(create_app(store, sample_s=None), host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)
@@ -111,17 +113,67 @@ def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp
     want = "pending-drain" if g21["state"] == "busy" else "drained"  # now, or when its job ends
     assert want in by_gpu["h100-2:1"].get_attribute("class").split()
     rows = {r.get_attribute("data-request"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr")}
-    assert set(rows) == {"a-train", "a-big"}  # bob's request is not alice's to see
+    assert set(rows) == {"a-train", "a-big", "a-huge"}  # bob's request is not alice's to see
     assert "insufficient_gpus" in rows["a-big"] and "pending" in rows["a-big"]
+    n_free = sum(g["state"] == "free" for g in q.gpu_grid(live["store"]))
+    assert f"needs 30 GPUs, {n_free} free" in rows["a-huge"], rows["a-huge"]
     batches = browser.find_elements(By.CSS_SELECTOR, "#batches tbody tr")
     assert len(batches) == 2 and any(ch.isdigit() for ch in batches[-1].find_elements(By.TAG_NAME, "td")[4].text)
     svg = browser.find_element(By.ID, "frag")
     assert svg.get_attribute("data-samples") == "2" and len(svg.find_elements(By.TAG_NAME, "polyline")) == 3
     assert "stranded" in browser.find_element(By.ID, "fragnow").text
+    _chart_is_readable(browser, svg)
     browser.save_screenshot(str(tmp_path / "dashboard.png"))
     if os.environ.get("BANDPILOT_KEEP_SCREENSHOT"):
         shutil.copy(tmp_path / "dashboard.png", os.environ["BANDPILOT_KEEP_SCREENSHOT"])
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def _chart_is_readable(browser, svg) -> None:
+    """Issue 26: ticks on both axes, clock times (not ISO stamps) on x, an axis label clear of the lines,
+    a sans-serif font, text at its real size, and series that stay distinguishable when equal."""
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    yticks = [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.ytick")]
+    assert len(yticks) >= 3 and yticks[0] == "0" and all(t.isdigit() for t in yticks), yticks
+    xticks = [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.xtick")]
+    assert len(xticks) >= 2 and all(re.fullmatch(r"\d{1,2}:\d{2}:\d{2}", t) for t in xticks), xticks
+    assert not any("T" in t or "-" in t for t in xticks)
+    view_w = float(svg.get_dom_attribute("viewBox").split()[2])
+    assert abs(view_w - svg.size["width"]) <= 2, "the chart is stretched"  # text would be distorted
+    fonts = {browser.execute_script("return getComputedStyle(arguments[0]).fontFamily", t)
+             for t in svg.find_elements(By.TAG_NAME, "text")}
+    assert fonts and all("sans-serif" in f for f in fonts), fonts
+    label = next(t for t in svg.find_elements(By.TAG_NAME, "text") if t.text == "GPUs")
+    plot_left = min(float(p.split(",")[0]) for line in svg.find_elements(By.TAG_NAME, "polyline")
+                    for p in line.get_attribute("points").split())
+    box = browser.execute_script("const b = arguments[0].getBBox(); return [b.x, b.y, b.width, b.height]", label)
+    assert box[1] + box[3] <= plot_left or box[0] + box[2] <= plot_left  # rotated, left of every line
+    styles = {(p.get_attribute("stroke"), p.get_attribute("stroke-dasharray"), p.get_attribute("stroke-width"))
+              for p in svg.find_elements(By.TAG_NAME, "polyline")}
+    assert len({s[0] for s in styles}) == 3 and len({s[1] for s in styles}) == 3 and len({s[2] for s in styles}) == 3
+    legend = browser.find_element(By.ID, "fraglegend").text
+    assert "free GPUs" in legend and "stranded GPUs" in legend and "largest single-host gang" in legend
+
+
+def test_before_a_token_the_page_says_what_to_do_and_has_an_icon(live, browser):
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+
+    browser.get(live["url"])
+    hint = browser.find_element(By.ID, "hint")
+    assert hint.is_displayed() and "bandpilot tokens create --tenant" in hint.text
+    for panel in ("grid", "queue", "batches", "frag"):
+        assert "connect with a token" in browser.find_element(By.ID, panel).text, panel
+    with urllib.request.urlopen(live["url"] + "favicon.ico", timeout=10) as r:
+        assert r.status == 200 and r.headers["content-type"].startswith("image/svg+xml")
+    errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors  # e.g. a 404 for favicon.ico
+    _connect(browser, live["url"], live["alice"])
+    assert not browser.find_element(By.ID, "hint").is_displayed()
 
 
 def test_dashboard_admin_sees_every_job_and_a_bad_token_sees_nothing(live, browser):

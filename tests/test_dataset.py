@@ -338,6 +338,25 @@ def test_ingest_logs(log_dir, tmp_path):
     assert set(ds.frame["source"].str.slice(0, 4)) == {"raw/"}
 
 
+def test_ingest_reads_the_planned_collective_of_a_multi_run_log(log_dir, tmp_path):
+    """Wrapper scripts run several collectives into one log: ingest reads the one the plan names."""
+    before = ingest(log_dir, tmp_path / "one")
+    other = (log_dir / _entry(log_dir, _three_gpus)[1]["log"]).read_text()
+    for e in _entries(log_dir):
+        p = log_dir / e["log"]
+        # the same ranks and sizes, other collectives, before and after the planned run
+        fake = other.replace("all_gather_perf", "all_reduce_perf").replace("  none  ", "   sum  ")
+        p.write_text(fake + "\n" + p.read_text() + "\n" + other.replace("all_gather_perf", "sendrecv_perf"))
+    rep = ingest(log_dir, tmp_path / "multi")
+    assert rep.rows == before.rows
+    a, b = load_dataset(tmp_path / "one"), load_dataset(tmp_path / "multi")
+    assert np.array_equal(a.busbw(), b.busbw()) and np.array_equal(a.masks(), b.masks())
+    _set_entry(log_dir, 0, collective="alltoall_perf")
+    with pytest.raises(DataError, match=r"no alltoall_perf run among the 3 runs of the log \(all_reduce_perf, "
+                                        r"all_gather_perf, sendrecv_perf\) \(.*manifest\.jsonl:1\)"):
+        ingest(log_dir, tmp_path / "bad")
+
+
 def test_pending_and_failed_entries_are_skipped(log_dir, tmp_path):
     es = _entries(log_dir)
     es[3]["status"] = "planned"
@@ -409,7 +428,7 @@ LOG_BAD = {
     ),
     "wrong collective": (
         lambda d: _edit_log(d, _three_gpus, lambda t: t.replace("all_gather_perf", "all_reduce_perf")),
-        r"raw/t\d-\d+\.log: log is all_reduce_perf, the plan measures all_gather_perf",
+        r"raw/t\d-\d+\.log:\d+: log is all_reduce_perf, not all_gather_perf \(.*manifest\.jsonl:\d+\)",
     ),
     "data validation failed": (
         lambda d: _edit_log(d, _three_gpus, lambda t: re.sub(r"(\s)0(\s+\S+\s+\S+\s+\S+\s+0\s*)$", r"\g<1>7\2", t, count=1, flags=re.M)),

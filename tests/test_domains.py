@@ -251,7 +251,7 @@ def test_emulator_is_hierarchical_over_trays(nvl, parts, shift):
 def test_domain_plan_three_stages():
     import numpy as np
 
-    from bandpilot.data.domain_planning import _partitions, plan_domains
+    from bandpilot.data.domain_planning import partitions, plan_domains
 
     spec = load_cluster(NVL)
     p = plan_domains(spec, domain_samples=120, cross_domain_samples=60, seed=3)
@@ -270,11 +270,11 @@ def test_domain_plan_three_stages():
     assert len(cross) >= 55 and all(len(set(unit[np.flatnonzero(np.array(m.masks))].tolist())) >= 2 for m in cross)
     assert len({m.masks for m in p}) == len(p)  # no allocation twice
     assert plan_domains(spec, domain_samples=120, cross_domain_samples=60, seed=3) == p  # deterministic
-    assert len(_partitions(8, 18, 4)) == 15  # partitions of 8 into 2..18 parts of <= 4
+    assert len(partitions(8, 18, 4)) == 15  # partitions of 8 into 2..18 parts of <= 4
     small = spec_from_dict({"name": "s", "gpus_per_host": 4, "host_groups": [
         {"prefix": "t", "count": 4, "gpu": "GB200", "topology": TRAY, "nvlink_domain_size": 2}]})
     pats = [m.stratum for m in plan_domains(small, cross_domain_samples=0) if m.stratum.startswith("1d")]
-    assert sorted(pats) == sorted("1d:" + "+".join(map(str, q)) for t in range(2, 9) for q in _partitions(t, 2, 4))
+    assert sorted(pats) == sorted("1d:" + "+".join(map(str, q)) for t in range(2, 9) for q in partitions(t, 2, 4))
     with pytest.raises(SpecError, match="no NVLink domains"):
         plan_domains(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
 

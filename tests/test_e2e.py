@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,7 +42,8 @@ def test_main_job_on_fresh_clone(tmp_path):
     # Nothing generated is left for git to pick up: data, mlruns, reports and stores are ignored.
     status = subprocess.run(["git", "-C", str(clone), "status", "--porcelain", "--untracked-files=all"],
                             capture_output=True, text=True, check=True).stdout.splitlines()
-    assert all(line[3:].startswith(("data.dvc", ".dvc/", ".dvcignore", "metrics/")) for line in status), status
+    # dvc.lock and metrics/ are what a run leaves to commit beside data.dvc (dvc_git: commit does it).
+    assert all(line[3:].startswith(("data.dvc", ".dvc/", ".dvcignore", "metrics/", "dvc.lock")) for line in status), status
 
     # A second run reuses what is unchanged: no new measurements, no new model versions.
     again = subprocess.run([sys.executable, "-m", "bandpilot", "pipeline"], cwd=clone, env=env,
@@ -49,17 +51,17 @@ def test_main_job_on_fresh_clone(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "(reused)" in again.stdout and "(trained)" not in again.stdout, again.stdout
 
-    # The DVC pipeline over the same versioned dataset: repro, metrics, params.
+    # The DVC pipeline is the one the main job ran: clean status, nothing to repro, metrics, params.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     dvc = [sys.executable, "-m", "dvc"]
-    repro = subprocess.run([*dvc, "repro"], cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
-    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
-    for name in ("h100", "het4mix"):
-        assert (clone / "metrics" / name / "train.json").is_file()
-        assert (clone / "metrics" / name / "evaluate.json").is_file()
-    shown = subprocess.run([*dvc, "metrics", "show"], cwd=clone, env=env, capture_output=True, text=True)
-    assert shown.returncode == 0 and "gbe_idle" in shown.stdout, shown.stdout + shown.stderr
     status = subprocess.run([*dvc, "status"], cwd=clone, env=env, capture_output=True, text=True)
     assert status.returncode == 0 and "up to date" in status.stdout.lower(), status.stdout
+    repro = subprocess.run([*dvc, "repro"], cwd=clone, env=env, capture_output=True, text=True, timeout=1500)
+    assert repro.returncode == 0 and "bandpilot stage" not in repro.stdout, repro.stdout[-3000:] + repro.stderr[-3000:]
+    for stage in ("train", "evaluate"):
+        got = json.loads((clone / "metrics" / f"{stage}.json").read_text())
+        assert set(got) == {"h100", "het4mix"}, got
+    shown = subprocess.run([*dvc, "metrics", "show"], cwd=clone, env=env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "gbe_idle" in shown.stdout, shown.stdout + shown.stderr
     diff = subprocess.run([*dvc, "params", "diff"], cwd=clone, env=env, capture_output=True, text=True)
     assert diff.returncode == 0, diff.stderr

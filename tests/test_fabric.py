@@ -385,3 +385,25 @@ def test_committed_specs_carry_the_calibration():
     p = np.array([np.mean(pred[k]) for k in sorted(groups)])
     assert np.mean(np.abs(p - y) / y) <= 0.15
     assert spearman(p, y) >= 0.9
+
+
+def test_emulator_constants_come_from_params_and_bad_files_are_one_line_errors(tmp_path):
+    from bandpilot.errors import SpecError
+    from bandpilot.fabric import emulator as emu
+
+    doc = emu.load_constants()
+    assert emu.CONSTANTS_FILE.name == "emulator.yaml" and emu.CONSTANTS_FILE.parent.name == "params"
+    assert emu.DEFAULT_GPU_PARAMS["H100"]["cap"] == doc["gpu"]["H100"]["cap"] == 239.9
+    assert emu.DEFAULT_NETWORK["rail_efficiency"] == doc["network"]["rail_efficiency"]
+    assert "k0" not in emu.DEFAULT_GPU_PARAMS["H100"] and emu.DEFAULT_GPU_PARAMS["H100"]["link"]["PIX"] == 20.0
+    text = emu.CONSTANTS_FILE.read_text()
+    for bad, match in [(text.replace("count_gain_max: 8", ""), "sections"),
+                       (text.replace("    hop_penalty: 0.3901", "    hop_penalty: 0.3901\n    warp: 2"), "gpu.H100"),
+                       ("gpu: [", "invalid YAML")]:
+        p = tmp_path / "emulator.yaml"
+        p.write_text(bad)
+        with pytest.raises(SpecError, match=match) as exc:
+            emu.load_constants(p)
+        assert "\n" not in str(exc.value)
+    with pytest.raises(SpecError, match="not found"):
+        emu.load_constants(tmp_path / "nope.yaml")

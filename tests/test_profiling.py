@@ -138,7 +138,7 @@ def test_command_lines(het4mix):
     m = _find(plan, ["v100:0", "v100:1", "v100:3"])
     assert runners.command_lines(m, het4mix) == ["CUDA_VISIBLE_DEVICES=0,1,3 all_gather_perf -b 16M -e 16M -f 2 -g 3"]
     masks = het4mix.to_mask(["v100:0", "v100:3", "a800:5"])
-    cross = planning._measurement(het4mix, masks, (MIB16 // 2, MIB16, MIB16 * 2), "2h:2+1", 0)
+    cross = planning.planned_measurement(het4mix, masks, (MIB16 // 2, MIB16, MIB16 * 2), "2h:2+1", 0)
     assert isinstance(cross, planning.PlannedMeasurement) and cross.id == "x-v100-03+a800-5"
     (line,) = runners.command_lines(cross, het4mix, mpirun="/opt/ompi/bin/mpirun")
     assert line == (

@@ -119,6 +119,48 @@ def test_apply_policy_checks():
     assert failed == {"min_gbe_idle", "max_mape"}
 
 
+def test_champion_relative_check_allows_only_the_measured_noise():
+    pol = PromotionPolicy.from_dict({"min_gbe": 0.9, "tolerance": 0.01, "noise_z": 2, "mape_tolerance": 1.0})
+    champ = Side("1", None, {"idle": 0.999, "heavy": 0.998}, mape=5.0)
+    cand = Side("2", None, {"idle": 0.994, "heavy": 0.998}, mape=5.4)
+    # within the old fixed 1-point tolerance, but 25 standard errors behind on idle: fails
+    checks = {c.name: c for c in apply_policy(pol, cand, champ, ("idle", "heavy"), {"idle": 0.0002, "heavy": 0.0, "mape": 0.1})}
+    assert not checks["vs_champion_idle"].passed and "noise SE" in checks["vs_champion_idle"].detail
+    assert abs(checks["vs_champion_idle"].threshold - (0.999 - 0.0004)) < 1e-12
+    assert checks["vs_champion_heavy"].passed  # identical selections: no noise, no drop, passes
+    assert not checks["mape_vs_champion"].passed  # +0.4 pts > 2 x 0.1
+    # noisy comparison (few scenarios): the allowed drop is capped by the tolerance
+    checks = {c.name: c for c in apply_policy(pol, cand, champ, ("idle",), {"idle": 0.05, "mape": 1.0})}
+    assert checks["vs_champion_idle"].passed and abs(checks["vs_champion_idle"].threshold - 0.989) < 1e-12
+    assert checks["mape_vs_champion"].passed
+    assert PromotionPolicy().min_gbe["idle"] >= 0.98 and PromotionPolicy.load().noise_z > 0
+    with pytest.raises(SpecError, match="noise_z"):
+        PromotionPolicy.from_dict({"noise_z": -1})
+
+
+def test_registry_records_are_portable_and_not_duplicated(reg, het, tmp_path, monkeypatch):
+    from flows.retrain import gate_task
+
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path))
+    v1 = _register(_surrogate(het))
+    promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "reports" / "p1", **FAST)
+    v2 = _register(_surrogate(het))
+    dec = promote(f"models:/{NAME}/{v2}", out_dir=tmp_path / "reports" / "p2", **FAST)
+    assert dec.passed and set(dec.noise) == {"idle", "moderate", "heavy"}  # paired SE, recorded
+    assert json.loads((tmp_path / "reports" / "p2" / "decision.json").read_text())["noise"] == dec.noise
+    mv = _version(NAME, v2)
+    assert mv.tags["bandpilot.promotion.report_dir"] == "reports/p2"
+    assert str(tmp_path) not in mv.description and "`reports/p2`" in mv.description
+    assert f"runs:/{mv.run_id}/promotion/p2" in mv.description
+    assert not any(str(tmp_path) in v for v in mv.tags.values())
+    # the retrain flow reuses the gate's own decision and writes no second copy of it
+    got = gate_task.fn(NAME, v2, None, "params/promotion.yaml", {}, "reports/x")
+    assert got == {"action": "promoted", "reused": True, "passed": True}
+    tags = _version(NAME, v2).tags
+    assert tags["bandpilot.promotion.passed"] == "true" and not any(k.startswith("promotion.") for k in tags)
+    assert not (tmp_path / "reports" / "x").exists()
+
+
 def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het, tmp_path):
     v1 = _register(_surrogate(het))
     dec = promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "p1", **{**FAST, "figures": True, "algorithms": None})
@@ -128,7 +170,7 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
     mv = _version(NAME, v1)
     assert "PASS" in mv.description and "first champion" in mv.description
     assert mv.tags["bandpilot.promotion.passed"] == "true"
-    assert mv.tags["bandpilot.promotion.report_dir"] == str(tmp_path / "p1")
+    assert mv.tags["bandpilot.promotion.report_dir"] == str(tmp_path / "p1")  # outside the project: as given
     out = tmp_path / "p1"
     doc = json.loads((out / "decision.json").read_text())
     assert doc["action"] == "promoted" and doc["aliases"] == {"champion": v1}

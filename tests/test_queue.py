@@ -782,9 +782,7 @@ def test_cli_errors(cli, capsys, tmp_path):
     assert "submitted 2 request(s), 2 skipped" in cap.out and f"skipped: {jl}:2" in cap.err
     assert cli.run("queue", "submit", jl, "--partial") == 0  # re-import: all duplicates now
     assert "already exists" in capsys.readouterr().err
-    assert cli.run("dispatch") == 2
-    assert "needs --batch" in capsys.readouterr().err
-    assert cli.run("dispatch", "--batch", "--model", "models:/missing@champion") == 2
+    assert cli.run("dispatch", "--model", "models:/missing@champion") == 2  # batch is the default mode
     assert "error: model not found" in capsys.readouterr().err
     assert cli.run("queue", "status", "--json") == 0
     assert json.loads(capsys.readouterr().out)["requests"]["pending"] == 2  # nothing assigned

@@ -134,3 +134,27 @@ def test_entropy_reports_and_sjf_on_postgresql(store):
     q.set_estimates(store, {"e2": 10.0, "e0": 99.0})
     rep = sched.run_batch(store, Dispatcher(make_fabric(h100())), policy="sjf")
     assert rep.assigned[0].request_id == "e2"
+
+
+def test_pg_a_dropped_idle_connection_is_replaced_not_an_error(pg_url, schema, monkeypatch):
+    """No ping on every checkout (a round trip per transaction); a connection idle longer than
+    IDLE_PING_S is checked first, so a server restart or a dropped connection costs no failed call."""
+    from bandpilot.queue import store as q_store
+
+    monkeypatch.setattr(q_store, "IDLE_PING_S", 0.2)
+    s = new_store(pg_url, h100(), schema=schema, pool_size=1)
+    try:
+        with s.read(snapshot=False) as conn:
+            pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        eng = sa.create_engine(pg_url)
+        with eng.begin() as conn:
+            assert conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid})").scalar()
+        eng.dispose()
+        import time
+
+        time.sleep(0.4)
+        assert len(q.list_requests(s)) == 0
+        with s.read(snapshot=False) as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != pid
+    finally:
+        s.close()

@@ -23,7 +23,7 @@ def test_every_list_of_algorithms_reads_the_registry():
     assert ALGORITHMS == ("bandpilot", "eha", "pts", "topo", "default", "random", "block", "ideal", "exact")
     assert EVAL_ALGORITHMS == ("bandpilot", "eha", "pts", "ideal", "topo", "default", "random")
     assert GATE_ALGORITHMS == ("bandpilot", "ideal", "topo", "default", "random")
-    assert SIM_ALGORITHMS == ("bandpilot", "topo", "default", "random")
+    assert SIM_ALGORITHMS == ("bandpilot", "topo", "default", "random", "block")
     assert ORACLE == {"ideal", "exact"} and {"topo", "default", "random"} <= PROFILE_BLIND
     assert LABELS["ideal"] == "Ideal-BP" and LABELS["bandpilot"] == "BandPilot"
     for name in ALGORITHMS:

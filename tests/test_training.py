@@ -170,3 +170,35 @@ def test_sweep_two_trials_sqlite(ds, tmp_path, mlflow_env):
     res2 = sweep(ds, {**TINY, "epochs": 4}, n_trials=1, storage=storage, study_name="t", log_mlflow=False,
                  space={"lr": {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}})
     assert res2.n_trials == 3
+
+
+def test_validation_callbacks_keep_the_best_state_and_stop_early(ds):
+    """Lightning's validation loop feeds KeepBest and EarlyStopping: the fit stops `patience` epochs
+    after its best validation MAPE and ends with that epoch's weights."""
+    import optuna
+
+    from bandpilot.model.datamodule import val_split
+
+    p = {**TINY, "epochs": 40, "val_fraction": 0.25, "patience": 2, "lr": 0.03}
+    res = train(ds, p, plots=False)
+    vals = [row["val_mape"] for row in res.history]
+    best = int(np.argmin(vals))
+    assert len(vals) == best + 3 < 40  # stopped early, 2 epochs after the best
+    assert res.metrics["val_mape"] == min(vals)
+    # the returned net is the best epoch's: its validation MAPE, recomputed, is the best one
+    import torch
+
+    from bandpilot.model.tokens import to_torch
+
+    pool = cross_pool(ds)
+    tp = TrainParams.from_dict(p)
+    tr, _ = split_pool(pool, tp)
+    _, va = val_split(pool, tr, tp)
+    with torch.no_grad():
+        pv = torch.exp(res.surrogate.net(to_torch(res.surrogate.tokens(pool.masks[va])))).double().numpy()
+    y = pool.busbw[va]
+    assert abs(float(np.mean(np.abs(pv - y) / y) * 100) - min(vals)) < 1e-9
+    # an Optuna trial that prunes at once stops the fit after its first validation
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=1e-9))
+    pruned = train(ds, {**p, "patience": 0}, trial=study.ask(), plots=False)
+    assert len(pruned.history) == 1 and pruned.pruned

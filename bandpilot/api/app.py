@@ -1,9 +1,9 @@
-"""The FastAPI application: routers, JSON errors, a request-body cap, the dashboard page and a
+"""The FastAPI application: routers, JSON errors, the request guard (body and path caps, control
+characters, security headers; :mod:`bandpilot.api.guard`), per-tenant limits, the dashboard page and a
 fragmentation sampler. ``create_app(store)`` works on any :class:`Store` (SQLite or PostgreSQL)."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from contextlib import asynccontextmanager
@@ -11,54 +11,20 @@ from importlib import resources
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 
 from bandpilot.api import admin, cluster, problems, requests
-from bandpilot.api.auth import TokenCache
+from bandpilot.api.auth import FailedAuth, TokenCache
+from bandpilot.api.batches import BatchLoop
+from bandpilot.api.guard import MAX_BODY, Guard, page_csp
+from bandpilot.queue.quotas import TenantLimits
 from bandpilot.queue.clock import now
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
-MAX_BODY = 64 * 1024  # a request is a few hundred bytes; anything near this is abuse or a mistake
-
-
-class BodyLimit:
-    """Refuse bodies over ``max_bytes`` with 413 before the app parses them, chunked ones included."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max = app, int(max_bytes)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max):
-            return await self._too_large(send)
-        body, more = b"", True
-        while more:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            body += msg.get("body", b"")
-            if len(body) > self.max:
-                return await self._too_large(send)
-            more = msg.get("more_body", False)
-        done = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal done
-            if not done:
-                done = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _too_large(self, send: Any) -> None:
-        data = json.dumps({"error": f"request body over {self.max} bytes", "status": 413}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-        await send({"type": "http.response.body", "body": data})
+FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#24292f"/>'
+           '<rect x="3" y="3" width="4" height="4" fill="#2da44e"/><rect x="9" y="3" width="4" height="4" fill="#8250df"/>'
+           '<rect x="3" y="9" width="4" height="4" fill="#0969da"/><rect x="9" y="9" width="4" height="4" fill="#2da44e"/></svg>')
 
 
 class _Sampler:
@@ -93,12 +59,27 @@ def dashboard_html() -> str:
     return resources.files("bandpilot.api").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
 
+def _env_int(name: str, default: int | None) -> int | None:
+    v = os.environ.get(name)
+    return int(v) if v else default
+
+
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
-               token_ttl: float = 5.0, threads: int | None = None) -> Any:
+               token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
+               model_uri: str | None = None, policy: str = "utility", max_pending: int | None = None,
+               max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
+               auth_window_s: float = 60.0) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
-    valid token is trusted without a lookup (0: every request looks it up)."""
+    valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
+    batch that often with ``model_uri`` (default the cluster's champion) and ``policy`` (None: off).
+    Per tenant (admins are
+    exempt): at most ``max_pending`` pending requests (``$BANDPILOT_API_MAX_PENDING``, default 100)
+    asking for at most ``max_pending_gpus`` GPUs together (``$BANDPILOT_API_MAX_PENDING_GPUS``,
+    default twice the cluster); over that, 429 with ``Retry-After: retry_after_s``. A client with
+    ``auth_failures`` failed authentications within ``auth_window_s`` is slowed down (429)."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
+    batches = BatchLoop(st, dispatch_s, model_uri=model_uri, policy=policy)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -109,9 +90,11 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads or int(
             os.environ.get("BANDPILOT_API_THREADS", "12"))
         sampler.start()
+        batches.start()
         try:
             yield
         finally:
+            batches.close()
             sampler.close()
 
     app = FastAPI(
@@ -121,6 +104,12 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     )
     app.state.store = st
     app.state.tokens = TokenCache(token_ttl)
+    app.state.batches = batches
+    app.state.auth_failures = FailedAuth(limit=auth_failures, window_s=auth_window_s)
+    app.state.limits = TenantLimits(
+        max_pending=_env_int("BANDPILOT_API_MAX_PENDING", 100) if max_pending is None else max_pending,
+        max_pending_gpus=_env_int("BANDPILOT_API_MAX_PENDING_GPUS", None) if max_pending_gpus is None else max_pending_gpus,
+        retry_after_s=retry_after_s)
     problems.install(app)
     for r in (requests.router, cluster.router, admin.router):
         app.include_router(r)
@@ -128,7 +117,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     @app.get("/healthz", tags=["service"], summary="Liveness and store reachability (no token)")
     def healthz() -> dict[str, Any]:
         st.refresh()  # one small query: the store answers (and a replaced cluster is noticed)
-        return {"ok": True, "cluster": st.spec.name}
+        return {"ok": True, "cluster": st.spec.name, "batches": batches.status}
 
     page = dashboard_html()
 
@@ -136,4 +125,8 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     def dashboard() -> str:
         return page
 
-    return BodyLimit(app, max_body) if max_body else app
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> Response:  # browsers ask for it; an SVG answers at any size
+        return Response(FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
+    return Guard(app, max_body=max_body, page_policy=page_csp(page))

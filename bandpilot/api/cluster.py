@@ -10,7 +10,7 @@ from typing import Any, Optional
 from fastapi.responses import JSONResponse
 from fastapi import APIRouter, Depends, Query, Request
 
-from bandpilot.api.auth import admin, principal, store_of
+from bandpilot.api.auth import admin, principal, shown_id, store_of
 from bandpilot.api.schemas import DrainBody, UndrainBody
 from bandpilot.queue.audit import audited
 from bandpilot.queue.gpu_health import health
@@ -29,9 +29,17 @@ def cluster(request: Request, p: Principal = Depends(principal)) -> JSONResponse
         for g in grid:
             if g["tenant"] != p.tenant:
                 g["job"] = g["tenant"] = None  # busy, but not yours
+            elif g["job"] is not None:
+                g["job"] = shown_id(p, g["job"])
     st = status(store)
     if not p.admin:
         st["tenants"] = {t: v for t, v in st["tenants"].items() if t == p.tenant}
+        for r in st.get("reservations", []):
+            if r["tenant"] != p.tenant:
+                r["request_id"] = r["tenant"] = None  # reserved, but not yours
+            else:
+                r["request_id"] = shown_id(p, r["request_id"])
+        st.pop("store", None)  # the database's user, host and path are the operators' business
     return JSONResponse({"status": st, "gpus": grid, "health": health(store), "viewer": {"tenant": p.tenant, "admin": p.admin}})
 
 
@@ -51,6 +59,8 @@ def batches(request: Request, p: Principal = Depends(principal), limit: int = Qu
             for a in b["assignments"]:
                 if a["tenant"] != p.tenant:
                     a["id"] = a["tenant"] = None
+                else:
+                    a["id"] = shown_id(p, a["id"])
     return JSONResponse({"batches": out})
 
 

@@ -38,12 +38,14 @@ def _validation_line(exc: RequestValidationError) -> tuple[int, str]:
     errs: list[dict[str, Any]] = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errs):
         return 400, "malformed JSON body"
-    e = errs[0] if errs else {}
-    where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-    if e.get("type") == "extra_forbidden":
-        return 422, f"unknown field {where!r}"
-    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-    return 422, f"{where}: {e.get('msg', 'invalid')}{more}"
+    def line(e: dict[str, Any]) -> str:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+        if e.get("type") == "extra_forbidden":
+            return f"unknown field {where!r}"
+        return f"{where}: {e.get('msg', 'invalid')}"
+
+    # every problem, so a client fixes them all in one round trip
+    return 422, "; ".join(line(e) for e in errs) or "body: invalid"
 
 
 def install(app: FastAPI) -> None:

@@ -1,17 +1,24 @@
 """Tenant endpoints: submit, list, show, launcher input, cancel, release, telemetry.
 
 A tenant token sees and changes only its own requests: another tenant's request answers 404, as if it
-did not exist (its id reveals nothing). Admin tokens see every request."""
+did not exist (its id reveals nothing). Admin tokens see every request.
+
+Request ids are per tenant: what tenant ``T`` submits as ``x`` is stored as ``T:x`` (tenant names
+have no ``:``), so another tenant's ``x`` is no conflict and submitting it answers exactly like a
+fresh id. The tenant sees and uses ``x``; admins, the CLI and the audit log see ``T:x``. Requests
+stored before (or by the CLI and admins) keep their plain id and are found by it too."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from bandpilot.api.auth import principal, store_of
+from bandpilot.api.auth import principal, shown_id, store_of, stored_id
+from bandpilot.errors import BandPilotError
 from bandpilot.api.schemas import EntropyBody, ReleaseBody, SubmitBody, TelemetryBody
 from bandpilot.queue.audit import audited, record
 from bandpilot.queue.clock import now
@@ -23,42 +30,78 @@ from bandpilot.queue.requests import new_request_id
 from bandpilot.queue.schema import REQUEST_STATUSES, T_REQ
 from bandpilot.queue.telemetry import observe_jobs
 from bandpilot.queue.api_tokens import Principal, check_tenant
+from bandpilot.queue.quotas import DuplicateId, QuotaExceeded, tenant_guard
 from bandpilot.queue.views import list_requests
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
 
+# built once (building a select costs more than running it)
+_ANY = sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(sa.bindparam("ids", expanding=True)))
+_TENANTS = _ANY.where(T_REQ.c.tenant == sa.bindparam("tenant"))
+
+
 def _own(request: Request, p: Principal, rid: str) -> str:
-    """The request's tenant if ``p`` may see it; 404 otherwise (unknown or another tenant's)."""
+    """The stored id of ``p``'s request ``rid``; 404 if unknown or another tenant's."""
     with store_of(request).read(snapshot=False) as conn:
-        tenant = conn.execute(sa.select(T_REQ.c.tenant).where(T_REQ.c.id == rid)).scalar()
-    if tenant is None or (not p.admin and tenant != p.tenant):
+        if p.admin:
+            keys = list(conn.execute(_ANY, {"ids": [rid]}).scalars())
+        else:
+            keys = list(conn.execute(_TENANTS, {"ids": [stored_id(p, rid), rid], "tenant": p.tenant}).scalars())
+    if not keys:
         raise HTTPException(404, f"no request {rid!r}")
-    return tenant
+    return stored_id(p, rid) if stored_id(p, rid) in keys else keys[0]
 
 
-def _one(request: Request, rid: str) -> JSONResponse:
-    rows = list_requests(store_of(request), request_id=rid)
+@contextmanager
+def _as_seen(p: Principal, key: str) -> Iterator[None]:
+    """Library errors name the request as its tenant knows it."""
+    try:
+        yield
+    except BandPilotError as exc:
+        shown = shown_id(p, key)
+        if shown != key:
+            exc.args = (str(exc).replace(repr(key), repr(shown)),)
+        raise
+
+
+def _one(request: Request, p: Principal, key: str) -> dict[str, Any]:
+    rows = list_requests(store_of(request), request_id=key)
     if not rows:
-        raise HTTPException(404, f"no request {rid!r}")
-    return rows[0]
+        raise HTTPException(404, f"no request {shown_id(p, key)!r}")
+    return {**rows[0], "id": shown_id(p, key)}
 
 
-@router.post("", status_code=201, summary="Submit a gang request")
+RequestId = Path(..., max_length=200, description="The request's id as submitted.")
+
+
+@router.post("", status_code=201, summary="Submit a gang request",
+             responses={409: {"description": "The tenant already has a request with this id"},
+                        429: {"description": "The tenant is at its pending-request or GPU limit (Retry-After)"}})
 def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
-    tenant = p.tenant
+    store = store_of(request)
+    tenant, guard = p.tenant, None
     if body.tenant is not None and body.tenant != p.tenant:
         if not p.admin:
-            record(store_of(request), p.actor, "submit", None, outcome="denied", detail={"tenant": body.tenant})
+            record(store, p.actor, "submit", None, outcome="denied", detail={"tenant": body.tenant}, coalesce_s=60)
             raise HTTPException(403, f"tenant {p.tenant!r} cannot submit for tenant {body.tenant!r}")
         tenant = check_tenant(body.tenant)
+    rid = body.id or new_request_id()
+    key = stored_id(p, rid)
+    if len(key) > 200:
+        raise HTTPException(422, f"id: at most {199 - len(p.tenant)} characters for tenant {p.tenant!r}")
+    if not p.admin:
+        guard = tenant_guard(store, tenant, body.k, [key, rid], rid, request.app.state.limits)
     doc = body.model_dump(exclude_none=True, exclude={"tenant"})
-    doc["id"] = body.id or new_request_id()
-    doc["tenant"] = tenant
-    store = store_of(request)
-    with audited(store, p.actor, "submit", doc["id"], {"k": body.k, "tenant": tenant}):
-        submit(store, [doc], labels=["body"])
-    return JSONResponse(_one(request, doc["id"]), status_code=201)
+    doc["id"], doc["tenant"] = key, tenant
+    try:
+        with audited(store, p.actor, "submit", key, {"k": body.k, "tenant": tenant}):
+            submit(store, [doc], labels=["body"], guard=guard)
+    except QuotaExceeded as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except DuplicateId as exc:
+        raise HTTPException(409, str(exc)) from None
+    return JSONResponse(_one(request, p, key), status_code=201)
 
 
 @router.get("", summary="List requests (a tenant's own; all for admins)")
@@ -71,60 +114,65 @@ def list_(request: Request, p: Principal = Depends(principal),
             raise HTTPException(403, f"tenant {p.tenant!r} cannot list tenant {tenant!r}")
         tenant = p.tenant
     rows = list_requests(store_of(request), status=status, tenant=tenant, limit=limit)
+    if not p.admin:
+        for r in rows:
+            r["id"] = shown_id(p, r["id"])
     return JSONResponse({"requests": rows, "count": len(rows)})
 
 
 @router.get("/{rid}", summary="One request with its assignment")
-def show(rid: str, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
-    _own(request, p, rid)
-    return JSONResponse(_one(request, rid))
+def show(request: Request, rid: str = RequestId, p: Principal = Depends(principal)) -> JSONResponse:
+    return JSONResponse(_one(request, p, _own(request, p, rid)))
 
 
 @router.get("/{rid}/launch", summary="Launcher input: json | slurm | hostfile | env | k8s")
-def launch(rid: str, request: Request, p: Principal = Depends(principal),
+def launch(request: Request, rid: str = RequestId, p: Principal = Depends(principal),
            format: str = Query("json", description=" | ".join(FORMATS))) -> Any:
-    _own(request, p, rid)
-    a = assignment(store_of(request), rid)
+    key = _own(request, p, rid)
+    with _as_seen(p, key):
+        a = assignment(store_of(request), key)
+    a["id"] = shown_id(p, key)
     if format == "json":
         return JSONResponse(a)
     return PlainTextResponse(render(a, format))
 
 
 @router.post("/{rid}/cancel", summary="Withdraw a pending request")
-def cancel_(rid: str, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
-    _own(request, p, rid)
+def cancel_(request: Request, rid: str = RequestId, p: Principal = Depends(principal)) -> JSONResponse:
+    key = _own(request, p, rid)
     store = store_of(request)
-    with audited(store, p.actor, "cancel", rid):
-        cancel(store, rid)
-    return JSONResponse(_one(request, rid))
+    with _as_seen(p, key), audited(store, p.actor, "cancel", key):
+        cancel(store, key)
+    return JSONResponse(_one(request, p, key))
 
 
 @router.post("/{rid}/release", summary="End a job: its GPUs return to the pool")
-def release_(rid: str, request: Request, body: Optional[ReleaseBody] = None,
+def release_(request: Request, rid: str = RequestId, body: Optional[ReleaseBody] = None,
              p: Principal = Depends(principal)) -> JSONResponse:
-    _own(request, p, rid)
+    key = _own(request, p, rid)
     store = store_of(request)
     measured = body.measured_gbps if body else None
-    with audited(store, p.actor, "release", rid, {"measured_gbps": measured}):
-        out = release(store, rid, measured)
-    return JSONResponse({**out, "request": _one(request, rid)})
+    with _as_seen(p, key), audited(store, p.actor, "release", key, {"measured_gbps": measured}):
+        out = release(store, key, measured)
+    return JSONResponse({**out, "job": shown_id(p, key), "request": _one(request, p, key)})
 
 
 @router.post("/{rid}/telemetry", summary="Report the bandwidth a running job measures")
-def telemetry(rid: str, body: TelemetryBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
-    _own(request, p, rid)
+def telemetry(body: TelemetryBody, request: Request, rid: str = RequestId,
+              p: Principal = Depends(principal)) -> JSONResponse:
+    key = _own(request, p, rid)
     store = store_of(request)
-    with audited(store, p.actor, "telemetry", rid, {"measured_gbps": body.measured_gbps}):
+    with _as_seen(p, key), audited(store, p.actor, "telemetry", key, {"measured_gbps": body.measured_gbps}):
         with store.write() as conn:
-            n = observe_jobs(conn, {rid: body.measured_gbps}, now())
-    return JSONResponse({"job": rid, "recorded": n})
+            n = observe_jobs(conn, {key: body.measured_gbps}, now())
+    return JSONResponse({"job": shown_id(p, key), "recorded": n})
 
 
 @router.post("/{rid}/entropy", summary="Report normalized entropy at an epoch boundary (updates the job's utility)")
-def entropy(rid: str, body: EntropyBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
-    _own(request, p, rid)
+def entropy(body: EntropyBody, request: Request, rid: str = RequestId, p: Principal = Depends(principal)) -> JSONResponse:
+    key = _own(request, p, rid)
     store = store_of(request)
-    report = {"job": rid, "entropy": body.entropy, **({"epoch": body.epoch} if body.epoch is not None else {})}
-    with audited(store, p.actor, "entropy", rid, {"entropy": body.entropy, "epoch": body.epoch}):
+    report = {"job": key, "entropy": body.entropy, **({"epoch": body.epoch} if body.epoch is not None else {})}
+    with _as_seen(p, key), audited(store, p.actor, "entropy", key, {"entropy": body.entropy, "epoch": body.epoch}):
         out = report_entropy(store, report)
-    return JSONResponse(out[0])
+    return JSONResponse({**out[0], "job": shown_id(p, key)})

@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 _ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
+#: uvicorn's httptools protocol with JSON errors for what it cannot parse (bandpilot.api.protocol)
+PROTOCOL = "bandpilot.api.protocol:JSONErrorsProtocol"
 POOL = 20  # PostgreSQL connections per process: about half of uvicorn's 40 request threads
 
 
@@ -21,27 +23,32 @@ def app_from_env() -> Any:
     from bandpilot.queue.store import Store
 
     cfg = json.loads(os.environ[_ENV])
-    return create_app(Store(cfg["store"], pool_size=POOL), sample_s=cfg["sample_s"] if cfg["first"] else None, token_ttl=cfg["token_ttl"])
+    first = cfg["first"]  # one sampler and one batch loop, not one per process
+    return create_app(Store(cfg["store"], pool_size=POOL), sample_s=cfg["sample_s"] if first else None, token_ttl=cfg["token_ttl"],
+                      dispatch_s=cfg["dispatch_s"] if first else None, model_uri=cfg["model_uri"], policy=cfg["policy"])
 
 
 def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
           graceful_s: float = 8.0, sample_s: float | None = 60.0, token_ttl: float = 5.0,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", dispatch_s: float | None = None, model_uri: str | None = None,
+          policy: str = "utility") -> None:
     import uvicorn
 
     from bandpilot.api.app import create_app
     from bandpilot.queue.store import Store
 
-    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s)
+    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+                  http=PROTOCOL)
     if workers > 1:
         os.environ[_ENV] = json.dumps({"store": Store(store_url).url, "sample_s": sample_s, "token_ttl": token_ttl,
-                                       "first": True})
+                                       "first": True, "dispatch_s": dispatch_s, "model_uri": model_uri, "policy": policy})
         uvicorn.run("bandpilot.api.server:app_from_env", factory=True, workers=workers, **common)
         return
     store = Store(store_url, pool_size=POOL)
     # uvicorn's own handlers: stop accepting, let requests in flight finish (each is one transaction),
     # give up on stragglers after graceful_s - well inside a service manager's 10 s stop window.
-    server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl), **common))
+    server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl,
+                                                 dispatch_s=dispatch_s, model_uri=model_uri, policy=policy), **common))
     try:
         server.run()
     finally:

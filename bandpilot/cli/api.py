@@ -35,17 +35,30 @@ def api_cmd(
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="Server processes (PostgreSQL stores)."),
     token_ttl: float = typer.Option(5.0, "--token-ttl", min=0.0,
                                     help="Seconds a valid token is trusted without a lookup; revocations elsewhere take this long."),
+    dispatch_s: float = typer.Option(10.0, "--dispatch-s", min=0.0, envvar="BANDPILOT_DISPATCH_S",
+                                     help="Run a batch this often when something pending fits (0: off, "
+                                          "when `bandpilot serve` or `dispatch --batch` assigns instead)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model for the batches (default: models:/bandpilot-CLUSTER@champion)."),
+    policy: str = typer.Option("utility", "--policy", help="Queue policy of the batches: fifo, priority, sjf or utility."),
 ) -> None:
-    """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C."""
+    """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C;
+    pending requests are assigned every --dispatch-s seconds with the cluster's champion model."""
     from bandpilot.api.server import serve
     from bandpilot.queue import Store
 
     s = Store(store)
     if not s.initialized:
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
-    typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}", err=True)
+    from bandpilot.scheduling.policies import POLICIES
+
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}", param_hint="--policy")
+    uri = model or f"models:/bandpilot-{s.spec.name}@champion"
+    loop = f"batches every {dispatch_s:g} s with {uri}" if dispatch_s else "no batches (--dispatch-s 0)"
+    typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}; {loop}", err=True)
     s.close()
-    serve(store, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl)
+    serve(store, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl,
+          dispatch_s=dispatch_s or None, model_uri=model, policy=policy)
 
 
 @tokens_app.command("create")

@@ -21,9 +21,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help (bandpilot/cli/style.py says why)
 )
 
-_SKIP = {"main", "__init__", "common"}
+_SKIP = {"main", "__init__", "common", "style"}
 
 
 def _load_commands() -> None:
@@ -38,6 +39,9 @@ def _load_commands() -> None:
 
     for ep in entry_points(group="bandpilot.commands"):
         ep.load()(app)
+    from bandpilot.cli.style import click_style
+
+    click_style(app)
 
 
 def _click_errors() -> tuple[type[BaseException], ...]:
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     _load_commands()
     try:
         # Non-standalone mode hands `raise typer.Exit(n)` back as the return value.
-        rc = app(args=argv if argv is not None else sys.argv[1:], standalone_mode=False)
+        rc = app(args=argv if argv is not None else sys.argv[1:], prog_name="bandpilot", standalone_mode=False)
     except BandPilotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

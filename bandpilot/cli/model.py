@@ -101,7 +101,7 @@ def train_cmd(
     threads: Optional[int] = typer.Option(None),
     name: Optional[str] = typer.Option(None, help="Registered model name (default bandpilot-<cluster>)."),
     alias: Optional[str] = typer.Option(None, help="Point this alias (e.g. challenger) at the new version."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Also save the model directory and plots here."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also save the model directory and plots here."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking/registry URI."),
     register: bool = typer.Option(True, "--register/--no-register", help="Log to MLflow and register the model."),
     metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the test metrics as JSON (DVC metrics file)."),

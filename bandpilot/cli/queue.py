@@ -78,6 +78,10 @@ def submit_cmd(
     allowed_hosts: Optional[str] = typer.Option(None, "--allowed-hosts", help="Comma-separated host names."),
     allowed_gpus: Optional[str] = typer.Option(None, "--allowed-gpus", help="Comma-separated GPU ids."),
     min_gbps: Optional[float] = typer.Option(None, "--min-gbps", help="Minimum predicted bandwidth (GB/s)."),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Expected run time limit in seconds (Slurm --time), for planning."),
+    comm_fraction: Optional[float] = typer.Option(None, "--comm-fraction", help="Share of the run time in collectives [0, 1]."),
+    preemptible: bool = typer.Option(False, "--preemptible", help="May be checkpointed and requeued."),
+    checkpoint_s: Optional[float] = typer.Option(None, "--checkpoint-s", help="Cost of one checkpoint + restart, seconds."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -117,6 +121,11 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         if utility is not None:
             doc["utility"] = utility
+        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s)):
+            if v is not None:
+                doc[key] = v
+        if preemptible:
+            doc["preemptible"] = True
         if cons:
             doc["constraints"] = cons
         requests = [q.Request.from_dict(doc, "flags")]
@@ -163,6 +172,8 @@ def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> No
     if b:
         state = "INTERRUPTED" if b["interrupted"] else f"assigned {b['assigned']} deferred {b['deferred']} rejected {b['rejected']}"
         typer.echo(f"last batch #{b['id']} ({b['policy']}, model {b['model_version']}) at {b['started']}: {state}")
+    for r in s.get("reservations", []):
+        typer.echo(f"reservation {r['request_id']} ({r['mode']}): {q.describe_reservation(r)}")
 
 
 @queue_app.command("list")
@@ -182,7 +193,9 @@ def list_cmd(
         return
     out = [
         [r["id"], r["tenant"], r["k"], r["priority"], _fmt(r["utility"], 2), r["status"],
-         q.format_gpus(r["gpus"]) if r["gpus"] else (r["reason"] or ""), _fmt(r["predicted_gbps"]), r["model_version"] or ""]
+         q.format_gpus(r["gpus"]) if r["gpus"] else
+         (f"reserved: {q.describe_reservation(r['reservation'])}" if r.get("reservation") else (r["reason"] or "")),
+         _fmt(r["predicted_gbps"]), r["model_version"] or ""]
         for r in rows
     ]
     typer.echo(_table(out, ["id", "tenant", "k", "prio", "util", "status", "gpus / reason", "pred GB/s", "model"]))
@@ -289,7 +302,7 @@ def undrain_cmd(
 
 @cluster_app.command("state")
 def state_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> None:
-    """The state in the dispatcher's format ({"free": [...], "jobs": [...]}) with --json."""
+    """Free GPUs and running jobs; with --json, the state file `select --state` reads."""
     from bandpilot import queue as q
 
     doc = q.export_state(_store(store))
@@ -328,12 +341,14 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 # ------------------------------------------------------------------------------------------
 @app.command("dispatch")
 def dispatch_cmd(
-    batch: bool = typer.Option(False, "--batch", help="Assign the queued requests (the only mode)."),
+    batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
     policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
+    backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
+    demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -342,12 +357,13 @@ def dispatch_cmd(
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
-    if not batch:
-        raise RequestError("dispatch needs --batch (assign the queued requests with the promoted model)")
     if policy not in sched.POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
     if commit not in sched.COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
+    sched.check_backfill(backfill)
+    if demand not in sched.DEMAND_MODELS:
+        raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
     idle = q.nothing_to_place(st)
     if idle is not None:  # the every-minute schedule: no model load, no torch import
@@ -358,7 +374,8 @@ def dispatch_cmd(
         return
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
-    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri)
+    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
+                          backfill=backfill, demand=demand)
     if as_json:
         _echo_json(rep.to_dict())
         return
@@ -376,3 +393,5 @@ def dispatch_cmd(
         + (f", {c['skipped']} taken by another run" if c["skipped"] else "")
         + f" of {rep.pending_before} pending in {rep.duration_s:.2f}s"
     )
+    for r in rep.reservations:
+        typer.echo(f"reservation {r['request_id']}: {q.describe_reservation(r)}")

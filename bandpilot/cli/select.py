@@ -22,7 +22,7 @@ from bandpilot.errors import RequestError
 @app.command("select")
 def select_cmd(
     k: Annotated[int, typer.Argument(help="Number of GPUs to allocate.")],
-    state: Annotated[Path, typer.Option("--state", "-s", help="Cluster state JSON: {free: [...], jobs: [...]}.")],
+    state: Annotated[Path, typer.Option("--state", "-s", help='Cluster state JSON with "free" (GPU ids) and "jobs" lists (the format of `cluster state --json`).')],
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec (YAML or measurement dir).")] = None,
     algorithm: Annotated[str, typer.Option("--algorithm", "-a",

@@ -27,6 +27,9 @@ def simulate_cmd(
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
     lam: float = typer.Option(0.5, "--lambda", help="Seed 001's utility balance between entropy level and progress."),
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
+    demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
+    backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
@@ -53,14 +56,19 @@ def simulate_cmd(
 
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
-    cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed)
+    cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
+                    backfill=backfill)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
+    if baseline is not None:
+        from bandpilot.simulation.presets import apply_preset
+
+        cfg = apply_preset(cfg, baseline, setup.dispatcher.model.spec)
     jobs = parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
     _, s = run_one(jobs, setup, cfg, out, figures=figures, log=log)
     h = 3600.0
     typer.echo(
-        f"{s['policy']}+{s['algorithm']} on {s['cluster']} ({s['truth']}): {s['completed']}/{s['jobs']} jobs, "
+        f"{s['policy']}+{s['algorithm']}+{s['backfill']} on {s['cluster']} ({s['truth']}, demand {s['demand']}): {s['completed']}/{s['jobs']} jobs, "
         f"mean JCT {s['avg_jct_s'] / h:.2f} h, p95 {s['p95_jct_s'] / h:.2f} h, queueing {s['avg_queue_s'] / h:.2f} h, "
         f"GPU utilization {s['gpu_utilization']:.2f}, mean GBE {s['mean_gbe']:.3f}"
     )

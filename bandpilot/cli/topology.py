@@ -17,7 +17,8 @@ FORMATS = ("text", "slurm")
 def topology_cmd(
     fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays) or slurm (topology.conf, topology/block)."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (default: the store's cluster)."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to FILE (atomically) instead of stdout."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write to FILE (atomically) instead of stdout."),
+    output: Optional[str] = typer.Option(None, "--output", hidden=True),  # the old spelling of --out
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """The cluster's NVLink domains (or rack domains) and their trays; --format slurm exports them as blocks."""
@@ -41,8 +42,9 @@ def topology_cmd(
             n = sum(spec.hosts[spec.host_index[h]].n_gpus for h in hosts)
             rows.append(f"{d}\t{kind}\t{len(hosts)} hosts\t{n} GPUs")
         text = "\n".join(rows) + "\n"
-    if output:
-        write_text_atomic(output, text)
-        typer.echo(f"wrote {output}")
+    out = out or output
+    if out:
+        write_text_atomic(out, text)
+        typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=False)

@@ -15,20 +15,46 @@ from bandpilot.errors import RequestError
 
 @app.command("verify")
 def verify_cmd(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path); "
+                                                                    "optional with --pairwise.")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec to probe (default: the model's).")] = None,
     runner: Annotated[str, typer.Option("--runner", help="emulator | ssh (nccl-tests over mpirun).")] = "emulator",
     hosts: Annotated[str | None, typer.Option("--hosts", help="Comma-separated hosts to verify (default: all).")] = None,
-    inject: Annotated[Path | None, typer.Option("--inject", help="Faults for the emulator (YAML list or {faults: [...]}).")] = None,
+    inject: Annotated[Path | None, typer.Option("--inject", help="Faults for the emulator: a YAML file, keys below.")] = None,
     measurements: Annotated[Path | None, typer.Option("--measurements", help="Verify this measurement directory instead of probing.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the probe command lines and their cost; run nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"hosts": {...}} verdicts as JSON on stdout.')] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write verify.md and verify.json here.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help='Print the per-host verdicts as JSON on stdout.')] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write verify.md and verify.json here (--pairwise: also heatmap.png).")] = None,
     gate: Annotated[bool, typer.Option("--gate", help="Record the verdicts in the queue store and drain suspects "
                                                       "(undrain what an earlier verify drained and now passes).")] = False,
     store: Annotated[str | None, typer.Option("--store", envvar="BANDPILOT_STORE", help="Queue store URL for --gate.")] = None,
+    pairwise: Annotated[Path | None, typer.Option("--pairwise", help="Verify pairwise node-sweep logs in this directory "
+                                                                     "(any collective, any GPUs per node; no model needed).")] = None,
+    message_bytes: Annotated[int | None, typer.Option("--bytes", min=1, help="--pairwise: message size to compare "
+                                                                             "(default: the largest most runs reached).")] = None,
 ) -> None:
-    """Verified discovery: a few nccl-tests runs per host against the model's expectation."""
+    """Verified discovery: a few nccl-tests runs per host against the model's expectation, or pairwise
+    sweep logs against their peers (--pairwise DIR; no model needed, --model optional).
+
+    The --inject file is a YAML list of faults (or a mapping whose "faults" key holds the list).
+    Each fault scales one part of the emulated fabric; its keys:
+
+    \b
+      kind      nvlink_width | nvlink_pair | nic_rail | slow_host | missing_gpu | host_link
+      host      a host of the cluster
+      gpu       GPU index on that host (nvlink_width, nvlink_pair, nic_rail, missing_gpu;
+                nvlink_pair: its first GPU; nic_rail: the GPU whose rail is slow)
+      peer      nvlink_pair only: the second GPU
+      peer_host host_link only: the host at the other end of the slow path
+      factor    bandwidth scale 0..1 (default 0.5; slow_host 0.7; host_link 0.6; missing_gpu 0)
+
+    \b
+    Example:
+      - kind: nvlink_width
+        host: h100-1
+        gpu: 3
+        factor: 0.25
+    """
     from bandpilot.health import verify as hv
     from bandpilot.model.surrogate import Surrogate
     from bandpilot.topology.cluster import load_cluster
@@ -39,6 +65,15 @@ def verify_cmd(
         from bandpilot.queue import Store
 
         st = Store(store)
+    if pairwise is not None:
+        _pairwise(pairwise, model, message_bytes, st, out, as_json,
+                  conflicts=[n for n, v in (("--measurements", measurements), ("--inject", inject), ("--dry-run", dry_run),
+                                            ("--hosts", hosts), ("--cluster", cluster)) if v])
+        return
+    if model is None:
+        raise RequestError("verify needs --model (or --pairwise DIR, which compares sweep logs with their peers)")
+    if message_bytes is not None:
+        raise RequestError("--bytes applies to --pairwise")
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
@@ -74,6 +109,35 @@ def verify_cmd(
     if out is not None:
         rep.write(out)
     typer.echo(hv.report_json(rep) if as_json else rep.markdown())
+    raise typer.Exit(rep.exit_code)
+
+
+def _pairwise(directory: Path, model: str | None, message_bytes: int | None, st, out: Path | None, as_json: bool,
+              conflicts: list[str]) -> None:
+    from bandpilot.health.pairwise import analyze, report_json
+    from bandpilot.health.sweeps import read_sweep
+
+    if conflicts:
+        raise RequestError(f"--pairwise reads sweep logs: it takes no {', '.join(conflicts)}")
+    if not directory.is_dir():
+        raise RequestError(f"--pairwise {directory}: not a directory")
+    expect = None
+    if model is not None:
+        from bandpilot.health.pairwise_model import model_expectation
+        from bandpilot.model.surrogate import Surrogate
+
+        expect = model_expectation(Surrogate.load(model))
+    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect)
+    if st is not None:
+        from bandpilot.queue import apply_verdicts
+
+        g = apply_verdicts(st, rep.host_verdicts(), f"pairwise {directory}")
+        typer.echo(f"gate: drained {len(g['drained'])}, on release {len(g['pending'])}, undrained {len(g['undrained'])}",
+                   err=True)
+    if out is not None:
+        rep.write(out)
+        typer.echo(f"wrote {out}/verify.md, verify.json, heatmap.png", err=True)
+    typer.echo(report_json(rep) if as_json else rep.markdown())
     raise typer.Exit(rep.exit_code)
 
 

@@ -20,12 +20,12 @@ from typing import Iterable
 
 import numpy as np
 
-from bandpilot.data.planning import PlannedMeasurement, _check_sizes, _measurement, plan
+from bandpilot.data.planning import PlannedMeasurement, check_sizes, plan, planned_measurement
 from bandpilot.errors import SpecError
 from bandpilot.topology.cluster import ClusterSpec
 
 
-def _partitions(t: int, parts: int, most: int) -> list[tuple[int, ...]]:
+def partitions(t: int, parts: int, most: int) -> list[tuple[int, ...]]:
     """Partitions of ``t`` into 2..``parts`` parts of at most ``most`` (descending tuples)."""
     out: list[tuple[int, ...]] = []
 
@@ -77,7 +77,7 @@ def plan_domains(
         raise SpecError(f"cluster {spec.name!r} has no NVLink domains; use the host-level plan")
     if domain_samples < 0 or cross_domain_samples < 0:
         raise SpecError("domain_samples and cross_domain_samples must be >= 0")
-    sz = _check_sizes(sizes, spec.message_bytes)
+    sz = check_sizes(sizes, spec.message_bytes)
     rng = np.random.default_rng(seed)
     out = plan(spec, cross_host_samples=0, seed=seed, sizes=sz, repeats=repeats, intra=intra)
     unit, _ = spec.units
@@ -89,7 +89,7 @@ def plan_domains(
             return
         seen.add(key)
         for r in range(repeats):
-            out.append(_measurement(spec, key, sz, stratum, r))
+            out.append(planned_measurement(spec, key, sz, stratum, r))
 
     def place(u: int, counts: tuple[int, ...], masks: np.ndarray) -> None:
         hs = np.flatnonzero(unit == u)
@@ -99,7 +99,7 @@ def plan_domains(
 
     # stage 1.5: in-domain count patterns, once per class of identical domains
     for (_, topo, trays), members in domain_classes(spec).items():
-        by_t = [_partitions(t, trays, topo.n) for t in range(2, trays * topo.n + 1)]
+        by_t = [partitions(t, trays, topo.n) for t in range(2, trays * topo.n + 1)]
         total = sum(len(p) for p in by_t)
         chosen: list[tuple[int, ...]] = []
         if total <= domain_samples:

@@ -192,6 +192,41 @@ def _commit(root: Path, files: list[Path], message: str) -> bool:
     return True
 
 
+def commit_stages(root: str | Path, stages: list[str], *, git: str = "leave") -> None:
+    """``dvc commit`` ``stages`` of ``root/dvc.yaml``: their outputs into the cache and the hashes of
+    their deps, params and outputs into ``dvc.lock`` - for outputs written by the flow that does the
+    stages' work, so ``dvc status`` is clean and ``dvc repro`` skips them until something changes.
+    ``git="leave"`` does not stage anything; ``commit`` commits ``dvc.lock`` and the metrics files."""
+    _check_git_mode(git)
+    _quiet()
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    cwd = os.getcwd()
+    log = logging.getLogger("dvc")
+    level = log.level
+    log.setLevel(logging.WARNING)  # no "Updating lock file" lines in the main job's output
+    try:
+        os.chdir(root)  # dvc resolves stage paths and writes .gitignore relative to the working dir
+        with Repo(str(root)) as repo:
+            if git == "leave":
+                repo.scm_context.autostage = False
+                repo.scm_context.quiet = True
+            metrics: list[Path] = []
+            for stage in stages:
+                repo.commit(stage, force=True)  # force: the outputs are known to come from these deps
+                for st in repo.stage.collect(stage):
+                    metrics += [Path(o.fs_path) for o in st.outs if getattr(o, "metric", False)]
+    except DvcException as exc:
+        raise BandPilotError(f"dvc commit {' '.join(stages)} in {root} failed: {exc}") from None
+    finally:
+        os.chdir(cwd)
+        log.setLevel(level)
+    if git == "commit":
+        _commit(root, [root / "dvc.lock", root / ".gitignore", *metrics], f"pipeline: {', '.join(stages)} recorded in dvc.lock")
+
+
 def push(root: str | Path, targets: list[str] | None = None) -> int:
     """``dvc push`` to the default remote; returns the number of files transferred."""
     _quiet()

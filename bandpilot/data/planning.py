@@ -84,7 +84,7 @@ def _idx_str(mask: int, n: int) -> str:
     return "".join(map(str, idx)) if n <= 10 else ".".join(map(str, idx))
 
 
-def _measurement(
+def planned_measurement(
     spec: ClusterSpec, masks: Sequence[int], sizes: tuple[int, ...], stratum: str, repeat: int,
     used: Sequence[int] | None = None,
 ) -> PlannedMeasurement:
@@ -121,7 +121,7 @@ def default_sizes(message_bytes: int) -> tuple[int, ...]:
     return (message_bytes // 2, message_bytes, message_bytes * 2)
 
 
-def _check_sizes(sizes: Iterable[int] | None, message_bytes: int) -> tuple[int, ...]:
+def check_sizes(sizes: Iterable[int] | None, message_bytes: int) -> tuple[int, ...]:
     if sizes is None:
         return default_sizes(message_bytes)
     out = tuple(sorted({int(s) for s in sizes}))
@@ -182,7 +182,7 @@ def plan(
         raise SpecError(f"cross_host_samples must be >= 0, got {cross_host_samples}")
     if repeats < 1:
         raise SpecError(f"repeats must be >= 1, got {repeats}")
-    sz = _check_sizes(sizes, spec.message_bytes)
+    sz = check_sizes(sizes, spec.message_bytes)
     out: list[PlannedMeasurement] = []
     base: list[tuple[tuple[int, ...], str, tuple[int, ...] | None]] = []
     if intra:
@@ -247,10 +247,10 @@ def plan(
         misses = 0 if ok else misses + 1
     for masks, stratum, used in base:
         for r in range(repeats):
-            out.append(_measurement(spec, masks, sz, stratum, r, used))
+            out.append(planned_measurement(spec, masks, sz, stratum, r, used))
     return out
 
 
 def planned(spec: ClusterSpec, masks: Sequence[int], stratum: str, repeat: int = 0) -> PlannedMeasurement:
     """One measurement of an arbitrary allocation (probes, checks) with the spec's default sizes."""
-    return _measurement(spec, tuple(int(m) for m in masks), default_sizes(spec.message_bytes), stratum, repeat)
+    return planned_measurement(spec, tuple(int(m) for m in masks), default_sizes(spec.message_bytes), stratum, repeat)

@@ -40,9 +40,12 @@ import numpy as np
 
 from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.state import State
+from bandpilot.fabric.units import UnitIndex, unit_index
 
 #: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
 MAX_BATCH_ROWS = 262_144
+#: Hosts from which candidates go to a fabric on the columns they touch (``predict_columns``).
+COLUMNS_FROM = 512
 
 
 _HASH_W = np.random.default_rng(0x5EED).integers(1, 2**62, size=4096, dtype=np.int64) | 1
@@ -86,12 +89,8 @@ class ContentionPredictor:
         self.model = model
         self.spec = state.spec
         self.state = state
-        #: host -> scale-out unit one-hot (NVLink-domain clusters only): what "cross-host" means there
-        self._units: np.ndarray | None = None
-        if self.spec.nvlink_domains:
-            unit = self.spec.units[0]
-            self._units = np.zeros((self.spec.n_hosts, int(unit.max()) + 1), dtype=np.float32)
-            self._units[np.arange(self.spec.n_hosts), unit] = 1.0
+        #: hosts grouped by scale-out unit (NVLink-domain clusters only): what "cross-host" means there
+        self._units: UnitIndex | None = unit_index(self.spec) if self.spec.nvlink_domains else None
         live = [j for j in state.jobs if j.demand_gbps > 0]
         spans = self._spans(np.array([j.mask for j in live], dtype=np.int64).reshape(len(live), self.spec.n_hosts))
         jobs = [j for j, sp in zip(live, spans) if sp]
@@ -100,9 +99,11 @@ class ContentionPredictor:
         self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)
         self.job_demand = np.array([j.demand_gbps for j in jobs], dtype=float)
         self.job_used = (self.job_masks != 0).astype(np.int32)
-        self._job_used_t = np.ascontiguousarray(self.job_used.T, dtype=np.float32)
         #: hosts touched by at least one contending-capable job (their GPUs matter beyond counts)
         self.exposed = self.job_used.sum(axis=0) > 0 if jobs else np.zeros(n_h, dtype=bool)
+        # contention only looks at exposed hosts: the job incidence restricted to them
+        self._exposed_cols = np.flatnonzero(self.exposed)
+        self._job_used_t = np.ascontiguousarray(self.job_used[:, self._exposed_cols].T, dtype=np.float32)
         self.evaluations = 0
         self.calls = 0
 
@@ -111,32 +112,49 @@ class ContentionPredictor:
         return len(self.job_ids)
 
     # ------------------------------------------------------------------------------------
-    def raw(self, masks: np.ndarray) -> np.ndarray:
-        """Standalone ``B̂`` of rows (de-duplicated, one model call, counted)."""
+    def raw(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+        """Standalone ``B̂`` of rows (de-duplicated, one model call, counted); with ``cols`` the
+        rows are given on those host columns only (see :meth:`_columns`)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return np.zeros(0)
         uniq, inv = unique_rows(masks)
-        vals = np.asarray(self.model.predict_masks(uniq), dtype=float).reshape(-1)
+        if cols is None:
+            vals = self.model.predict_masks(uniq)
+        else:
+            vals = self.model.predict_columns(uniq, cols)
+        vals = np.asarray(vals, dtype=float).reshape(-1)
         if vals.shape[0] != uniq.shape[0]:
             raise ValueError(f"model returned {vals.shape[0]} predictions for {uniq.shape[0]} rows")
         self.evaluations += int(uniq.shape[0])
         self.calls += 1
         return vals[inv]
 
+    def _columns(self, masks: np.ndarray, jobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Candidates and job masks on the host columns they touch, when the model can evaluate
+        column-restricted rows (fabrics: ``predict_columns``) and the cluster is wide; the
+        ``n x n_hosts`` rows of a 25,000-tray cluster would dominate every step otherwise."""
+        if not hasattr(self.model, "predict_columns") or masks.shape[1] < COLUMNS_FROM:
+            return masks, self.job_masks, None
+        touched = masks.any(axis=0)
+        if jobs.size:
+            touched |= self.job_used[np.unique(jobs)].any(axis=0)
+        cols = np.flatnonzero(touched)
+        return masks[:, cols], self.job_masks[:, cols], cols
+
     def _spans(self, masks: np.ndarray) -> np.ndarray:
         """Rows whose traffic leaves NVLink: several hosts, or several NVLink domains."""
-        used = (np.atleast_2d(masks) != 0).astype(np.float32)
+        masks = np.atleast_2d(masks)
         if self._units is None:
-            return used.sum(axis=1) >= 2
-        return ((used @ self._units) > 0.5).sum(axis=1) >= 2
+            return (masks != 0).sum(axis=1) >= 2
+        return self._units.any(masks).sum(axis=1) >= 2
 
     def contenders(self, masks: np.ndarray) -> np.ndarray:
         """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if self.n_jobs == 0:
             return np.zeros((masks.shape[0], 0), dtype=bool)
-        used = (masks != 0).astype(np.float32)
+        used = (masks[:, self._exposed_cols] != 0).astype(np.float32)
         cross = self._spans(masks)
         return ((used @ self._job_used_t) > 0.5) & cross[:, None]
 
@@ -152,11 +170,12 @@ class ContentionPredictor:
             return Prediction(np.concatenate([p.value for p in parts]), np.concatenate([p.standalone for p in parts]))
         cont = self.contenders(masks)
         ci, ji = np.nonzero(cont)
+        masks, jobs, cols = self._columns(masks, ji)
         if ci.size == 0:
-            solo = self.raw(masks)
+            solo = self.raw(masks, cols)
             return Prediction(solo.copy(), solo)
-        supers = masks[ci] | self.job_masks[ji]
-        allv = self.raw(np.concatenate([masks, supers]))
+        supers = masks[ci] | jobs[ji]
+        allv = self.raw(np.concatenate([masks, supers]), cols)
         solo = allv[:n]
         return Prediction(self._share(n, solo, cont, ci, allv[n:]), solo)
 
@@ -183,7 +202,8 @@ class ContentionPredictor:
         n_pairs = int(cont.sum())
         if n_pairs <= max_pairs:
             return self.predict(masks)
-        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS]) for i in range(0, n, MAX_BATCH_ROWS)])
+        masks, jobs, cols = self._columns(masks, np.flatnonzero(cont.any(axis=0)))
+        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS], cols) for i in range(0, n, MAX_BATCH_ROWS)])
         value = np.full(n, -np.inf)
         free_of = ~cont.any(axis=1)
         value[free_of] = solo[free_of]
@@ -199,7 +219,7 @@ class ContentionPredictor:
             idx = idx[solo[idx] >= bound]
             sub = cont[idx]
             ci, ji = np.nonzero(sub)
-            caps = self.raw(masks[idx][ci] | self.job_masks[ji])
+            caps = self.raw(masks[idx][ci] | jobs[ji], cols)
             value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
             best = max(best, float(value[idx].max()))
             pos += step

@@ -110,7 +110,7 @@ for _s in (
     Strategy("default", BASELINE, "proximity: host order, then NUMA/index order", _B + "default", "Default", _ALL),
     Strategy("random", BASELINE, "k free GPUs at random (seeded)", _B + "random", "Random", _ALL),
     Strategy("block", BASELINE, "Slurm topology/block-like: best-fit block (NVLink domain), then compact",
-             _B + "block", "Block"),
+             _B + "block", "Block", frozenset({"simulate"})),
     Strategy("exact", ORACLE, "true optimum by enumeration (raises if intractable)", _B + "exact", "Exact"),
 ):
     register(_s)

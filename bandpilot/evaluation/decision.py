@@ -6,8 +6,15 @@ Policy checks (GBE = BandPilot's mean GBE per profile, a fraction of the exact o
 * ``min_gbe[profile]``: candidate GBE >= threshold, for every evaluated profile;
 * ``max_mape``: candidate MAPE (%) <= threshold: on the held-out cross-host rows with ``holdout``,
   else the model's pattern-grouped cross-validated MAPE (recorded at training);
-* ``tolerance``: candidate GBE >= champion GBE − tolerance, for every profile;
-* ``mape_tolerance`` (optional): candidate MAPE <= champion MAPE + tolerance.
+* against the champion, for every profile: candidate GBE >= champion GBE − allowed drop, where the
+  allowed drop is the measured noise of the comparison (``noise_z`` standard errors of the paired
+  per-scenario GBE difference: both sides run on the same scenarios), at most ``tolerance``;
+* ``mape_tolerance``: candidate MAPE <= champion MAPE + allowed rise, the same way: ``noise_z``
+  standard errors of the MAPE difference (paired over the held-out rows, else from the per-fold
+  cross-validated MAPEs), at most ``mape_tolerance`` points (null disables the check).
+
+The absolute floors (``min_gbe``, ``max_mape``) judge a first model; once there is a champion the
+relative checks are the tight ones (measured models reach 99.6-100 % GBE, far above any floor).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from bandpilot.config import portable
 from bandpilot.dispatch import strategies
 from bandpilot.errors import BandPilotError, SpecError
 from bandpilot.evaluation.params import PROFILES, check_algorithms, check_profiles, load_params
@@ -38,17 +46,18 @@ class PromotionError(BandPilotError):
 class PromotionPolicy:
     """Thresholds of the gate and the evaluation it runs (``params/promotion.yaml``)."""
 
-    min_gbe: dict[str, float] = field(default_factory=lambda: {p: 0.95 for p in PROFILES})
+    min_gbe: dict[str, float] = field(default_factory=lambda: {p: 0.98 for p in PROFILES})
     max_mape: float | None = 10.0
     tolerance: float = 0.01
-    mape_tolerance: float | None = None
+    mape_tolerance: float | None = 1.0
+    noise_z: float = 2.0
     profiles: tuple[str, ...] = PROFILES
     algorithms: tuple[str, ...] = GATE_ALGORITHMS
     repeats: int = 20
     seed: int = 20240601
     workers: int = 0
 
-    KEYS = ("min_gbe", "max_mape", "tolerance", "mape_tolerance", "evaluation")
+    KEYS = ("min_gbe", "max_mape", "tolerance", "mape_tolerance", "noise_z", "evaluation")
     EVAL_KEYS = ("profiles", "algorithms", "repeats", "seed", "workers")
 
     @classmethod
@@ -91,10 +100,10 @@ class PromotionPolicy:
             for p, v in pol.min_gbe.items():
                 if not 0.0 <= v <= 1.0:
                     raise SpecError(f"{source}: min_gbe.{p} = {v} must be a fraction in [0, 1]")
-        for key in ("max_mape", "tolerance", "mape_tolerance"):
+        for key in ("max_mape", "tolerance", "mape_tolerance", "noise_z"):
             if key in doc:
                 v = doc[key]
-                if v is None and key != "tolerance":
+                if v is None and key not in ("tolerance", "noise_z"):
                     setattr(pol, key, None)
                     continue
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
@@ -116,6 +125,7 @@ class PromotionPolicy:
             "max_mape": self.max_mape,
             "tolerance": self.tolerance,
             "mape_tolerance": self.mape_tolerance,
+            "noise_z": self.noise_z,
             "evaluation": {"profiles": list(self.profiles), "algorithms": list(self.algorithms),
                            "repeats": self.repeats, "seed": self.seed, "workers": self.workers},
         }
@@ -167,6 +177,7 @@ class PromotionDecision:
     scenarios: int
     decided_at: str
     artifact_uri: str | None = None
+    noise: dict[str, float] = field(default_factory=dict)  # SE of candidate - champion per profile, "mape"
 
     @property
     def reasons(self) -> list[str]:
@@ -192,6 +203,7 @@ class PromotionDecision:
             "scenarios": self.scenarios,
             "decided_at": self.decided_at,
             "artifact_uri": self.artifact_uri,
+            "noise": self.noise,
         }
 
     def headline(self) -> str:
@@ -228,7 +240,7 @@ class PromotionDecision:
         lines += ["", "Checks:"]
         for c in self.checks:
             lines.append(f"- {'✅' if c.passed else '❌'} {c.detail}")
-        lines += ["", f"Report: `{self.report_dir}`" + (f" (artifacts: `{self.artifact_uri}`)" if self.artifact_uri else "")]
+        lines += ["", f"Report: `{portable(self.report_dir)}`" + (f" (artifacts: `{self.artifact_uri}`)" if self.artifact_uri else "")]
         return "\n".join(lines)
 
     def tags(self) -> dict[str, str]:
@@ -236,7 +248,7 @@ class PromotionDecision:
             "passed": str(self.passed).lower(),
             "action": self.action,
             "decided_at": self.decided_at,
-            "report_dir": str(self.report_dir),
+            "report_dir": portable(self.report_dir),
             "reasons": "; ".join(self.reasons)[:4000] or "none",
             "champion_version": str(self.champion.version) if self.champion else "none",
             "scenarios": str(self.scenarios),
@@ -257,8 +269,19 @@ class PromotionDecision:
         return {TAG_PREFIX + k: v for k, v in t.items()}
 
 
-def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profiles: Iterable[str]) -> list[Check]:
-    """The checks of the gate (pure: no I/O)."""
+def allowed_gap(cap: float, z: float, se: float | None) -> float:
+    """How far a challenger may fall behind the champion: ``z`` standard errors of the measured
+    difference, never more than ``cap``; without a noise figure, ``cap``."""
+    if se is None or not math.isfinite(se):
+        return cap
+    return min(cap, z * max(se, 0.0))
+
+
+def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profiles: Iterable[str],
+                 noise: Mapping[str, float] | None = None) -> list[Check]:
+    """The checks of the gate (pure: no I/O). ``noise``: standard error of the candidate-minus-
+    champion difference per profile (GBE fraction) and under ``"mape"`` (% points)."""
+    noise = noise or {}
     checks: list[Check] = []
     for p in profiles:
         thr = float(policy.min_gbe.get(p, 0.0))
@@ -272,20 +295,31 @@ def apply_policy(policy: PromotionPolicy, cand: Side, champ: Side | None, profil
                             f"{cand.mape_source or 'held-out'} MAPE {cand.mape:.2f} % {'<=' if ok else '>'} maximum {policy.max_mape:.2f} %"))
     if champ is not None:
         for p in profiles:
-            floor = champ.gbe[p] - policy.tolerance
+            gap = allowed_gap(policy.tolerance, policy.noise_z, noise.get(p))
+            floor = champ.gbe[p] - gap
             v = cand.gbe[p]
             ok = bool(v >= floor - 1e-12)
             checks.append(Check(
                 f"vs_champion_{p}", v, floor, ok,
                 f"GBE {p} {100 * v:.2f} % vs champion v{champ.version} {100 * champ.gbe[p]:.2f} % "
-                f"({100 * (v - champ.gbe[p]):+.2f} pts, tolerance {100 * policy.tolerance:.2f})",
+                f"({100 * (v - champ.gbe[p]):+.2f} pts, allowed -{100 * gap:.2f}{_why(p, noise, policy, 100)})",
             ))
         if policy.mape_tolerance is not None and cand.mape is not None and champ.mape is not None:
-            ceil = champ.mape + policy.mape_tolerance
-            ok = bool(cand.mape <= ceil)
+            gap = allowed_gap(policy.mape_tolerance, policy.noise_z, noise.get("mape"))
+            ceil = champ.mape + gap
+            ok = bool(cand.mape <= ceil + 1e-12)
             checks.append(Check("mape_vs_champion", cand.mape, ceil, ok,
-                                f"{cand.mape_source or 'held-out'} MAPE {cand.mape:.2f} % vs champion {champ.mape:.2f} % (tolerance {policy.mape_tolerance:.2f} pts)"))
+                                f"{cand.mape_source or 'held-out'} MAPE {cand.mape:.2f} % vs champion {champ.mape:.2f} % "
+                                f"(allowed +{gap:.2f} pts{_why('mape', noise, policy, 1)})"))
     return checks
+
+
+def _why(key: str, noise: Mapping[str, float], policy: PromotionPolicy, scale: float) -> str:
+    se = noise.get(key)
+    cap = policy.mape_tolerance if key == "mape" else policy.tolerance
+    if se is None or not math.isfinite(se):
+        return ": tolerance, no noise figure"
+    return f": {policy.noise_z:g} x noise SE {scale * se:.3f}, at most {scale * float(cap or 0):.2f}"
 
 
 def rich_decision(dec: PromotionDecision) -> Any:

@@ -24,12 +24,12 @@ import datetime as _dt
 import json
 import math
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import numpy as np
-
 from bandpilot.errors import ModelError
+from bandpilot.evaluation.comparison import comparison_figure, cv_mape, gbe_noise, holdout_metrics, mape_noise
 from bandpilot.evaluation.decision import (
     CHALLENGER,
     CHAMPION,
@@ -49,34 +49,6 @@ from bandpilot.evaluation.truth import check_same_cluster, resolve_truth
 
 DECISION_FILE = "decision.json"
 PROMOTION_REPORT = "promotion.md"
-
-
-def holdout_metrics(model: Any, holdout: Any) -> dict[str, Any]:
-    """Accuracy of ``model`` on a held-out dataset: cross-host rows (stage 1 is a lookup), repeats averaged."""
-    from bandpilot.data.dataset import Dataset, load_dataset
-    from bandpilot.model.metrics import evaluate_predictions
-
-    ds = holdout if isinstance(holdout, Dataset) else load_dataset(holdout)
-    check_same_cluster(model.spec, ds.spec, "held-out dataset of cluster")
-    agg = ds.aggregated()
-    cross = agg.cross_host()
-    use = cross if len(cross) else agg
-    if len(use) == 0:
-        raise PromotionError(f"held-out dataset {ds.path} has no rows")
-    y = use.busbw()
-    yhat = np.asarray(model.predict_masks(use.masks()), dtype=float)
-    ev = evaluate_predictions(y, yhat, n_hosts=use.frame["n_hosts"].to_numpy())
-    ev["rows"] = "cross-host" if len(cross) else "all"
-    ev["dataset"] = str(ds.path) if ds.path else None
-    return ev
-
-
-def cv_mape(model: Any) -> float | None:
-    """The pattern-grouped cross-validated MAPE stored in a model fit by ``bandpilot train`` (None for
-    models trained on a split, whose test rows were not measurements the registered model left out)."""
-    m = (getattr(model, "meta", None) or {}).get("metrics") or {}
-    v = m.get("cv_mape")
-    return float(v) if v is not None and np.isfinite(v) else None
 
 
 def _now() -> str:
@@ -150,38 +122,6 @@ def _side(res: EvaluationResult, version: str | None, uri: str | None, profiles:
     return Side(version, uri, {p: res.gbe(p) for p in profiles}, report_dir=str(res.out_dir) if res.out_dir else None)
 
 
-def _comparison_figure(cand: EvaluationResult, champ: EvaluationResult | None, out: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    profs = list(cand.profiles)
-    fig, axes = plt.subplots(1, len(profs), figsize=(4.4 * len(profs), 3.5), squeeze=False)
-    ck = cand.gbe_by_k()
-    hk = champ.gbe_by_k() if champ is not None else None
-    for i, p in enumerate(profs):
-        ax = axes[0][i]
-        sub = ck.loc[p]
-        ax.plot(sub.index, sub["bandpilot"], color="#d62728", marker="o", ms=3, label=f"candidate v{cand.model_version}")
-        if hk is not None:
-            hs = hk.loc[p]
-            ax.plot(hs.index, hs["bandpilot"], color="#1f77b4", marker="s", ms=3, label=f"champion v{champ.model_version}")
-        if "ideal" in sub.columns:
-            ax.plot(sub.index, sub["ideal"], color="#2ca02c", lw=1, ls="--", label="Ideal-BP")
-        ax.set_title(f"τ = {p}")
-        ax.set_xlabel("request size k (GPUs)")
-        ax.set_ylabel("mean GBE (%)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower left")
-    fig.suptitle(title)
-    fig.tight_layout()
-    path = out / "comparison_gbe_vs_k.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _write_decision(dec: PromotionDecision, cand: EvaluationResult, champ: EvaluationResult | None, fig: Path) -> None:
     out = dec.report_dir
     (out / DECISION_FILE).write_text(json.dumps(dec.to_dict(), indent=1, default=str))
@@ -220,55 +160,105 @@ def _write_decision(dec: PromotionDecision, cand: EvaluationResult, champ: Evalu
     (out / PROMOTION_REPORT).write_text("\n".join(lines) + "\n")
 
 
-def promote(
-    candidate_uri: str,
-    *,
-    policy: PromotionPolicy | Mapping[str, Any] | str | Path | None = None,
-    truth: Any = None,
-    cluster: Any = None,
-    holdout: Any = None,
-    profiles: Iterable[str] | str | None = None,
-    algorithms: Iterable[str] | str | None = None,
-    repeats: int | None = None,
-    seed: int | None = None,
-    workers: int | None = None,
-    ks: Iterable[int] | None = None,
-    manual: bool = False,
-    out_dir: str | Path | None = None,
-    progress: bool = False,
-    tracking_uri: str | None = None,
-    log_artifacts: bool = True,
-    figures: bool = True,
-) -> PromotionDecision:
+@dataclass(frozen=True)
+class GateOptions:
+    """How :func:`promote` runs. Scenario settings left ``None`` come from the policy's
+    ``evaluation`` block; ``policy`` is a :class:`PromotionPolicy`, a mapping or a YAML path."""
+
+    policy: PromotionPolicy | Mapping[str, Any] | str | Path | None = None
+    truth: Any = None
+    cluster: Any = None
+    holdout: Any = None
+    profiles: Iterable[str] | str | None = None
+    algorithms: Iterable[str] | str | None = None
+    repeats: int | None = None
+    seed: int | None = None
+    workers: int | None = None
+    ks: Iterable[int] | None = None
+    manual: bool = False
+    out_dir: str | Path | None = None
+    progress: bool = False
+    tracking_uri: str | None = None
+    log_artifacts: bool = True
+    figures: bool = True
+
+
+@dataclass
+class _Plan:
+    """Everything resolved and loaded before any evaluation: bad input fails here."""
+
+    policy: PromotionPolicy
+    profiles: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    repeats: int
+    seed: int
+    workers: int
+    name: str
+    version: str
+    run_id: str | None
+    cand_model: Any
+    fabric: Any
+    champ_version: str | None
+    champ_model: Any
+    holdout: Any
+    out: Path
+
+
+def promote(candidate_uri: str, options: GateOptions | None = None, **overrides: Any) -> PromotionDecision:
     """Gate ``candidate_uri`` (a registered version of ``bandpilot-<cluster>``) against the champion.
 
-    Scenario settings default to the policy's ``evaluation`` block. Raises
+    ``overrides`` are :class:`GateOptions` fields (``promote(uri, repeats=5, manual=True)``). Raises
     :class:`~bandpilot.errors.BandPilotError` subclasses on bad input, before any alias moves.
     """
-    from bandpilot.model.surrogate import Surrogate
-
+    opts = replace(options or GateOptions(), **overrides)
     reg = _registry()
     if hasattr(reg, "tracking_setup"):
-        reg.tracking_setup(tracking_uri)
-    pol = policy if isinstance(policy, PromotionPolicy) else (
-        PromotionPolicy.from_dict(policy) if isinstance(policy, Mapping) else PromotionPolicy.load(policy)
+        reg.tracking_setup(opts.tracking_uri)
+    plan = _plan(candidate_uri, opts)
+    cand_res, champ_res = _evaluate_sides(plan, opts)
+    cand, champ = _sides(plan, cand_res, champ_res)
+    noise = _noise(plan, cand, champ, cand_res, champ_res)
+    checks = apply_policy(plan.policy, cand, champ, plan.profiles, noise)
+    passed = all(c.passed for c in checks)
+    action, aliases = _action(passed, opts.manual, plan.version, plan.champ_version)
+    dec = PromotionDecision(
+        name=plan.name, candidate=cand, champion=champ, passed=passed, manual=opts.manual, action=action,
+        checks=checks, report_dir=plan.out, aliases=aliases,
+        policy=plan.policy.to_dict() | {"evaluation": {"profiles": list(plan.profiles), "algorithms": list(plan.algorithms),
+                                                       "repeats": plan.repeats, "seed": plan.seed, "workers": plan.workers}},
+        scenarios=cand_res.n_scenarios, decided_at=_now(), noise=noise,
     )
-    profs = check_profiles(profiles) if profiles is not None else pol.profiles
-    algs = check_algorithms(algorithms) if algorithms is not None else pol.algorithms
+    title = f"{plan.name}: candidate v{plan.version}" + (f" vs champion v{plan.champ_version}" if plan.champ_version else "")
+    fig = comparison_figure(cand_res, champ_res, plan.out, title)
+    _write_decision(dec, cand_res, champ_res, fig)
+    if opts.log_artifacts and plan.run_id:
+        dec.artifact_uri = _log_run(plan.run_id, dec, cand_res, plan.out)
+        (plan.out / DECISION_FILE).write_text(json.dumps(dec.to_dict(), indent=1, default=str))
+    _describe(plan.name, plan.version, dec.description())
+    _set_tags(plan.name, plan.version, dec.tags())
+    _move_aliases(plan.name, plan.version, aliases)
+    return dec
+
+
+def _plan(candidate_uri: str, opts: GateOptions) -> _Plan:
+    """1. resolve and load everything that can fail on bad input - before any evaluation."""
+    from bandpilot.model.surrogate import Surrogate
+
+    pol = opts.policy if isinstance(opts.policy, PromotionPolicy) else (
+        PromotionPolicy.from_dict(opts.policy) if isinstance(opts.policy, Mapping) else PromotionPolicy.load(opts.policy)
+    )
+    profs = check_profiles(opts.profiles) if opts.profiles is not None else pol.profiles
+    algs = check_algorithms(opts.algorithms) if opts.algorithms is not None else pol.algorithms
     if "bandpilot" not in algs:
         algs = ("bandpilot", *algs)
-    reps = pol.repeats if repeats is None else int(repeats)
+    reps = pol.repeats if opts.repeats is None else int(opts.repeats)
     if reps < 1:
         raise PromotionError(f"zero scenarios: repeats must be >= 1 (got {reps}); nothing was promoted")
-    sd = pol.seed if seed is None else int(seed)
-    wk = pol.workers if workers is None else int(workers)
-
-    # 1. resolve and load everything that can fail on bad input - before any evaluation
     name, version, run_id = _resolve(candidate_uri)
     if version is None:
         raise PromotionError(f"{candidate_uri} is not a registered model version (use models:/NAME/VERSION or models:/NAME@alias)")
     cand_model = Surrogate.load(f"models:/{name}/{version}")
-    fabric = resolve_truth(cand_model.spec, truth=truth, cluster=cluster)
+    fabric = resolve_truth(cand_model.spec, truth=opts.truth, cluster=opts.cluster)
     expected = f"bandpilot-{cand_model.spec.name}"
     if name != expected and name != f"bandpilot-{fabric.spec.name}":
         raise PromotionError(f"candidate is registered as {name!r} but its cluster is {cand_model.spec.name!r} (expected {expected!r})")
@@ -283,75 +273,81 @@ def promote(
         except ModelError as exc:
             raise PromotionError(f"the champion v{champ_version} does not fit the cluster of the candidate: {exc}") from None
     ho = None
-    if holdout is not None:
+    if opts.holdout is not None:
         from bandpilot.data.dataset import load_dataset
 
-        ho = load_dataset(holdout)
+        ho = load_dataset(opts.holdout)
         check_same_cluster(cand_model.spec, ho.spec, "held-out dataset of cluster")
-
-    out = Path(out_dir) if out_dir else _default_out(name, version)
+    out = Path(opts.out_dir) if opts.out_dir else _default_out(name, version)
     out.mkdir(parents=True, exist_ok=True)
+    return _Plan(pol, profs, algs, reps, pol.seed if opts.seed is None else int(opts.seed),
+                 pol.workers if opts.workers is None else int(opts.workers), name, version, run_id, cand_model, fabric,
+                 champ_version, champ_model, ho, out)
 
-    # 2. evaluate both sides on the same scenarios (exact optima computed once, shared)
-    cand_res = evaluate(cand_model, fabric, profiles=profs, repeats=reps, seed=sd, workers=wk, ks=ks,
-                        algorithms=algs, progress=progress, figures=False)
-    cand_res.model_uri = f"models:/{name}/{version}"
-    cand_res.model_version = version
-    cand_side_res = cand_res
+
+def _evaluate_sides(plan: _Plan, opts: GateOptions) -> tuple[EvaluationResult, EvaluationResult | None]:
+    """2. both sides on the same scenarios (exact optima computed once, shared), reports written."""
+    cand_res = evaluate(plan.cand_model, plan.fabric, profiles=plan.profiles, repeats=plan.repeats, seed=plan.seed,
+                        workers=plan.workers, ks=opts.ks, algorithms=plan.algorithms, progress=opts.progress, figures=False)
+    cand_res.model_uri = f"models:/{plan.name}/{plan.version}"
+    cand_res.model_version = plan.version
     champ_res = None
-    if champ_model is not None:
-        champ_res = evaluate(champ_model, fabric, profiles=profs, workers=wk, algorithms=("bandpilot",),
-                             reference=cand_res, progress=progress, figures=False)
-        champ_res.model_uri = f"models:/{name}/{champ_version}"
-        champ_res.model_version = champ_version
+    if plan.champ_model is not None:
+        champ_res = evaluate(plan.champ_model, plan.fabric, profiles=plan.profiles, workers=plan.workers,
+                             algorithms=("bandpilot",), reference=cand_res, progress=opts.progress, figures=False)
+        champ_res.model_uri = f"models:/{plan.name}/{plan.champ_version}"
+        champ_res.model_version = plan.champ_version
         rebase([cand_res, champ_res])
-    cand_res.write(out / "candidate", figures=figures)
+    cand_res.write(plan.out / "candidate", figures=opts.figures)
     if champ_res is not None:
-        champ_res.write(out / "champion", figures=figures)
-    cand = _side(cand_side_res, version, cand_res.model_uri, profs)
-    champ = _side(champ_res, champ_version, champ_res.model_uri, profs) if champ_res is not None else None
-    if ho is not None:
-        cm = holdout_metrics(cand_model, ho)
-        cand.mape, cand.holdout, cand.mape_source = float(cm["mape"]), cm, "held-out"
-        if champ is not None and champ_model is not None:
-            hm = holdout_metrics(champ_model, ho)
-            champ.mape, champ.holdout, champ.mape_source = float(hm["mape"]), hm, "held-out"
-    else:
-        # No held-out set: the error the model showed on measurements it was not fit on (its CV).
-        cand.mape, cand.mape_source = cv_mape(cand_model), "cross-validated"
-        if champ is not None and champ_model is not None:
-            champ.mape, champ.mape_source = cv_mape(champ_model), "cross-validated"
+        champ_res.write(plan.out / "champion", figures=opts.figures)
+    return cand_res, champ_res
+
+
+def _sides(plan: _Plan, cand_res: EvaluationResult, champ_res: EvaluationResult | None) -> tuple[Side, Side | None]:
+    """Both sides' figures: GBE, and MAPE on the holdout, else the model's cross-validated MAPE."""
+    cand = _side(cand_res, plan.version, cand_res.model_uri, plan.profiles)
+    champ = _side(champ_res, plan.champ_version, champ_res.model_uri, plan.profiles) if champ_res is not None else None
+    for side, model in ((cand, plan.cand_model), (champ, plan.champ_model)):
+        if side is None:
+            continue
+        if plan.holdout is not None:
+            hm = holdout_metrics(model, plan.holdout)
+            side.mape, side.holdout, side.mape_source = float(hm["mape"]), hm, "held-out"
+        else:  # no held-out set: the error the model showed on measurements it was not fit on (its CV)
+            side.mape, side.mape_source = cv_mape(model), "cross-validated"
     cand.truth = cand_res.truth
     if champ is not None and champ_res is not None:
         champ.truth = champ_res.truth
+    return cand, champ
 
-    # 3. decide, write everything
-    checks = apply_policy(pol, cand, champ, profs)
-    passed = all(c.passed for c in checks)
+
+def _noise(plan: _Plan, cand: Side, champ: Side | None, cand_res: EvaluationResult,
+           champ_res: EvaluationResult | None) -> dict[str, float]:
+    if champ is None or champ_res is None:
+        return {}
+    noise = gbe_noise(cand_res, champ_res, plan.profiles)
+    if cand.mape is not None and champ.mape is not None:
+        mn = mape_noise(plan.cand_model, plan.champ_model, plan.holdout)
+        if mn is not None:
+            noise["mape"] = mn
+    return noise
+
+
+def _action(passed: bool, manual: bool, version: str, champ_version: str | None) -> tuple[str, dict[str, str]]:
     if manual:
-        action, aliases = ("awaiting_approval" if passed else "challenger"), {CHALLENGER: version}
-    elif passed:
-        action = "promoted"
-        aliases = {CHAMPION: version}
-        if champ_version is not None:
-            aliases[PREVIOUS] = champ_version
-    else:
-        action, aliases = "challenger", {CHALLENGER: version}
-    dec = PromotionDecision(
-        name=name, candidate=cand, champion=champ, passed=passed, manual=manual, action=action, checks=checks,
-        report_dir=out, aliases=aliases, policy=pol.to_dict() | {"evaluation": {"profiles": list(profs), "algorithms": list(algs),
-                                                                           "repeats": reps, "seed": sd, "workers": wk}},
-        scenarios=cand_res.n_scenarios, decided_at=_now(),
-    )
-    fig = _comparison_figure(cand_res, champ_res, out, f"{name}: candidate v{version}" + (f" vs champion v{champ_version}" if champ_version else ""))
-    _write_decision(dec, cand_res, champ_res, fig)
-    if log_artifacts and run_id:
-        dec.artifact_uri = _log_run(run_id, dec, cand_res, out)
-        (out / DECISION_FILE).write_text(json.dumps(dec.to_dict(), indent=1, default=str))
-    _describe(name, version, dec.description())
-    _set_tags(name, version, dec.tags())
+        return ("awaiting_approval" if passed else "challenger"), {CHALLENGER: version}
+    if not passed:
+        return "challenger", {CHALLENGER: version}
+    aliases = {CHAMPION: version}
+    if champ_version is not None:
+        aliases[PREVIOUS] = champ_version
+    return "promoted", aliases
 
-    # 4. only now move aliases (previous before champion: a failure in between leaves the old champion serving)
+
+def _move_aliases(name: str, version: str, aliases: Mapping[str, str]) -> None:
+    """4. only after every number and record: previous before champion, so a failure in between
+    leaves the old champion serving."""
     if PREVIOUS in aliases:
         _set_alias(name, PREVIOUS, aliases[PREVIOUS])
     if CHAMPION in aliases:
@@ -360,7 +356,6 @@ def promote(
             _delete_alias(name, CHALLENGER)
     if CHALLENGER in aliases:
         _set_alias(name, CHALLENGER, aliases[CHALLENGER])
-    return dec
 
 
 def _log_run(run_id: str, dec: PromotionDecision, cand: EvaluationResult, out: Path) -> str:
@@ -382,8 +377,7 @@ def _log_run(run_id: str, dec: PromotionDecision, cand: EvaluationResult, out: P
     dest = f"promotion/{out.name}"
     client.log_artifacts(run_id, str(out), dest)
     client.set_tag(run_id, TAG_PREFIX + "report", dest)
-    run = client.get_run(run_id)
-    return f"{run.info.artifact_uri.rstrip('/')}/{dest}"
+    return f"runs:/{run_id}/{dest}"  # portable: MLflow resolves it against the store, not this checkout
 
 
 def approve(name: str, version: str | int, *, force: bool = False, tracking_uri: str | None = None,
@@ -434,6 +428,7 @@ def _current_description(name: str, version: str) -> str:
 
 
 __all__ = [
+    "GateOptions",
     "promote",
     "approve",
     "holdout_metrics",

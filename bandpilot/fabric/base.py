@@ -71,6 +71,15 @@ class Fabric:
         """Same as :meth:`bandwidth_masks`: a fabric is a perfect predictor (Ideal-BP, Exact)."""
         return self.bandwidth_masks(masks)
 
+    def predict_columns(self, masks: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """:meth:`predict_masks` of rows given only on the host columns ``cols`` (every other host
+        empty). A fabric's ``B`` depends only on the hosts an allocation uses, so on big clusters
+        candidates are evaluated on the few columns they touch; this default widens the rows."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        full = np.zeros((masks.shape[0], self.spec.n_hosts), dtype=np.int64)
+        full[:, np.asarray(cols, dtype=np.int64)] = masks
+        return self.predict_masks(full)
+
     def bandwidth(self, allocations: Sequence[Iterable[str]]) -> np.ndarray:
         """``B(S)`` for allocations given as GPU-id lists."""
         return self.bandwidth_masks(self.spec.to_masks([list(a) for a in allocations]))

@@ -11,125 +11,61 @@ measurement tables by :mod:`bandpilot.fabric.calibration`.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
-from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster
+from bandpilot.config import SOURCE_ROOT
+
+from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.errors import SpecError
 from bandpilot.fabric.base import Fabric
 from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
-from bandpilot.topology.domains import nvlink_units
+from bandpilot.fabric.units import unit_index
 
-# Default per-GPU-type emulator parameters (GB/s unless noted), calibrated with
-# ``bandpilot calibrate`` against the public BandPilot tables (H100 from its four host tables,
-# the Het-4Mix types from one host each; A100 and unknown types are uncalibrated guesses).
-#   link        per-pair path capacity by ``nvidia-smi topo`` class (NV: per NVLink)
-#   pcie        per-GPU PCIe port;  uplink: PCIe switch-group uplink;  sys: inter-socket link
-#   p2p         GPU peer-to-peer over PCIe (false: PCIe traffic is staged through host memory)
-#   cap         host ceiling, approached with exponent ``sharpness``
-#   hop_penalty pipeline cost of slow hops;  ring_eff: efficiency by rank count k = 2, 3, ...
-DEFAULT_GPU_PARAMS: dict[str, dict[str, Any]] = {}  # filled below
-GENERIC_GPU_PARAMS: dict[str, Any] = {
-    "link": {"NV": 20.0, "PIX": 20.0, "PXB": 18.0, "PHB": 15.0, "NODE": 13.0, "SYS": 10.0},
-    "pcie": 24.0,
-    "uplink": 24.0,
-    "sys": 16.0,
-    "p2p": True,
-    "cap": 200.0,
-    "sharpness": 8.0,
-    "hop_penalty": 0.0,
-    "k0": 0.3,
-}
+#: The calibrated constants (per-GPU-type parameters, network, NVLink domains), with their citations
+#: and calibration notes: ``params/emulator.yaml`` beside the package. Specs override them per cluster.
+CONSTANTS_FILE = SOURCE_ROOT / "params" / "emulator.yaml"
 GPU_PARAM_KEYS = frozenset(
     {"link", "pcie", "uplink", "sys", "p2p", "cap", "sharpness", "hop_penalty", "ring_eff", "k0", "nic_gbps"}
 )
-DEFAULT_GPU_PARAMS.update(
-    {
-        "H100": {
-            "link": {"NV": 29.72},
-            "p2p": True,
-            "cap": 239.9,
-            "sharpness": 2.103,
-            "hop_penalty": 0.3901,
-            "ring_eff": [1.0, 1.051, 1.097, 0.9876, 1.0, 1.013, 1.025],
-        },
-        "A800": {
-            "link": {"NV": 42.0},
-            "p2p": True,
-            "cap": 100.3,
-            "sharpness": 40.0,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 0.9876, 1.005, 0.7691, 0.7459, 0.7408, 0.9394],
-        },
-        "V100": {
-            "link": {"NV": 21.55, "SYS": 17.32},
-            "pcie": 12.02,
-            "sys": 9.167,
-            "p2p": True,
-            "cap": 74.21,
-            "sharpness": 3.137,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 1.0, 1.0, 1.0, 1.0, 1.284, 1.35],
-        },
-        "A6000": {
-            "link": {"NV": 28.38, "PXB": 30.27, "SYS": 22.84},
-            "pcie": 30.34,
-            "uplink": 40.68,
-            "sys": 17.79,
-            "p2p": True,
-            "cap": 41.27,
-            "sharpness": 12.1,
-            "hop_penalty": 0.4946,
-            "ring_eff": [1.0, 1.0, 1.0, 1.0, 1.221, 1.0, 0.9512],
-        },
-        "RTX4090": {
-            "link": {"PIX": 6.464, "PXB": 22.76, "SYS": 42.82},
-            "pcie": 12.09,
-            "uplink": 13.9,
-            "sys": 11.83,
-            "p2p": False,
-            "cap": 12.07,
-            "sharpness": 5.983,
-            "hop_penalty": 0.2996,
-            "ring_eff": [1.0, 1.105, 1.162, 1.221, 1.221, 1.221, 0.8607],
-        },
-        # uncalibrated: A800 with 1.5x NVLink
-        "A100": {
-            "link": {"NV": 63.0},
-            "p2p": True,
-            "cap": 150.4,
-            "sharpness": 40.0,
-            "hop_penalty": 0.01,
-            "ring_eff": [1.0, 0.9876, 1.005, 0.7691, 0.7459, 0.7408, 0.9394],
-        },
-    }
-)
-for _name, _over in DEFAULT_GPU_PARAMS.items():
+_CONSTANT_KEYS = ("generic_gpu", "gpu", "network", "nvlink", "count_gain_max")
+
+
+def load_constants(path: str | Path = CONSTANTS_FILE) -> dict[str, Any]:
+    """The emulator's constants file, checked: every section present, no unknown key."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"emulator constants not found: {p}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: invalid YAML ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict) or set(doc) != set(_CONSTANT_KEYS):
+        got = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise SpecError(f"{p}: expected the sections {list(_CONSTANT_KEYS)}, got {got}")
+    for name, gp in {"generic_gpu": doc["generic_gpu"], **{f"gpu.{k}": v for k, v in (doc["gpu"] or {}).items()}}.items():
+        if not isinstance(gp, dict) or set(gp) - GPU_PARAM_KEYS or not isinstance(gp.get("link", {}), dict):
+            raise SpecError(f"{p}: {name} must be a mapping of {sorted(GPU_PARAM_KEYS)}")
+    return doc
+
+
+_CONSTANTS = load_constants()
+GENERIC_GPU_PARAMS: dict[str, Any] = _CONSTANTS["generic_gpu"]
+#: Per GPU type: its calibrated parameters over the generic ones (a fitted ``ring_eff`` replaces ``k0``).
+DEFAULT_GPU_PARAMS: dict[str, dict[str, Any]] = {}
+for _name, _over in _CONSTANTS["gpu"].items():
     _full = {**GENERIC_GPU_PARAMS, **_over, "link": {**GENERIC_GPU_PARAMS["link"], **_over["link"]}}
     if "ring_eff" in _over:
         _full.pop("k0", None)
     DEFAULT_GPU_PARAMS[_name] = _full
-# Network defaults: fitted to the H100 cluster's inter-host table (per-pattern MAPE 6 %).
-DEFAULT_NETWORK: dict[str, float] = {
-    "rail_efficiency": 0.7944,  # achieved busbw per rail / line rate (H100 1+1: 38.5 GB/s of 50)
-    "switch_base": 1.041,  # switch cap (in rails' worth of bandwidth) as n_hosts -> infinity
-    "switch_peer": 1.588,  # extra cap for few hosts: cap = base + peer / (n_hosts - 1)
-    "count_gain": 0.2503,  # cap grows mildly with the smallest per-host count (more channels)
-    "imbalance": 0.1552,  # cap falls with mean/min count on >= 3 hosts (long intra-host ring segments)
-    "sharpness": 13.81,  # smooth-min exponent between NIC and switch limits
-    "cross_domain_factor": 0.5,  # uncalibrated: a 2:1 oversubscribed rack uplink halves the switch cap
-}
-
-
-# Multi-node NVLink domains (spec ``emulator.nvlink``): a ring across trays of one domain runs
-# through the NVLink switch trays at ``efficiency`` x the GPU type's host ceiling (``cap``) x its
-# rank-count efficiency, or at an explicit ``gbps``. Uncalibrated (no NVL72 measurements here).
-DEFAULT_NVLINK: dict[str, float | None] = {"efficiency": 0.9, "gbps": None}
-#: The fitted count gain (more channels with more GPUs per host) is not extrapolated past the
-#: largest host it was fitted on (8 GPUs): a domain with 72 GPUs in an allocation is not 2x faster.
-COUNT_GAIN_MAX = 8
+DEFAULT_NETWORK: dict[str, float] = {k: float(v) for k, v in _CONSTANTS["network"].items()}
+DEFAULT_NVLINK: dict[str, float | None] = dict(_CONSTANTS["nvlink"])
+#: The count gain is not extrapolated past the largest host it was fitted on (see the YAML).
+COUNT_GAIN_MAX = int(_CONSTANTS["count_gain_max"])
 
 
 def nvlink_params(spec: ClusterSpec) -> dict[str, float | None]:
@@ -201,14 +137,18 @@ class EmulatorFabric(Fabric):
         self._n_domains = len(uniq)
         self._nvl = bool(spec.nvlink_domains)
         if self._nvl:
-            self._unit, self._unit_nvl = nvlink_units(spec.hosts, spec.nvlink_domains)
-            self._unit_onehot = np.zeros((spec.n_hosts, self._unit_nvl.size))
-            self._unit_onehot[np.arange(spec.n_hosts), self._unit] = 1.0
+            self._units = unit_index(spec)
+            self._unit, self._unit_nvl = self._units.unit, self._units.is_nvl
             nv = nvlink_params(spec)
             # per host: in-domain cross-tray busbw before the rank-count efficiency
             self._nvl_gbps = np.array(
                 [float(nv["gbps"]) if nv["gbps"] else float(nv["efficiency"]) * float(p["cap"]) for p in self._host_params]
             )
+            # per unit: the slowest tray's NVLink term (inf outside NVLink domains)
+            self._unvl = np.full(self._unit_nvl.size, np.inf)
+            np.minimum.at(self._unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
+            nvl_hosts = np.flatnonzero(self._unit_nvl[self._unit])
+            self._nvl_p0 = self._host_params[int(nvl_hosts[0])] if nvl_hosts.size else None
 
     def stage1_table(self, h: int) -> np.ndarray:
         return emulated_stage1(self.spec.hosts[h].topology, self._host_params[h])
@@ -266,7 +206,39 @@ class EmulatorFabric(Fabric):
         with np.errstate(over="ignore", divide="ignore"):
             return (nic**-p + cap**-p) ** (-1.0 / p)
 
-    def _network_nvl(self, counts: np.ndarray) -> np.ndarray:
+    def predict_columns(self, masks: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Exact column-restricted ``B`` (see :meth:`Fabric.predict_columns`): stage 1 and the
+        network read only the used hosts' parameters, so ``n x len(cols)`` work, not ``n x n_hosts``."""
+        if type(self).bandwidth_masks is not Fabric.bandwidth_masks or not self._nvl or self.combine != "min_intra":
+            return super().predict_columns(masks, cols)
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        cols = np.asarray(cols, dtype=np.int64)
+        counts = popcount(masks)
+        used = counts > 0
+        n_used = used.sum(axis=1)
+        intra = self.stage1[cols[None, :], masks]
+        out = np.zeros(masks.shape[0])
+        single = n_used == 1
+        out[single] = intra[single].sum(axis=1)
+        cross = n_used >= 2
+        if cross.any():
+            net = self._network_nvl(counts[cross], cols)
+            big = np.where(counts[cross] >= 2, intra[cross], np.inf)
+            out[cross] = np.minimum(net, big.min(axis=1))
+        return out
+
+    def _groups(self, cols: np.ndarray | None):
+        """Columns grouped by unit: (column order or None, segment starts, unit of each segment)."""
+        if cols is None:
+            ix = self._units
+            return (None if ix.sorted else ix.order), ix.starts, np.arange(ix.U), None
+        u = self._unit[cols]
+        order = None if np.all(np.diff(u) >= 0) else np.argsort(u, kind="stable")
+        us = u if order is None else u[order]
+        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]])
+        return order, starts, us[starts], (cols if order is None else cols[order])
+
+    def _network_nvl(self, counts: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Cross-host busbw on a cluster with NVLink domains: the unit that talks over NIC rails is
         the NVLink domain (a host outside any domain is its own unit).
 
@@ -277,23 +249,24 @@ class EmulatorFabric(Fabric):
           unit count (count gain capped at :data:`COUNT_GAIN_MAX`) - and never above the NVLink
           term of a domain the allocation spans several trays of.
         """
+        # per-unit sums as segmented sums over the columns grouped by unit (``cols``: only these hosts)
+        order, starts, seg_unit, gcols = self._groups(cols)
+        if order is not None:
+            counts = counts[:, order]
+        hcols = slice(None) if gcols is None else gcols
+        rails, rail_gbps = self._rails[hcols], self._rail_gbps[hcols]
         used = counts > 0
-        onehot = self._unit_onehot
-        cf = counts.astype(np.float64)  # per-unit sums as one float matmul each (BLAS)
-        ucount = np.rint(cf @ onehot).astype(np.int64)
-        urails = (np.minimum(cf, self._rails[None, :]) * self._rail_gbps[None, :]) @ onehot
-        utrays = np.rint(used.astype(np.float64) @ onehot).astype(np.int64)
+        ucount = np.add.reduceat(counts, starts, axis=1)
+        urails = np.add.reduceat(np.minimum(counts, rails[None, :]) * rail_gbps[None, :], starts, axis=1)
+        utrays = np.add.reduceat(used.astype(np.int64), starts, axis=1)
         uused = ucount > 0
         n_u = uused.sum(axis=1)
         # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency
-        unvl = np.full(self._unit_nvl.size, np.inf)
-        np.minimum.at(unvl, self._unit, np.where(self._unit_nvl[self._unit], self._nvl_gbps, np.inf))
         eff = np.ones(ucount.shape)
-        multi = (utrays >= 2) & self._unit_nvl[None, :]
+        multi = (utrays >= 2) & self._unit_nvl[seg_unit][None, :]
         if multi.any():
-            p0 = self._host_params[int(np.flatnonzero(self._unit_nvl[self._unit])[0])]
-            eff[multi] = ring_efficiency(p0, ucount[multi])
-        nvl_term = np.where(multi, unvl[None, :] * eff, np.inf).min(axis=1)
+            eff[multi] = ring_efficiency(self._nvl_p0, ucount[multi])
+        nvl_term = np.where(multi, self._unvl[seg_unit][None, :] * eff, np.inf).min(axis=1)
         out = nvl_term.copy()
         cross = n_u >= 2
         if cross.any():
@@ -301,7 +274,7 @@ class EmulatorFabric(Fabric):
             nic = np.where(uu, ur, np.inf).min(axis=1)
             big = np.iinfo(np.int64).max
             min_count = np.maximum(np.where(uu, uc, big).min(axis=1), 1)
-            rail_unit = np.where(used[cross], self._rail_gbps[None, :], np.inf).min(axis=1)
+            rail_unit = np.where(used[cross], rail_gbps[None, :], np.inf).min(axis=1)
             net = self.net
             nu = n_u[cross]
             cap = rail_unit * (net["switch_base"] + net["switch_peer"] / np.maximum(nu - 1, 1))
@@ -319,20 +292,20 @@ class EmulatorFabric(Fabric):
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().scale_out(counts)
-        return ((counts > 0).astype(float) @ self._unit_onehot > 0.5).sum(axis=1) >= 2
+        return self._units.any(counts).sum(axis=1) >= 2
 
     def nvlink_spanning(self, counts: np.ndarray) -> np.ndarray:
         """Rows spanning >= 2 trays of some NVLink domain (their GPUs' NVLinks carry cross-tray traffic)."""
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
         if not self._nvl:
             return super().nvlink_spanning(counts)
-        trays = (counts > 0).astype(float) @ self._unit_onehot
-        return ((trays >= 1.5) & self._unit_nvl[None, :]).any(axis=1)
+        trays = self._units.sum(counts > 0)
+        return ((trays >= 2) & self._unit_nvl[None, :]).any(axis=1)
 
     def _network_cap(self, counts: np.ndarray) -> np.ndarray:
         used = counts > 0
         if self._nvl:  # line rate of the NIC rails between units; NVLink inside a domain: unbounded here
-            line = (np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :]) @ self._unit_onehot
+            line = self._units.sum(np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :])
             bound = np.where(line > 0, line, np.inf).min(axis=1) / self.net["rail_efficiency"]
             return np.where(self.scale_out(counts), bound, np.inf)
         line = np.where(used, np.minimum(counts, self._rails[None, :]) * self._rail_gbps[None, :] / self.net["rail_efficiency"], np.inf)

@@ -8,7 +8,10 @@ fabric's hierarchy (see :class:`FaultyFabric`):
 * ``nvlink_pair``  - one degraded GPU pair: allocations using both GPUs;
 * ``nic_rail``     - a slow NIC rail (GPU ``rail``'s rail): cross-host allocations using that GPU;
 * ``slow_host``    - every allocation touching the host;
-* ``missing_gpu``  - the GPU is gone: allocations using it fail (factor 0).
+* ``missing_gpu``  - the GPU is gone: allocations using it fail (factor 0);
+* ``host_link``    - the path between two hosts (a cable, a switch port, a route): cross-host
+  allocations using both ``host`` and ``peer_host``. Not in :data:`KINDS` (the probe plan's decoder
+  localizes faults inside a host); pairwise sweeps (:mod:`bandpilot.health.pairwise`) find it.
 
 Faults come from a spec (``faults:``) or a YAML/JSON file (``--inject FILE``), or are drawn at random
 (:func:`random_fault`), seeded and reproducible.
@@ -27,7 +30,9 @@ from bandpilot.fabric.base import Fabric
 from bandpilot.topology.cluster import ClusterSpec, popcount
 
 KINDS = ("nvlink_width", "nvlink_pair", "nic_rail", "slow_host", "missing_gpu")
-DEFAULT_FACTOR = {"nvlink_width": 0.5, "nvlink_pair": 0.5, "nic_rail": 0.5, "slow_host": 0.7, "missing_gpu": 0.0}
+LINK_KINDS = ("host_link",)
+DEFAULT_FACTOR = {"nvlink_width": 0.5, "nvlink_pair": 0.5, "nic_rail": 0.5, "slow_host": 0.7, "missing_gpu": 0.0,
+                  "host_link": 0.6}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Fault:
     gpu: int | None = None  # nvlink_width, missing_gpu, nic_rail (the rail's GPU); nvlink_pair: first GPU
     peer: int | None = None  # nvlink_pair: second GPU
     factor: float | None = None
+    peer_host: str | None = None  # host_link: the other end
 
     @property
     def scale(self) -> float:
@@ -57,17 +63,22 @@ def parse_faults(items: Any, spec: ClusterSpec, source: str = "faults") -> list[
         where = f"{source}[{i}]"
         if not isinstance(it, dict):
             raise SpecError(f"{where}: a fault must be a mapping with kind and host")
-        unknown = sorted(set(it) - {"kind", "host", "gpu", "peer", "factor"})
+        unknown = sorted(set(it) - {"kind", "host", "gpu", "peer", "factor", "peer_host"})
         if unknown:
             raise SpecError(f"{where}: unknown keys {unknown}")
         kind, host = it.get("kind"), it.get("host")
-        if kind not in KINDS:
-            raise SpecError(f"{where}: kind must be one of {KINDS}, got {kind!r}")
+        if kind not in KINDS + LINK_KINDS:
+            raise SpecError(f"{where}: kind must be one of {KINDS + LINK_KINDS}, got {kind!r}")
         if host not in spec.host_index:
             raise SpecError(f"{where}: host {host!r} is not in cluster {spec.name!r}")
+        other = it.get("peer_host")
+        if kind == "host_link" and (other not in spec.host_index or other == host):
+            raise SpecError(f"{where}: host_link needs peer_host = another host of cluster {spec.name!r}, got {other!r}")
+        if kind != "host_link" and other is not None:
+            raise SpecError(f"{where}: only host_link takes peer_host")
         n = spec.hosts[spec.host_index[host]].n_gpus
         needs = {"nvlink_width": ("gpu",), "missing_gpu": ("gpu",), "nic_rail": ("gpu",),
-                 "nvlink_pair": ("gpu", "peer"), "slow_host": ()}[kind]
+                 "nvlink_pair": ("gpu", "peer"), "slow_host": (), "host_link": ()}[kind]
         for key in needs:
             v = it.get(key)
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
@@ -77,7 +88,7 @@ def parse_faults(items: Any, spec: ClusterSpec, source: str = "faults") -> list[
         factor = it.get("factor")
         if factor is not None and (not isinstance(factor, (int, float)) or not 0 <= factor <= 1):
             raise SpecError(f"{where}: factor must be a number in [0, 1], got {factor!r}")
-        out.append(Fault(kind, host, it.get("gpu"), it.get("peer"), None if factor is None else float(factor)))
+        out.append(Fault(kind, host, it.get("gpu"), it.get("peer"), None if factor is None else float(factor), other))
     return out
 
 
@@ -99,6 +110,9 @@ def load_faults(path: str | Path, spec: ClusterSpec) -> list[Fault]:
 def random_fault(spec: ClusterSpec, kind: str, rng: np.random.Generator, factor: float | None = None) -> Fault:
     """One fault of ``kind`` at a random host/GPU/pair (seeded by ``rng``)."""
     h = spec.hosts[int(rng.integers(spec.n_hosts))]
+    if kind == "host_link":
+        other = spec.hosts[int((spec.host_index[h.name] + 1 + rng.integers(spec.n_hosts - 1)) % spec.n_hosts)]
+        return Fault(kind, h.name, None, None, factor, other.name)
     g = int(rng.integers(h.n_gpus))
     peer = None
     if kind == "nvlink_pair":
@@ -119,6 +133,7 @@ class FaultyFabric(Fabric):
         self.combine = base.combine
         idx = base.spec.host_index
         self._where = [(f, idx[f.host]) for f in self.faults]
+        self._other = {id(f): idx[f.peer_host] for f in self.faults if f.peer_host is not None}
 
     def _hits(self, masks: np.ndarray, kinds: tuple[str, ...], cross: np.ndarray | None = None,
               spanning: np.ndarray | None = None) -> np.ndarray:
@@ -129,6 +144,8 @@ class FaultyFabric(Fabric):
             m = masks[:, h]
             if f.kind == "slow_host":
                 hit = m != 0
+            elif f.kind == "host_link":
+                hit = (m != 0) & (masks[:, self._other[id(f)]] != 0)
             elif f.kind == "nvlink_pair":
                 both = (1 << f.gpu) | (1 << f.peer)
                 hit = (m & both) == both
@@ -163,7 +180,7 @@ class FaultyFabric(Fabric):
             # NIC faults hit traffic that leaves NVLink (every cross-host row, except inside an
             # NVLink domain); a narrow NVLink also slows the rows crossing a domain's switches
             net = self.base.network(counts[cross]) * self._hits(
-                c, ("nic_rail", "slow_host", "nvlink_width"), self.base.scale_out(counts[cross]),
+                c, ("nic_rail", "slow_host", "nvlink_width", "host_link"), self.base.scale_out(counts[cross]),
                 self.base.nvlink_spanning(counts[cross]))
             if self.combine == "min_intra":
                 net = np.minimum(net, np.where(counts[cross] >= 2, intra[cross], np.inf).min(axis=1))

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -16,22 +17,48 @@ from bandpilot.errors import ModelError
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>[^/]+))?/?$")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     msg = getattr(exc, "message", None) or str(exc)
     return " ".join(str(msg).split())[:200]
 
 
-def _client() -> MlflowClient:
+def mlflow_client() -> MlflowClient:
     return MlflowClient()
+
+
+def find_registry() -> str:
+    """The tracking/registry URI a registry or run URI resolves against, found like the CLI does.
+
+    Why: a library caller (``Dispatcher.load``, ``Surrogate.load``) has not run
+    :func:`bandpilot.config.setup_env`, and MLflow's own default (``sqlite:///mlflow.db`` in the
+    current directory) is an empty store it creates on the spot. A URI set by the caller
+    (``mlflow.set_tracking_uri``, ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``) wins; else the
+    project's store (:func:`bandpilot.config.default_tracking_uri`), which must already exist:
+    nothing is created by a lookup."""
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    from bandpilot.config import default_tracking_uri
+
+    if is_tracking_uri_set() or os.environ.get("MLFLOW_REGISTRY_URI"):
+        return mlflow.get_registry_uri()
+    uri = default_tracking_uri()
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not db.is_file():
+        raise ModelError(f"no MLflow registry at {db} (train a model first, e.g. `make run`, or set "
+                         "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
+    mlflow.set_tracking_uri(uri)
+    return uri
 
 
 def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
     """``models:/NAME@alias`` | ``models:/NAME/VERSION`` | ``runs:/ID/...`` -> (name, version, run_id)."""
     uri = str(uri)
+    if uri.startswith(("models:/", "runs:/")):
+        find_registry()
     m = _URI.match(uri)
     if m:
         name, alias, version = m.group("name"), m.group("alias"), m.group("version")
-        client = _client()
+        client = mlflow_client()
         if alias is None and version is None:
             raise ModelError(f"model URI {uri!r} names no version or alias (use models:/{name}@champion or models:/{name}/1)")
         try:
@@ -49,7 +76,7 @@ def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
         if not parts[0]:
             raise ModelError(f"malformed run URI {uri!r}: expected runs:/<run id>/model")
         try:
-            _client().get_run(parts[0])
+            mlflow_client().get_run(parts[0])
         except MlflowException:
             raise ModelError(f"no MLflow run {parts[0]!r}") from None
         return None, None, parts[0]
@@ -59,7 +86,7 @@ def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
 def fetch_model_dir(uri: str) -> tuple[Path, str | None, str | None]:
     """Local directory holding the surrogate artifact of a registry/run URI, plus (name, version)."""
     name, version, run_id = resolve(uri)
-    client = _client()
+    client = mlflow_client()
     if name is not None and version is not None:
         src = client.get_model_version_download_uri(name, version)
         local = _local_path(src)
@@ -68,11 +95,11 @@ def fetch_model_dir(uri: str) -> tuple[Path, str | None, str | None]:
         try:
             return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}")), name, version
         except MlflowException as exc:
-            raise ModelError(f"cannot download model {name!r} version {version}: {_one_line(exc)}") from None
+            raise ModelError(f"cannot download model {name!r} version {version}: {one_line(exc)}") from None
     try:
         path = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
     except (MlflowException, OSError) as exc:
-        raise ModelError(f"cannot fetch model {uri!r}: {_one_line(exc)}") from None
+        raise ModelError(f"cannot fetch model {uri!r}: {one_line(exc)}") from None
     return path, None, None
 
 

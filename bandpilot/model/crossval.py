@@ -18,11 +18,11 @@ import torch
 
 from bandpilot.data.dataset import repeat_noise
 from bandpilot.errors import DataError
-from bandpilot.model.datamodule import MIN_POOL, _val_split, cross_pool
+from bandpilot.model.datamodule import MIN_POOL, cross_pool, val_split
 from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
-from bandpilot.model.train import _set_threads, fit_pool, record_provenance
+from bandpilot.model.train import fit_pool, record_provenance, set_threads
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -71,7 +71,7 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     """
     p = params if isinstance(params, TrainParams) else TrainParams.from_dict(params)
     p.validate()
-    _set_threads(p.threads)
+    set_threads(p.threads)
     torch.manual_seed(p.seed)
     np.random.seed(p.seed % (2**32))
     say = progress or (lambda _msg: None)
@@ -90,7 +90,7 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     for i, f in enumerate(folds):
         say(f"fold {i + 1}/{len(folds)}: train {rest.size - f.size}, test {f.size} allocations")
         tr_idx = rest[np.setdiff1d(np.arange(rest.size), f)]
-        fit_idx, val_idx = _val_split(pool, tr_idx, p)
+        fit_idx, val_idx = val_split(pool, tr_idx, p)
         sur_i, *_ = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
         te = pool.take(rest[f])
         oof[f] = sur_i.predict_masks(te.masks)
@@ -100,7 +100,7 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
 
     say(f"final fit on {rest.size} allocations")
-    fit_idx, val_idx = _val_split(pool, rest, p)
+    fit_idx, val_idx = val_split(pool, rest, p)
     sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
     train_seconds = time.perf_counter() - t0
     all_tr = pool.take(rest)

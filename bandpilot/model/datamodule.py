@@ -148,7 +148,7 @@ def split_pool(pool: Pool, p: TrainParams, explicit: Pool | None = None, notes: 
     return np.sort(train), np.sort(rest[:cap])
 
 
-def _val_split(pool: Pool, idx: np.ndarray, p: TrainParams) -> tuple[np.ndarray, np.ndarray]:
+def val_split(pool: Pool, idx: np.ndarray, p: TrainParams) -> tuple[np.ndarray, np.ndarray]:
     if p.val_fraction <= 0 or idx.size < 10:
         return idx, idx[:0]
     rng = np.random.default_rng(p.seed + 7919)
@@ -177,6 +177,20 @@ def _index_tokens(t: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, to
     return {k: v[idx] for k, v in t.items()}
 
 
+class OneBatch:
+    """An iterable of one batch (or none): Lightning takes any sized iterable as a loader, and
+    would read a plain list as a list of loaders."""
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __iter__(self) -> Any:
+        return iter([] if self.batch is None else [self.batch])
+
+    def __len__(self) -> int:
+        return 0 if self.batch is None else 1
+
+
 class SurrogateDataModule(L.LightningDataModule):
     """Training rows of one fit as token tensors (built once), log-bandwidth targets and row weights,
     plus the validation rows checked whole at each epoch end. The loader shuffles row indices
@@ -201,6 +215,13 @@ class SurrogateDataModule(L.LightningDataModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(self.n)), batch_size=self.batch_size,
                                            shuffle=True, generator=gen, drop_last=False)
 
+    def val_dataloader(self) -> "OneBatch":
+        """The validation rows as ONE batch (not a DataLoader: no worker seed drawn from torch's
+        global generator, so dropout sees the same random stream with or without validation)."""
+        return OneBatch({"val_tokens": self.val_tokens, "val_y": self.val_y} if self.has_val else None)
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, dict):  # the validation batch is whole already
+            return batch
         (ix,) = batch
         return _index_tokens(self.tokens, ix), self.y[ix], self.w[ix]

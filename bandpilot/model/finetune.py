@@ -18,7 +18,7 @@ from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
 from bandpilot.model.surrogate import Surrogate
-from bandpilot.model.train import _fit, _set_threads, dataset_fingerprint, git_commit
+from bandpilot.model.train import dataset_fingerprint, fit_net, git_commit, set_threads
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -28,7 +28,7 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
              out_dir: str | Path | None = None, plots: bool = True) -> TrainResult:
     """Continue training ``sur`` on new measurements, replaying the stored original sample."""
     p = params if isinstance(params, TrainParams) else TrainParams.from_dict(params)
-    _set_threads(p.threads)
+    set_threads(p.threads)
     torch.manual_seed(p.seed)
     t0 = time.perf_counter()
     if new.spec.fingerprint() != sur.spec.fingerprint():
@@ -64,7 +64,7 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
     masks = np.concatenate([tr.masks, replay_m])
     y = np.concatenate([tr.busbw, replay_y])
     w = np.concatenate([np.ones(len(tr)), np.full(len(replay_y), p.finetune_replay_weight)])
-    history, _, _ = _fit(tuned, masks, y, w, None, None, p, epochs=p.finetune_epochs, lr=p.finetune_lr, fit_scaling=False)
+    history, _, _ = fit_net(tuned, masks, y, w, None, None, p, epochs=p.finetune_epochs, lr=p.finetune_lr, fit_scaling=False)
     train_seconds = time.perf_counter() - t0
     # The replay store now mixes old and new so the next fine-tune remembers both.
     k_new = min(len(tr), p.replay_size // 2) if p.replay_size else 0

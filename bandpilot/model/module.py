@@ -1,6 +1,6 @@
-"""How does one fit update the surrogate net? The LightningModule: weighted loss on log bandwidth,
-per-epoch validation with best-state keeping, early stopping and Optuna pruning, weight
-averaging, AdamW with warm-up and a cosine schedule."""
+"""How does one fit update the surrogate net? The LightningModule (weighted loss on log bandwidth,
+per-epoch validation MAPE, AdamW with warm-up and a cosine schedule) and the callbacks that act on
+its epochs: best-state keeping, Lightning's early stopping, Optuna pruning, weight averaging."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 import torch
 from torch import nn
 
@@ -44,24 +45,20 @@ def _loss_fn(p: TrainParams) -> Callable[[torch.Tensor, torch.Tensor], torch.Ten
 
 class SurrogateModule(L.LightningModule):
     """Trains ``net`` in place on the rows of a :class:`~bandpilot.model.datamodule.SurrogateDataModule`;
-    ``history``, ``best`` (val MAPE, state, epoch) and ``pruned`` are read back after the fit."""
+    ``history`` (per epoch: train loss, val MAPE) is read back after the fit. Validation is
+    Lightning's loop (one full batch per epoch); what follows from it - best state, early stopping,
+    pruning, weight averaging - are the callbacks of :func:`callbacks`."""
 
-    def __init__(self, net: nn.Module, p: TrainParams, *, lr: float, total_steps: int, swa_start: int | None,
-                 trial: Any = None) -> None:
+    def __init__(self, net: nn.Module, p: TrainParams, *, lr: float, total_steps: int) -> None:
         super().__init__()
         self.net = net
         self.p = p
         self.lr = lr
         self.total_steps = total_steps
-        self.swa_start = swa_start
-        self.trial = trial
         self.loss_fn = _loss_fn(p)
         self.history: list[dict[str, float]] = []
-        self.best = (float("inf"), None, -1)
-        self.pruned = False
+        self.val_mape: float | None = None  # this epoch's, for the callbacks and the history
         self._losses: list[float] = []
-        self.avg: dict[str, torch.Tensor] | None = None
-        self.n_avg = 0
 
     def training_step(self, batch: Any, _: int) -> torch.Tensor:
         tb, y, w = batch
@@ -74,36 +71,19 @@ class SurrogateModule(L.LightningModule):
         self._losses.append(float(loss.detach()))
         return loss
 
+    def validation_step(self, batch: Any, _: int) -> None:
+        pv = torch.exp(self.net(batch["val_tokens"])).double()
+        mape = ((pv - batch["val_y"]).abs() / batch["val_y"]).mean() * 100.0
+        self.val_mape = float(mape)
+        # float64 and batch_size 1: the monitored value is the MAPE itself, not a float32 rounding of it
+        self.log("val_mape", mape, batch_size=1)
+
     def on_train_epoch_end(self) -> None:
         row = {"epoch": float(self.current_epoch), "train_loss": float(np.mean(self._losses)) if self._losses else float("nan")}
         self._losses = []
-        if self.swa_start is not None and self.current_epoch >= self.swa_start:
-            # Weight averaging over the last epochs (SWA/Polyak): an ensemble's variance cut at no predict cost.
-            sd = {k: v.detach().clone() for k, v in self.net.state_dict().items() if v.is_floating_point()}
-            self.n_avg += 1
-            if self.avg is None:
-                self.avg = sd
-            else:
-                for k, v in sd.items():
-                    self.avg[k] += (v - self.avg[k]) / self.n_avg
-        dm = self.trainer.datamodule
-        if dm.has_val:
-            with torch.no_grad():
-                was = self.net.training
-                self.net.eval()
-                pv = torch.exp(self.net(dm.val_tokens)).double()
-                self.net.train(was)
-            mape = float(((pv - dm.val_y).abs() / dm.val_y).mean() * 100.0)
-            row["val_mape"] = mape
-            if mape < self.best[0]:
-                self.best = (mape, copy.deepcopy(self.net.state_dict()), self.current_epoch)
-            if self.trial is not None:
-                self.trial.report(mape, self.current_epoch)
-                if self.trial.should_prune():
-                    self.pruned = True
-                    self.trainer.should_stop = True
-            if self.p.patience and self.current_epoch - self.best[2] >= self.p.patience:
-                self.trainer.should_stop = True
+        if self.val_mape is not None:
+            row["val_mape"] = self.val_mape
+            self.val_mape = None
         self.history.append(row)
 
     def configure_optimizers(self) -> Any:
@@ -125,3 +105,70 @@ class SurrogateModule(L.LightningModule):
             return 0.02 + 0.98 * 0.5 * (1.0 + math.cos(math.pi * prog))
 
         return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, sched), "interval": "step"}}
+
+
+class KeepBest(Callback):
+    """The net's state at its best validation MAPE, kept in memory (ModelCheckpoint's job without
+    the files: a fit is seconds long and its state a few hundred kB)."""
+
+    def __init__(self) -> None:
+        self.mape = float("inf")
+        self.state: dict[str, torch.Tensor] | None = None
+        self.epoch = -1
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        mape = module.val_mape
+        if mape is not None and mape < self.mape:
+            self.mape, self.state, self.epoch = mape, copy.deepcopy(module.net.state_dict()), trainer.current_epoch
+
+
+class OptunaPruning(Callback):
+    """Reports each epoch's validation MAPE to an Optuna trial and stops the fit when it says prune."""
+
+    def __init__(self, trial: Any) -> None:
+        self.trial = trial
+        self.pruned = False
+
+    def on_validation_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if module.val_mape is None:
+            return
+        self.trial.report(module.val_mape, trainer.current_epoch)
+        if self.trial.should_prune():
+            self.pruned = True
+            trainer.should_stop = True
+
+
+class AverageWeights(Callback):
+    """Weight averaging over the epochs from ``start`` on (SWA/Polyak): an ensemble's variance cut at
+    no predict cost. Lightning's StochasticWeightAveraging also swaps the learning-rate schedule."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.avg: dict[str, torch.Tensor] | None = None
+        self.n = 0
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.current_epoch < self.start:
+            return
+        sd = {k: v.detach().clone() for k, v in module.net.state_dict().items() if v.is_floating_point()}
+        self.n += 1
+        if self.avg is None:
+            self.avg = sd
+        else:
+            for k, v in sd.items():
+                self.avg[k] += (v - self.avg[k]) / self.n
+
+
+def callbacks(p: TrainParams, *, has_val: bool, swa_start: int | None, trial: Any = None) -> list[Callback]:
+    """What a fit does after each epoch: keep the best state, stop early (``patience`` epochs without
+    a better validation MAPE), prune an Optuna trial, average weights (only without validation)."""
+    out: list[Callback] = []
+    if has_val:
+        out.append(KeepBest())
+        if trial is not None:
+            out.append(OptunaPruning(trial))
+        if p.patience:
+            out.append(EarlyStopping("val_mape", patience=p.patience, mode="min", check_finite=False))
+    if swa_start is not None:
+        out.append(AverageWeights(swa_start))
+    return out

@@ -26,8 +26,9 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from bandpilot.config import portable
 from bandpilot.errors import ModelError
-from bandpilot.model.artifacts import _client, _one_line
+from bandpilot.model.artifacts import mlflow_client, one_line
 from bandpilot.model.pyfunc import ARTIFACT_NAME, SurrogatePyfunc
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def artifact_root_for(uri: str) -> str | None:
 def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str:
     """Point MLflow at ``uri`` (else ``$MLFLOW_TRACKING_URI``, else SQLite under ``mlruns/``) and
     select the experiment (created with its artifacts beside a SQLite store). Returns the URI."""
-    from bandpilot.config import default_tracking_uri, setup_env
+    from bandpilot.config import default_tracking_uri, settings, setup_env
 
     setup_env()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -69,7 +70,7 @@ def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str
         Path(uri.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(explicit or os.environ.get("MLFLOW_REGISTRY_URI") or uri)
-    name = experiment or os.environ.get("BANDPILOT_EXPERIMENT") or EXPERIMENT
+    name = experiment or settings().experiment or EXPERIMENT
     try:
         client = MlflowClient()
         exp = client.get_experiment_by_name(name)
@@ -77,7 +78,7 @@ def tracking_setup(uri: str | None = None, experiment: str | None = None) -> str
             client.create_experiment(name, artifact_location=artifact_root_for(uri))
         mlflow.set_experiment(name)
     except MlflowException as exc:
-        raise ModelError(f"MLflow tracking store {uri!r} unusable: {_one_line(exc)}") from None
+        raise ModelError(f"MLflow tracking store {uri!r} unusable: {one_line(exc)}") from None
     return uri
 
 
@@ -91,7 +92,7 @@ def describe_result(result: "TrainResult", name: str) -> str:
         f"{name}: bandwidth surrogate ({sur.kind}) for cluster '{spec.name}' - {spec.n_hosts} hosts, "
         f"{spec.n_gpus} GPUs ({', '.join(spec.gpu_types)}), {spec.collective} at {spec.message_bytes} B.",
         f"Data: dataset {str(d.get('dataset_hash', ''))[:16]} ({d.get('dataset_rows')} rows"
-        + (f", {d['dataset_path']}" if d.get("dataset_path") else "")
+        + (f", {portable(d['dataset_path'])}" if d.get("dataset_path") else "")
         + f"); cross-host pool {d.get('pool')} allocations; stage-1 tables for every subset of every host.",
     ]
     if d.get("split") == "finetune":
@@ -117,8 +118,9 @@ def describe_result(result: "TrainResult", name: str) -> str:
             f"{p.layers} encoder layers, hidden {p.hidden}, {p.head_layers}-layer head, {int(m.get('epochs_run', 0))} epochs, "
             f"lr {p.lr}, loss {p.loss} on log busbw, {m.get('train_seconds', 0):.1f} s."
         )
+    what = "Cross-validated, out-of-fold" if cross_validated(result) else "Test"
     lines.append(
-        f"Test ({int(m.get('n_test', 0))} cross-host allocations): R2 {m.get('test_r2', float('nan')):.4f}, "
+        f"{what} ({int(m.get('n_test', 0))} cross-host allocations): R2 {m.get('test_r2', float('nan')):.4f}, "
         f"MAPE {m.get('test_mape', float('nan')):.2f}%, max error {m.get('test_max_err', float('nan')):.1f} GB/s "
         f"({m.get('test_max_rel_err', float('nan')):.0f}%), Spearman {m.get('test_spearman', float('nan')):.4f}."
     )
@@ -131,6 +133,22 @@ def describe_result(result: "TrainResult", name: str) -> str:
     for n in result.notes:
         lines.append(f"Note: {n}.")
     return "\n".join(lines)
+
+
+def cross_validated(result: "TrainResult") -> bool:
+    """True when the result's ``test_*`` figures are its pooled out-of-fold predictions (a fit on
+    every measurement without a holdout), not a test set the model never saw in any form."""
+    return result.data.get("split") == "all" and not result.params.holdout > 0
+
+
+def metric_tags(result: "TrainResult") -> dict[str, str]:
+    """Accuracy figures for the model version's tags, named for what they are: ``cv_*`` for
+    cross-validation, ``test_*`` only for a real held-out test set."""
+    m = result.metrics
+    out = {k: f"{v:.6g}" for k, v in m.items() if k.startswith("cv_") and not re.match(r"cv_fold\d", k) and math.isfinite(v)}
+    if not cross_validated(result):
+        out.update({k: f"{v:.6g}" for k, v in m.items() if k.startswith("test_") and math.isfinite(v)})
+    return out
 
 
 def _flat_params(p: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +169,7 @@ def log_history(history: list[dict[str, float]]) -> None:
         for k, v in row.items():
             if k != "epoch" and v is not None and math.isfinite(v):
                 ms.append(Metric(f"epoch_{k}", float(v), now, step))
-    client = _client()
+    client = mlflow_client()
     for i in range(0, len(ms), 900):
         client.log_batch(run.info.run_id, metrics=ms[i : i + 900], synchronous=True)
 
@@ -182,7 +200,7 @@ def log_result(result: "TrainResult", prefix: str = "") -> None:
         tags["bandpilot.git_commit"] = commit
         tags["mlflow.source.git.commit"] = commit
     if d.get("dataset_path"):
-        tags["bandpilot.dataset_path"] = str(d["dataset_path"])
+        tags["bandpilot.dataset_path"] = portable(d["dataset_path"])
     mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None})
 
 
@@ -215,7 +233,7 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
                     pip_requirements=PIP_REQUIREMENTS,
                     metadata={"bandpilot_cluster": result.surrogate.spec.name, "bandpilot_kind": result.surrogate.kind},
                 )
-        client = _client()
+        client = mlflow_client()
         try:
             client.get_registered_model(name)
         except MlflowException:
@@ -229,7 +247,7 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
             "kind": result.surrogate.kind,
             "dataset_hash": str(result.data.get("dataset_hash", "")),
             "git_commit": str(result.surrogate.meta.get("git_commit") or ""),
-            **{k: f"{v:.6g}" for k, v in result.metrics.items() if k.startswith("test_") and math.isfinite(v)},
+            **metric_tags(result),
             **{str(k): str(v) for k, v in (tags or {}).items()},
         }
         for k, v in vt.items():
@@ -246,28 +264,28 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
 # ------------------------------------------------------------------------------------------
 def set_alias(name: str, alias: str, version: str | int) -> None:
     try:
-        _client().set_registered_model_alias(name, alias, str(version))
+        mlflow_client().set_registered_model_alias(name, alias, str(version))
     except MlflowException as exc:
-        raise ModelError(f"cannot set alias {alias!r} of {name!r} to version {version}: {_one_line(exc)}") from None
+        raise ModelError(f"cannot set alias {alias!r} of {name!r} to version {version}: {one_line(exc)}") from None
 
 
 def get_alias(name: str, alias: str) -> str | None:
     """Version an alias points to, or None (also when the model does not exist)."""
     try:
-        return str(_client().get_model_version_by_alias(name, alias).version)
+        return str(mlflow_client().get_model_version_by_alias(name, alias).version)
     except MlflowException:
         return None
 
 
 def describe(name: str, version: str | int, text: str) -> None:
     try:
-        _client().update_model_version(name, str(version), description=text)
+        mlflow_client().update_model_version(name, str(version), description=text)
     except MlflowException:
         raise ModelError(f"model {name!r} has no version {version!r}") from None
 
 
 def set_tags(name: str, version: str | int, tags: dict[str, Any]) -> None:
-    client = _client()
+    client = mlflow_client()
     try:
         for k, v in tags.items():
             client.set_model_version_tag(name, str(version), str(k), str(v))

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from bandpilot.errors import DataError
-from bandpilot.model.datamodule import MIN_POOL, SurrogateDataModule, _val_split, cross_pool, split_pool
+from bandpilot.model.datamodule import MIN_POOL, SurrogateDataModule, cross_pool, split_pool, val_split
 from bandpilot.model.metrics import evaluate_predictions, make_plots
-from bandpilot.model.module import SurrogateModule
+from bandpilot.model.module import AverageWeights, KeepBest, OptunaPruning, SurrogateModule, callbacks
 from bandpilot.model.networks import build_net
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
@@ -83,7 +83,7 @@ def git_commit(root: Path | None = None) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _fit(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weights: np.ndarray | None,
+def fit_net(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weights: np.ndarray | None,
          val_masks: np.ndarray | None, val_y: np.ndarray | None, p: TrainParams, *, epochs: int, lr: float,
          fit_scaling: bool, trial: Any = None) -> tuple[list[dict[str, float]], bool, float]:
     """Lightning training of ``sur.net`` in place; returns (history, pruned, best val MAPE)."""
@@ -105,20 +105,25 @@ def _fit(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weights: 
     steps_per_epoch = math.ceil(dm.n / dm.batch_size)
     total_steps = max(1, epochs * steps_per_epoch)
     swa_start = int(round(epochs * (1.0 - p.swa))) if p.swa > 0 and not dm.has_val else None
-    lit = SurrogateModule(net, p, lr=lr, total_steps=total_steps, swa_start=swa_start, trial=trial)
+    lit = SurrogateModule(net, p, lr=lr, total_steps=total_steps)
+    cbs = callbacks(p, has_val=dm.has_val, swa_start=swa_start, trial=trial)
     trainer = L.Trainer(
         max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, deterministic=False,
-        log_every_n_steps=max(1, steps_per_epoch), default_root_dir=tempfile.gettempdir(),
+        log_every_n_steps=max(1, steps_per_epoch), default_root_dir=tempfile.gettempdir(), callbacks=cbs,
+        limit_val_batches=1 if dm.has_val else 0,
     )
     net.train()
     trainer.fit(lit, datamodule=dm)
     net.eval()
-    if dm.has_val and lit.best[1] is not None:
-        net.load_state_dict(lit.best[1])
-    elif lit.avg is not None and lit.n_avg > 1:
-        net.load_state_dict({**net.state_dict(), **lit.avg})
-    return lit.history, lit.pruned, lit.best[0]
+    best = next((c for c in cbs if isinstance(c, KeepBest)), None)
+    avg = next((c for c in cbs if isinstance(c, AverageWeights)), None)
+    if best is not None and best.state is not None:
+        net.load_state_dict(best.state)
+    elif avg is not None and avg.avg is not None and avg.n > 1:
+        net.load_state_dict({**net.state_dict(), **avg.avg})
+    pruned = any(isinstance(c, OptunaPruning) and c.pruned for c in cbs)
+    return lit.history, pruned, best.mape if best is not None else float("inf")
 
 
 def fit_prior(net: Any, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None,
@@ -139,7 +144,7 @@ def fit_prior(net: Any, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torc
     return float(loss.detach())
 
 
-def _set_threads(n: int) -> None:
+def set_threads(n: int) -> None:
     try:
         torch.set_num_threads(n)
     except RuntimeError:
@@ -167,7 +172,7 @@ def fit_pool(spec: Any, stage1: np.ndarray, tr: Any, va: Any, p: TrainParams, *,
     torch.manual_seed(p.seed)
     net = build_net(p.model, spec, **cfg)
     sur = Surrogate(spec, stage1, net, kind=p.model)
-    history, pruned, best_val = _fit(sur, tr.masks, tr.busbw, None, va.masks, va.busbw, p, epochs=p.epochs, lr=p.lr,
+    history, pruned, best_val = fit_net(sur, tr.masks, tr.busbw, None, va.masks, va.busbw, p, epochs=p.epochs, lr=p.lr,
                                      fit_scaling=True, trial=trial)
     return sur, cfg, history, pruned, best_val
 
@@ -177,7 +182,7 @@ def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, 
     """Train a surrogate on ``ds`` (stage-1 tables from its single-host rows) and test it."""
     p = params if isinstance(params, TrainParams) else TrainParams.from_dict(params)
     p.validate()
-    _set_threads(p.threads)
+    set_threads(p.threads)
     torch.manual_seed(p.seed)
     np.random.seed(p.seed % (2**32))
     t0 = time.perf_counter()
@@ -202,7 +207,7 @@ def train(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, 
         raise DataError(f"dataset has {len(pool)} cross-host measurements; training needs at least {MIN_POOL}")
     tr_idx, te_idx = split_pool(pool, p, exp_pool, notes)
     src = exp_pool if exp_pool is not None else pool
-    fit_idx, val_idx = _val_split(src, tr_idx, p)
+    fit_idx, val_idx = val_split(src, tr_idx, p)
     tr = src.take(fit_idx)
     va = src.take(val_idx)
     te = pool.take(te_idx)

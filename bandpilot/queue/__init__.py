@@ -32,6 +32,7 @@ from bandpilot.queue.telemetry import drift, record_observations
 from bandpilot.queue.api_tokens import Principal, authenticate, create_token, list_tokens, revoke
 from bandpilot.queue.views import (
     current_state,
+    describe_reservation,
     export_state,
     format_gpus,
     fragmentation,
@@ -40,6 +41,7 @@ from bandpilot.queue.views import (
     list_requests,
     nothing_to_place,
     recent_batches,
+    reservations_in,
     sample_fragmentation,
     status,
 )
@@ -66,6 +68,6 @@ __all__ = [
     # API tokens and audit
     "Principal", "audit_log", "audited", "authenticate", "create_token", "list_tokens", "revoke",
     # views and checks
-    "check_invariants", "current_state", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "gpu_grid", "iso",
-    "list_requests", "nothing_to_place", "recent_batches", "sample_fragmentation", "status",
+    "check_invariants", "current_state", "describe_reservation", "export_state", "format_gpus", "fragmentation", "fragmentation_history", "gpu_grid", "iso",
+    "list_requests", "nothing_to_place", "recent_batches", "reservations_in", "sample_fragmentation", "status",
 ]

@@ -23,16 +23,44 @@ def _row(actor: str, action: str, target: str | None, detail: Mapping[str, Any] 
 
 
 def record(store: Store, actor: str, action: str, target: str | None = None, *, outcome: str = "ok",
-           detail: Mapping[str, Any] | str | None = None) -> None:
-    """One audit row in its own transaction (for attempts that changed nothing)."""
+           detail: Mapping[str, Any] | str | None = None, coalesce_s: float = 0) -> None:
+    """One audit row in its own transaction (for attempts that changed nothing). With ``coalesce_s``,
+    a repeat of the same attempt (actor, action, target, outcome) within that many seconds of the
+    row's first one counts into that row (``detail.count``, ``detail.last``) instead of adding one:
+    a hundred refused calls are one row that says 100, not a hundred rows."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown audit outcome {outcome!r}")
     token = AUDIT_CONTEXT.set(None)  # this write is the record itself
+    ts = now()
+    row = _row(actor, action, target, {**(detail if isinstance(detail, Mapping) else
+                                          {} if detail is None else {"detail": detail}), "count": 1}
+               if coalesce_s else detail)
     try:
         with store.write() as conn:
-            conn.execute(sa.insert(T_AUDIT).values(**_row(actor, action, target, detail), at=now(), outcome=outcome))
+            if coalesce_s and _coalesced(conn, row, outcome, ts, coalesce_s):
+                return
+            conn.execute(sa.insert(T_AUDIT).values(**row, at=ts, outcome=outcome))
     finally:
         AUDIT_CONTEXT.reset(token)
+
+
+def _coalesced(conn: sa.Connection, row: dict[str, Any], outcome: str, ts: float, within: float) -> bool:
+    same_target = T_AUDIT.c.target.is_(None) if row["target"] is None else T_AUDIT.c.target == row["target"]
+    prev = conn.execute(sa.select(T_AUDIT.c.id, T_AUDIT.c.detail).where(
+        T_AUDIT.c.at >= ts - within, T_AUDIT.c.actor == row["actor"], T_AUDIT.c.action == row["action"],
+        T_AUDIT.c.outcome == outcome, same_target).order_by(T_AUDIT.c.id.desc()).limit(1)).first()
+    if prev is None:
+        return False
+    try:
+        doc = json.loads(prev.detail or "{}")
+        count = int(doc.get("count", 1)) if isinstance(doc, dict) else None
+    except (ValueError, TypeError):
+        count = None
+    if count is None:  # not a coalescing row
+        return False
+    doc.update(count=count + 1, last=iso(ts))
+    conn.execute(sa.update(T_AUDIT).where(T_AUDIT.c.id == prev.id).values(detail=json.dumps(doc, sort_keys=True)[:4000]))
+    return True
 
 
 @contextmanager

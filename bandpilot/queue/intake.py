@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import now
 from bandpilot.queue.requests import Request, coerce, validate_request
-from bandpilot.queue.schema import T_REQ
+from bandpilot.queue.schema import T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
+
+
+_EXISTING = sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(sa.bindparam("ids", expanding=True)))
 
 
 @dataclass
@@ -42,6 +45,7 @@ def submit(
     partial: bool = False,
     errors: Sequence[str] = (),
     labels: Sequence[str] | None = None,
+    guard: Callable[[sa.Connection], None] | None = None,
 ) -> SubmitReport:
     """Queue requests in one transaction.
 
@@ -49,6 +53,8 @@ def submit(
     repeated or already in the store, or any ``errors`` passed in from parsing make the call raise
     :class:`SubmitError` with nothing queued - unless ``partial``, which queues the valid ones and
     reports the rest. ``labels`` (e.g. ``file:line``) prefix each request's error messages.
+    ``guard(conn)`` runs first inside the transaction and may refuse by raising (e.g. a tenant's
+    limits, :mod:`bandpilot.queue.quotas`).
     """
     spec = store.spec
     errs = list(errors)
@@ -69,10 +75,12 @@ def submit(
         good.append(req)
     ts = now()
     with store.write() as conn:
+        if guard is not None and good:
+            guard(conn)
         existing: set[str] = set()
         ids = [r.id for r in good]
         for i in range(0, len(ids), 500):
-            existing.update(conn.execute(sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(ids[i : i + 500]))).scalars())
+            existing.update(conn.execute(_EXISTING, {"ids": ids[i : i + 500]}).scalars())
         if existing:
             errs.extend(f"{where[rid]}: request id {rid!r} already exists in the store" for rid in ids if rid in existing)
             good = [r for r in good if r.id not in existing]
@@ -84,7 +92,8 @@ def submit(
                 "constraints": r.constraints.key if r.constraints.to_dict() else None,
                 "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
                 "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
-                "updated_at": ts,
+                "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
+                "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
             }
             for r in good
         ]
@@ -105,6 +114,7 @@ def cancel(store: Store, request_id: str) -> None:
             .values(status="cancelled", updated_at=now())
         )
         if r.rowcount == 1:
+            conn.execute(sa.delete(T_RESERVE).where(T_RESERVE.c.request_id == request_id))  # it no longer waits
             return
         st = conn.execute(sa.select(T_REQ.c.status).where(T_REQ.c.id == request_id)).scalar()
     if st is None:

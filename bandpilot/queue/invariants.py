@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
 from bandpilot.errors import StateError
-from bandpilot.queue.schema import T_ASSIGN, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import T_ASSIGN, T_GPUS, T_JOBS, T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 
 
@@ -22,6 +22,7 @@ def check_invariants(store: Store) -> list[str]:
         reqs = {r.id: r for r in conn.execute(sa.select(T_REQ)).all()}
         assigns = {r.request_id: r for r in conn.execute(sa.select(T_ASSIGN)).all()}
         state = store.load_state(conn)
+        reserved = conn.execute(sa.select(T_RESERVE.c.request_id, T_RESERVE.c.gpus)).all()
     if sorted(g.id for g in gpus) != sorted(spec.gpu_ids):
         bad.append("GPU rows do not match the cluster spec")
     held: dict[str, set[str]] = {}
@@ -63,6 +64,14 @@ def check_invariants(store: Store) -> list[str]:
             bad.append(f"request {rid!r} is assigned but its job is not active")
         if r.status == "released" and getattr(jobs.get(rid), "status", None) != "released":
             bad.append(f"request {rid!r} is released but its job is still active")
+    for rid, g in reserved:
+        st = getattr(reqs.get(rid), "status", None)
+        if st != "pending":
+            bad.append(f"reservation for request {rid!r} whose status is {st!r}")
+        rg = json.loads(g)
+        r = reqs.get(rid)
+        if r is not None and (len(rg) != r.k or len(set(rg)) != r.k or not set(rg) <= set(spec.gpu_ids)):
+            bad.append(f"reservation for request {rid!r} holds {len(set(rg))} known GPUs for k={r.k}")
     try:
         State.from_dict(spec, state.to_dict(), "exported state")
     except StateError as exc:

@@ -11,8 +11,9 @@ utility is written on the request row, so the ``utility`` policy and its tenant 
 31, :func:`~bandpilot.scheduling.policies.utility_quotas`) use it at the next batch; a pending request
 may report a warm-up measurement (the seed's fallback for jobs that have not run yet).
 
-Run-time estimates (``expected_s``) feed the ``sjf`` policy; a request without one sorts after
-those with one.
+Run-time estimates (``expected_s``) feed the ``sjf`` policy and reservation planning; a request
+without one falls back to its ``time_limit_s``, then to what finished jobs of its tenant and size
+took (:func:`learned_runtimes`), and sorts after those with one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import now
-from bandpilot.queue.schema import T_ENTROPY, T_ESTIMATES, T_REQ
+from bandpilot.queue.schema import T_ENTROPY, T_ESTIMATES, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
 
 #: Default balance between the uncertainty level and its recent decrease (the seed gives no value).
@@ -163,3 +164,25 @@ def load_estimates(conn: sa.Connection, ids: Sequence[str] | None = None) -> dic
     for i in range(0, len(ids), 500):
         out.update({r: float(s) for r, s in conn.execute(q.where(T_ESTIMATES.c.request_id.in_(ids[i : i + 500])))})
     return out
+
+
+#: Finished jobs looked at to learn run times (the most recent ones).
+LEARN_WINDOW = 2000
+
+
+def learned_runtimes(conn: sa.Connection, window: int = LEARN_WINDOW) -> tuple[dict[tuple[str, int], float], dict[int, float]]:
+    """Median run time (seconds) of the most recent released jobs, per (tenant, k) and per k."""
+    rows = conn.execute(
+        sa.select(T_JOBS.c.tenant, T_JOBS.c.k, T_JOBS.c.ended_at - T_JOBS.c.started_at)
+        .where(T_JOBS.c.status == "released", T_JOBS.c.ended_at.is_not(None))
+        .order_by(T_JOBS.c.ended_at.desc()).limit(window)
+    ).all()
+    by_tk: dict[tuple[str, int], list[float]] = {}
+    by_k: dict[int, list[float]] = {}
+    for tenant, k, d in rows:
+        if d is None or d <= 0:
+            continue
+        by_tk.setdefault((tenant, int(k)), []).append(float(d))
+        by_k.setdefault(int(k), []).append(float(d))
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731 - upper median, no numpy needed
+    return {key: med(v) for key, v in by_tk.items()}, {key: med(v) for key, v in by_k.items()}

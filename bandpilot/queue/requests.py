@@ -23,7 +23,9 @@ from bandpilot.queue.clock import iso
 from bandpilot.topology.cluster import ClusterSpec
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints")
+#: Run-time and preemption fields (schema v6): planning hints, never trusted for correctness.
+RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints") + RUNTIME_KEYS
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -55,11 +57,28 @@ class Request:
     utility: float | None = None
     submitted_at: float | None = None  # epoch seconds; None = the submit time
     constraints: Constraints = field(default_factory=Constraints)
+    #: What a Slurm user writes with ``--time``: planning (reservations, backfill) uses it as the
+    #: expected run time; nothing ends a job at it.
+    time_limit_s: float | None = None
+    #: Share of the run time spent in collectives (the demand model scales co-tenant pressure by it).
+    comm_fraction: float | None = None
+    preemptible: bool = False
+    checkpoint_s: float | None = None  # one checkpoint + restart, seconds
+    checkpoint_every_s: float | None = None
+
+    def runtime_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in RUNTIME_KEYS:
+            v = getattr(self, key)
+            if v is not None and v is not False:
+                out[key] = v
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "k": self.k, "tenant": self.tenant, "priority": self.priority}
         if self.utility is not None:
             out["utility"] = self.utility
+        out.update(self.runtime_dict())
         if self.submitted_at is not None:
             out["submitted"] = iso(self.submitted_at)
         c = self.constraints.to_dict()
@@ -106,7 +125,36 @@ class Request:
         sub = doc.get("submitted", doc.get("submitted_at"))
         sub_t = _parse_time(sub, where) if sub is not None else None
         cons = Constraints.from_dict(doc.get("constraints"), where)
-        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons)
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where))
+
+
+def _positive(doc: Mapping[str, Any], key: str, where: str, upper: float | None = None) -> float | None:
+    v = doc.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 or (upper is not None and v > upper):
+        rng = f"in (0, {upper:g}]" if upper is not None else "> 0"
+        raise RequestError(f"{where}: {key!r} must be a number {rng}, got {v!r}")
+    return float(v)
+
+
+def _runtime_fields(doc: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "time_limit_s": _positive(doc, "time_limit_s", where),
+        "checkpoint_s": _positive(doc, "checkpoint_s", where),
+        "checkpoint_every_s": _positive(doc, "checkpoint_every_s", where),
+    }
+    f = doc.get("comm_fraction")
+    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 <= f <= 1):
+        raise RequestError(f"{where}: 'comm_fraction' must be a number in [0, 1], got {f!r}")
+    out["comm_fraction"] = None if f is None else float(f)
+    pre = doc.get("preemptible", False)
+    if not isinstance(pre, bool):
+        raise RequestError(f"{where}: 'preemptible' must be true or false, got {pre!r}")
+    out["preemptible"] = pre
+    if not pre and (out["checkpoint_s"] is not None or out["checkpoint_every_s"] is not None):
+        raise RequestError(f"{where}: 'checkpoint_s' / 'checkpoint_every_s' need 'preemptible': true")
+    return out
 
 
 def coerce(req: Request | Mapping[str, Any], where: str) -> Request:

@@ -19,7 +19,13 @@ PostgreSQL URL at scale:
 ``bp_fragmentation``      fragmentation samples over time (v4): after each batch and from the API
 ``bp_entropy``            normalized-entropy reports per job and epoch, with the utility derived (v5)
 ``bp_estimates``          expected run time per request (v5), the key of the ``sjf`` policy
+``bp_reservations``       the current reservation of a blocked gang (v6): expected start, GPUs,
+                          predicted bandwidth there; recomputed by every batch
 ========================  ==================================================================
+
+v6 also adds the run-time and preemption fields of a request (``time_limit_s``,
+``comm_fraction``, ``preemptible``, ``checkpoint_s``, ``checkpoint_every_s``), all nullable so a
+store written before them still opens and its requests read as "not given".
 """
 
 from __future__ import annotations
@@ -31,10 +37,16 @@ import sqlalchemy as sa
 REQUEST_STATUSES = ("pending", "assigned", "rejected", "released", "cancelled")
 GPU_STATES = ("free", "busy", "unavailable")
 #: Deferral / rejection reasons (the dispatcher's PlacementError reasons plus the queue's own).
-REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request", "dispatcher_error", "conflict")
+REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request", "dispatcher_error", "conflict",
+           "reserved", "protects_reservation")
 
 
 metadata = sa.MetaData()
+
+#: Request columns added by v6 (name, type): nullable, "not given" when NULL.
+V6_REQUEST_COLUMNS = (("time_limit_s", sa.Double()), ("comm_fraction", sa.Double()), ("preemptible", sa.Boolean()),
+                      ("checkpoint_s", sa.Double()), ("checkpoint_every_s", sa.Double()))
+
 
 T_SCHEMA = sa.Table(
     "bp_schema",
@@ -72,6 +84,8 @@ T_REQ = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("last_batch", sa.Integer, nullable=True),
     sa.Column("updated_at", sa.Double, nullable=False),
+    # v6 (added by ALTER on older stores, see _m6_runtime_fields):
+    *(sa.Column(name, type_, nullable=True) for name, type_ in V6_REQUEST_COLUMNS),
     sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
     sa.CheckConstraint(
         "status IN ('pending','assigned','rejected','released','cancelled')", name="ck_bp_requests_status"
@@ -231,6 +245,22 @@ T_ESTIMATES = sa.Table(
     sa.CheckConstraint("expected_s > 0", name="ck_bp_estimates_positive"),
 )
 
+T_RESERVE = sa.Table(
+    "bp_reservations",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("batch_id", sa.Integer, nullable=True),
+    sa.Column("rank", sa.Integer, nullable=False),  # 0 = the first gang in policy order that was blocked
+    sa.Column("start_at", sa.Double, nullable=False),  # expected start (epoch seconds)
+    sa.Column("gpus", sa.Text, nullable=False),  # JSON list of the reserved GPU ids
+    sa.Column("predicted_gbps", sa.Double, nullable=True),
+    sa.Column("mode", sa.String(16), nullable=False),  # easy | conservative
+    sa.Column("computed_at", sa.Double, nullable=False),
+)
+
+#: A tenant's pending requests (its limits, :mod:`bandpilot.queue.quotas`) and its own ids (v7).
+IX_REQ_TENANT = sa.Index("ix_bp_requests_tenant_status", T_REQ.c.tenant, T_REQ.c.status)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -249,6 +279,16 @@ def alembic_ops(conn: sa.Connection):
     return Operations(MigrationContext.configure(conn))
 
 
+def _m6_runtime_fields(conn: sa.Connection) -> None:
+    # A fresh store got the columns from T_REQ in v1 already; an older one gets them by ALTER.
+    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+    ops = alembic_ops(conn)
+    for name, type_ in V6_REQUEST_COLUMNS:
+        if name not in have:
+            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+    T_RESERVE.create(conn, checkfirst=True)
+
+
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
@@ -258,6 +298,9 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
      lambda conn: metadata.create_all(conn, tables=[T_TOKENS, T_AUDIT, T_FRAG], checkfirst=True)),
     (5, "entropy reports and run-time estimates",
      lambda conn: metadata.create_all(conn, tables=[T_ENTROPY, T_ESTIMATES], checkfirst=True)),
+    (6, "run-time limits, communication fraction, preemptibility; reservations", _m6_runtime_fields),
+    (7, "requests by tenant and status (per-tenant limits and ids)",
+     lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
 ]
 
 

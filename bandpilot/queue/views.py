@@ -3,6 +3,7 @@ and the compact GPU list format."""
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Sequence
 
@@ -11,7 +12,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
-from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 from bandpilot.topology.domains import integer_runs
 
@@ -56,6 +57,7 @@ def status(store: Store) -> dict[str, Any]:
         tenants = conn.execute(
             sa.select(T_JOBS.c.tenant, sa.func.count(), sa.func.sum(T_JOBS.c.k)).where(T_JOBS.c.status == "active").group_by(T_JOBS.c.tenant)
         ).all()
+        reserved = reservations_in(conn)
     return {
         "cluster": spec.name,
         "store": store.safe_url,
@@ -70,7 +72,41 @@ def status(store: Store) -> dict[str, Any]:
             "finished": iso(last.finished_at), "interrupted": last.finished_at is None,
             "assigned": last.n_assigned, "deferred": last.n_deferred, "rejected": last.n_rejected,
         },
+        "reservations": reserved,
     }
+
+
+def _reservation_doc(r: Any) -> dict[str, Any]:
+    return {"request_id": r["request_id"], "tenant": r["tenant"], "rank": r["rank"], "start": iso(r["start_at"]), "start_at": r["start_at"],
+            "gpus": json.loads(r["gpus"]), "predicted_gbps": r["predicted_gbps"], "mode": r["mode"],
+            "computed": iso(r["computed_at"]), "batch_id": r["batch_id"]}
+
+
+def reservations_in(conn: sa.Connection) -> list[dict[str, Any]]:
+    """The reservations the last batch made (earliest rank first)."""
+    q = sa.select(T_RESERVE, T_REQ.c.tenant).join(T_REQ, T_REQ.c.id == T_RESERVE.c.request_id).order_by(T_RESERVE.c.rank)
+    return [_reservation_doc(r) for r in conn.execute(q).mappings()]
+
+
+def describe_reservation(r: dict[str, Any]) -> str:
+    bw = f", predicted {r['predicted_gbps']:.0f} GB/s" if r.get("predicted_gbps") else ""
+    return f"expected start ~{r['start']} on {format_gpus(r['gpus'])}{bw}"
+
+
+@functools.lru_cache(maxsize=None)
+def _list_stmt(status: bool, tenant: bool, request_id: bool, limit: bool) -> sa.Select:
+    """The listing query for one combination of filters, built once: building and hashing a select
+    costs more than PostgreSQL takes to run it (bound parameters keep the values out)."""
+    q = sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True).order_by(T_REQ.c.seq)
+    if status:
+        q = q.where(T_REQ.c.status == sa.bindparam("status"))
+    if tenant:
+        q = q.where(T_REQ.c.tenant == sa.bindparam("tenant"))
+    if request_id:
+        q = q.where(T_REQ.c.id == sa.bindparam("request_id"))
+    if limit:
+        q = q.limit(sa.bindparam("limit", type_=sa.Integer))
+    return q
 
 
 def list_requests(
@@ -79,18 +115,12 @@ def list_requests(
 ) -> list[dict[str, Any]]:
     if status is not None and status not in REQUEST_STATUSES:
         raise RequestError(f"unknown status {status!r}: use one of {', '.join(REQUEST_STATUSES)}")
-    q = sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True).order_by(T_REQ.c.seq)
-    if status:
-        q = q.where(T_REQ.c.status == status)
-    if tenant:
-        q = q.where(T_REQ.c.tenant == tenant)
-    if request_id is not None:
-        q = q.where(T_REQ.c.id == request_id)
-    if limit:
-        q = q.limit(limit)
+    params = {"status": status or None, "tenant": tenant or None, "request_id": request_id, "limit": limit or None}
+    q = _list_stmt(*(v is not None for v in params.values()))
     out = []
     with store.read(snapshot=False) as conn:
-        for r in conn.execute(q).mappings():
+        reserved = {r["request_id"]: r for r in reservations_in(conn)}
+        for r in conn.execute(q, {k: v for k, v in params.items() if v is not None}).mappings():
             out.append(
                 {
                     "id": r["id"], "tenant": r["tenant"], "k": r["k"], "priority": r["priority"], "utility": r["utility"],
@@ -100,6 +130,10 @@ def list_requests(
                     "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
                     "predicted_gbps": r["predicted_gbps"], "standalone_gbps": r["standalone_gbps"],
                     "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+                    "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
+                    "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
+                    "checkpoint_every_s": r["checkpoint_every_s"],
+                    "reservation": reserved.get(r["id"]) if r["status"] == "pending" else None,
                 }
             )
     return out

@@ -29,13 +29,17 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 
+from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressure_factor
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import now
-from bandpilot.queue.learning import load_estimates
+from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
-from bandpilot.scheduling.policies import POLICIES, PENDING_STMT, Pending, row_to_pending, order_pending, utility_quotas
+from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
+from bandpilot.scheduling.policies import (
+    PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
+)
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
@@ -97,7 +101,7 @@ _INS_ASSIGN = sa.insert(T_ASSIGN)
 
 def _write_assignment(
     conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, ts: float,
-    model_uri: str | None, model_version: str | None, algorithm: str,
+    model_uri: str | None, model_version: str | None, algorithm: str, demand: str = DEFAULT_DEMAND,
 ) -> str:
     """Assign inside a savepoint: 'assigned', 'skipped' (no longer pending) or raise _Conflict.
     Order matters: request CAS first (nothing touched if it lost), the job row before the GPUs
@@ -107,7 +111,9 @@ def _write_assignment(
         if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": ts}).rowcount != 1:
             return "skipped"
         standalone = float(getattr(sel, "standalone_gbps", None) or 0.0)
-        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": standalone,
+        # the job's pressure on shared NICs under the demand model: what later predictions charge it
+        pressed = standalone * pressure_factor(req.comm_fraction, demand)
+        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": pressed,
                                 "status": "active", "started_at": ts, "ended_at": None})
         n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": ts}).rowcount
         if n != len(gpus):
@@ -190,8 +196,8 @@ def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[st
     out, notes = [], {}
     for r in conn.execute(PENDING_STMT):
         t = tuple(r)
-        out.append(row_to_pending(t[:8]))
-        notes[t[1]] = (t[8], t[9])
+        out.append(row_to_pending(t[:PENDING_REQ_COLS]))
+        notes[t[1]] = (t[PENDING_REQ_COLS], t[PENDING_REQ_COLS + 1])
     return out, notes
 
 
@@ -204,6 +210,9 @@ def run_batch(
     commit: str = "batch",
     algorithm: str = "bandpilot",
     model_uri: str | None = None,
+    demand: str = DEFAULT_DEMAND,
+    backfill: str = "greedy",
+    max_reservations: int | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -212,6 +221,10 @@ def run_batch(
     requests see its contention; one that cannot be placed now is deferred with the reason and
     retried next batch; an invalid one is rejected. ``limit`` caps the requests considered.
     ``commit="batch"`` is one transaction; ``"request"`` one per request (state re-read each time).
+    ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
+    ``backfill`` (:mod:`bandpilot.scheduling.reservations`): ``greedy`` tries every request on what is
+    free now; ``easy`` / ``conservative`` give the first one / the first ``max_reservations`` blocked
+    gangs a reservation (start time and GPUs) that later requests may not delay.
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -219,6 +232,12 @@ def run_batch(
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(COMMIT_MODES)}")
     if limit is not None and limit < 1:
         raise RequestError(f"limit must be >= 1, got {limit}")
+    try:
+        check_demand_model(demand)
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    check_backfill(backfill)
+    book: Book | None = None
     store.refresh()
     check_model(store, dispatcher)
     version = model_version_of(dispatcher)
@@ -226,7 +245,7 @@ def run_batch(
     mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
     sleep = float(os.environ.get(SLEEP_ENV, "0") or 0)
     placer = Placer(mspec, dispatcher, algorithm)
-    report = BatchReport(None, policy, commit, uri, version, now())
+    report = BatchReport(None, policy, commit, uri, version, now(), backfill=backfill)
 
     def new_batch(conn: sa.Connection) -> int:
         return int(
@@ -240,7 +259,10 @@ def run_batch(
     def plan(loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         report.pending_before = len(pending)
-        expected = load_estimates(conn, [p.req.id for p in pending]) if policy == "sjf" else None
+        expected = None
+        if policy == "sjf":
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         queue = order_pending(pending, policy, expected)
         whole = limit is None or limit >= len(queue)
         if not whole:
@@ -253,13 +275,16 @@ def run_batch(
         req = p.req
         ts = now()
         out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=ts)
+        hidden = book.hidden_for(req) if book is not None else None
         try:
-            sel = placer.place(req)
+            sel = placer.place(req, hidden)
         except Deferred as d:
             out.status, out.reason, out.detail = d.status, d.reason, d.detail
+            if book is not None and d.status == "deferred":
+                book.note_blocked(req, hidden, placer.state.n_free if placer.state is not None else 0, out)
             return out
         try:
-            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm)
+            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm, demand)
         except _Conflict as exc:
             out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
             placer.set_state(store.load_state(conn, mspec))
@@ -268,7 +293,10 @@ def run_batch(
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
         gpus = list(sel.gpus)
-        placer.commit_to_state(req, gpus, float(getattr(sel, "standalone_gbps", None) or 0.0))
+        pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
+        placer.commit_to_state(req, gpus, pressed)
+        if book is not None:
+            book.started(req, gpus, pressed)
         out.status = "assigned"
         out.gpus = gpus
         out.predicted_gbps = _f(sel.predicted_gbps)
@@ -284,7 +312,7 @@ def run_batch(
         to_flush: list[Outcome] = []
 
         def one(p: Pending, second_pass: bool) -> None:
-            o = placer.quick_deferral(p.req, version)
+            o = placer.quick_deferral(p.req, version) if book is None else None
             if o is None:
                 with conn_for() as conn:
                     o = attempt(conn, p, batch_id)
@@ -315,12 +343,15 @@ def run_batch(
             pl = plan(load_pending(conn), state, conn)
             batch_id = new_batch(conn)
             report.batch_id = batch_id
+            if backfill != "greedy":
+                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
                 yield conn
 
             to_flush = run(same_conn, pl, batch_id)
+            _write_book(conn, book, batch_id, backfill, report)
             _flush_outcomes(conn, to_flush, batch_id, pl)
             report.finished_at = now()
             _finish_batch(conn, batch_id, report)
@@ -332,6 +363,8 @@ def run_batch(
         with store.read() as conn:
             state = store.load_state(conn, mspec)
             pl = plan(load_pending(conn), state, conn)
+            if backfill != "greedy":
+                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -344,10 +377,18 @@ def run_batch(
         to_flush = run(fresh_conn, pl, batch_id)
         report.finished_at = now()
         with store.write() as conn:  # deferral notes are informational: one write at the end
+            _write_book(conn, book, batch_id, backfill, report)
             _flush_outcomes(conn, to_flush, batch_id, pl)
             _finish_batch(conn, batch_id, report)
             sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
     return report
+
+
+def _write_book(conn: sa.Connection, book: Book | None, batch_id: int, backfill: str, report: BatchReport) -> None:
+    """This batch's reservations replace the stored ones (none under greedy: stale ones go)."""
+    res = book.reservations if book is not None else []
+    write_reservations(conn, res, batch_id, backfill, now())
+    report.reservations = [r.to_dict() for r in res]
 
 
 def _finish_batch(conn: sa.Connection, batch_id: int, report: BatchReport) -> None:

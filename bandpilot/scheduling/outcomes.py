@@ -48,6 +48,8 @@ class BatchReport:
     outcomes: list[Outcome] = field(default_factory=list)
     quotas: dict[str, int] | None = None
     pending_before: int = 0
+    backfill: str = "greedy"
+    reservations: list[dict[str, Any]] = field(default_factory=list)
 
     def by_status(self, status: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == status]
@@ -80,5 +82,6 @@ class BatchReport:
             "model_uri": self.model_uri, "model_version": self.model_version,
             "started": iso(self.started_at), "duration_s": round(self.duration_s, 4),
             "pending_before": self.pending_before, "counts": self.counts(), "quotas": self.quotas,
+            "backfill": self.backfill, "reservations": self.reservations,
             "outcomes": [o.to_dict() for o in self.outcomes],
         }

@@ -54,6 +54,10 @@ class Placer:
         self.state = state
         self._n_free = state.n_free
 
+    def reset_failures(self) -> None:
+        """Forget cached failures (a planner moves the same placer between hypothetical states)."""
+        self._fail.clear()
+
     def allowed_mask(self, c: Constraints) -> np.ndarray | None:
         key = c.key
         if key not in self._allowed:
@@ -69,10 +73,13 @@ class Placer:
                            f"needs {req.k} GPUs, fewer are free", model_version=version, at=now())
         return None
 
-    def place(self, req: Request) -> Any:
-        """A validated Selection, or raise :class:`Deferred`."""
+    def place(self, req: Request, hide: np.ndarray | None = None) -> Any:
+        """A validated Selection, or raise :class:`Deferred`. ``hide``: free GPUs the request may not
+        take (another gang's reservation); hidden free GPUs carry no traffic, contention is unchanged."""
         st = self.state
         assert st is not None
+        if hide is not None:
+            st = State(st.spec, st.free & ~hide, st.jobs)
         k, c = req.k, req.constraints
         vkey = (k, c.key)
         if vkey not in self._valid:
@@ -88,7 +95,7 @@ class Placer:
         if feas.short in _SHORT:
             raise Deferred("deferred", "constraint_unmet", _SHORT[feas.short].format(k=k))
         elig, per_dom = feas.eligible, feas.per_domain
-        key = (k, c.key)
+        key = (k, c.key) if hide is None else (k, c.key, hide.tobytes())
         if key in self._fail:
             reason, detail = self._fail[key]
             raise Deferred("deferred", reason, detail)

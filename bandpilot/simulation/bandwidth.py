@@ -6,7 +6,8 @@ For running job ``i`` with GPUs ``S_i`` and true standalone demand ``d_i = B(S_i
 the other cross-host jobs with ``d_j > 0`` sharing a host with a cross-host ``S_i``; capacity
 ``C_i = min_j B(S_i ∪ S_j)``; ``B_i = d_i`` if ``d_i + Σ d_j <= C_i`` else ``d_i / (d_i + Σ d_j) · C_i``
 (the evaluation's ground truth, :func:`bandpilot.evaluation.scoring.evaluate_scenario`, is the same
-formula with the job as a candidate). Fabric values are cached per mask row: the running set
+formula with the job as a candidate). Under the ``comm`` demand model (:mod:`bandpilot.dispatch.demand`)
+each contender's ``d_j`` in the sum is its pressure ``f_j · d_j``; the job's own ``d_i`` is not scaled. Fabric values are cached per mask row: the running set
 changes one job at a time, so most rows repeat.
 """
 
@@ -61,8 +62,9 @@ class TrueBandwidth:
                 self._ref[k] = float(sel.standalone_gbps)
         return self._ref[k]
 
-    def achieved(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(B_i under the others, B_i standalone)`` for the running jobs' mask rows ``(n, H)``."""
+    def achieved(self, masks: np.ndarray, pressure_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(B_i under the others, B_i standalone)`` for the running jobs' mask rows ``(n, H)``;
+        ``pressure_factors`` (default 1) scale what each job charges the others."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
         if n == 0:
@@ -80,7 +82,8 @@ class TrueBandwidth:
         caps_pair = self.standalone(masks[ci] | masks[cj])
         cap = np.full(n, np.inf)
         np.minimum.at(cap, ci, caps_pair)
-        demand = solo + cont.astype(float) @ solo
+        press = solo if pressure_factors is None else solo * np.asarray(pressure_factors, dtype=float)
+        demand = solo + cont.astype(float) @ press
         with np.errstate(divide="ignore", invalid="ignore"):
             shared = np.where(demand > 0, solo / demand * cap, 0.0)
         return np.where(demand <= cap, solo, shared), solo

@@ -11,13 +11,16 @@ entropy measurement), running and finished jobs report the entropy of the epochs
 A running job's progress rate is ``1 / (compute_s · ((1-f) + f · B_ref / B_achieved(t)))``: ``f`` its
 communication fraction, ``B_ref`` the best standalone bandwidth of its size on the idle cluster and
 ``B_achieved`` its TRUE bandwidth under the jobs running alongside
-(:class:`~bandpilot.simulation.bandwidth.TrueBandwidth`); rates change only at events, so progress
+(:class:`~bandpilot.simulation.bandwidth.TrueBandwidth`, co-tenants pressing by ``SimConfig.demand``,
+the same demand model the queue stores each job's pressure under for the dispatcher); rates change only at events, so progress
 integrates exactly, piecewise. A placement at least as good as the reference runs in ``compute_s``.
 1-GPU jobs have no collective (``f`` is ignored).
 
 Simplifications, stated: jobs are gangs that run to completion (no preemption or elastic quotas,
-unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; sjf sees the
-exact ``compute_s`` as its estimate.
+unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; a job without
+a ``time_limit_s`` in the trace gets its exact ``compute_s`` as its run-time estimate (sjf and
+reservations see the truth), one with a limit is planned with that limit (which may be far off).
+The store runs on the simulated clock (:func:`bandpilot.queue.clock.use_clock`).
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bandpilot.dispatch import strategies
+from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
-from bandpilot.scheduling import POLICIES, run_batch
+from bandpilot.queue.clock import use_clock
+from bandpilot.scheduling import BACKFILL_MODES, POLICIES, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
@@ -57,6 +62,8 @@ class SimConfig:
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
+    demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
+    backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -69,6 +76,10 @@ class SimConfig:
             raise SimulationError(f"epochs must be >= 1, got {self.epochs}")
         if not 0.0 <= self.lam <= 1.0:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
+        if self.backfill not in BACKFILL_MODES:
+            raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
+        if self.demand not in DEMAND_MODELS:
+            raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
 
 @dataclass
@@ -89,6 +100,8 @@ class JobRecord:
     b_standalone: float = 0.0
     bw_time: float = 0.0  # ∫ B_achieved / B_ref dt while running
     final_utility: float | None = None
+    preemptions: int = 0
+    wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
 
     @property
     def jct_s(self) -> float | None:
@@ -164,6 +177,7 @@ class _Sim:
         self.tl: dict[str, list[float]] = {k: [] for k in ("t", "busy", "free", "stranded", "running", "pending")}
         self.batches = 0
         self.done = 0
+        self.t = 0.0
         self._to_submit: list[TraceJob] = []
         self._to_release: list[str] = []
         self._final_rows: list[dict[str, Any]] = []
@@ -176,8 +190,15 @@ class _Sim:
         self._final_rows = []
         if self._to_submit:
             batch, self._to_submit = self._to_submit, []
-            submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s) for j in batch])
-            set_estimates(self.store, {j.id: j.compute_s for j in batch})
+            submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s,
+                                        time_limit_s=j.time_limit_s, comm_fraction=j.comm_fraction,
+                                        preemptible=j.preemptible, checkpoint_s=j.checkpoint_s,
+                                        checkpoint_every_s=j.checkpoint_every_s) for j in batch])
+            # a job without a time limit in the trace gets its exact compute time as the estimate
+            # (the stated oracle); one with a limit is planned with that limit, errors and all
+            oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}
+            if oracle:
+                set_estimates(self.store, oracle)
             for j in batch:
                 if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
                     c = curve_for(j.id, self.cfg.seed)
@@ -196,7 +217,8 @@ class _Sim:
 
     def _batch(self, t: float) -> int:
         self._flush()
-        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm)
+        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
+                        demand=self.cfg.demand, backfill=self.cfg.backfill)
         self.batches += 1
         for o in rep.outcomes:
             rec = self.recs[o.request_id]
@@ -231,7 +253,8 @@ class _Sim:
             return
         runs = list(self.running.values())
         masks = np.array([r.mask for r in runs], dtype=np.int64)
-        b, solo = self.truth.achieved(masks)
+        factors = np.array([pressure_factor(r.rec.comm_fraction, self.cfg.demand) for r in runs])
+        b, solo = self.truth.achieved(masks, factors)
         for r, bi, si in zip(runs, b, solo):
             rec = r.rec
             rec.b_standalone = float(si)
@@ -260,6 +283,10 @@ class _Sim:
 
     # -- main loop ------------------------------------------------------------------------
     def run(self, truth_label: str, model_label: str) -> SimResult:
+        with use_clock(lambda: self.t):  # the store's times (starts, ends, batches) are simulated time
+            return self._run(truth_label, model_label)
+
+    def _run(self, truth_label: str, model_label: str) -> SimResult:
         t0 = time.perf_counter()
         trace, cfg = self.trace, self.cfg
         n = len(trace)
@@ -280,7 +307,7 @@ class _Sim:
                     self.recs[jid].status = "stuck"
                 break
             self._advance(t_next - t)
-            t = t_next
+            t = self.t = t_next
             changed = False
             finished = [jid for jid, e in ends.items() if e <= t + 1e-6]
             if finished:

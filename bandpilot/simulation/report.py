@@ -53,7 +53,8 @@ def summarize(res: SimResult) -> dict[str, Any]:
     return {
         "cluster": res.cluster, "gpus": res.n_gpus, "policy": res.config.policy, "algorithm": res.config.algorithm,
         "truth": res.truth, "model": res.model, "interval_s": res.config.interval_s, "epochs": res.config.epochs,
-        "lambda": res.config.lam, "seed": res.config.seed,
+        "lambda": res.config.lam, "seed": res.config.seed, "demand": res.config.demand,
+        "backfill": res.config.backfill,
         "jobs": len(res.jobs), "completed": len(done),
         "rejected": sum(j.status == "rejected" for j in res.jobs), "stuck": sum(j.status == "stuck" for j in res.jobs),
         "avg_jct_s": float(jct.mean()) if jct.size else math.nan, "p50_jct_s": _pct(jct, 50), "p95_jct_s": _pct(jct, 95),
@@ -63,6 +64,10 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "gpu_utilization": util, "mean_fragmentation": frag,
         "mean_gbe": float(eff.mean()) if eff.size else 1.0,
         "batches": res.batches, "wall_s": res.wall_s,
+        "gpu_hours": float(sum(j.k * j.service_s for j in done)) / 3600.0,
+        "max_wait_s": float(qd.max()) if qd.size else math.nan,
+        "preemptions": int(sum(j.preemptions for j in res.jobs)),
+        "wasted_gpu_hours": float(sum(j.wasted_gpu_s for j in res.jobs)) / 3600.0,
     }
 
 

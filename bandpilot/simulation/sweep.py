@@ -9,6 +9,9 @@ SWEEP.yaml::
     traces: [a.csv, {generate: seed001}, {generate: helios, n: 500}]   # paths relative to the YAML
     policies: [fifo, sjf, utility]
     algorithms: [bandpilot, topo]
+    backfill: [greedy, easy]           # reservations: greedy | easy | conservative
+    demand: [full, comm]               # co-tenant pressure model (truth and predictor alike)
+    baselines: [slurm]                 # named configurations added per trace x seed x demand
     seeds: [0, 1]                       # learning curves, random placement, generated traces
     interval_s: 60
     epochs: 20
@@ -23,6 +26,7 @@ under ``OUT/cells/``; ``OUT/comparison.{csv,md,png}`` compares them (means over 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -35,12 +39,14 @@ import yaml
 
 from bandpilot.errors import BandPilotError
 from bandpilot.io import write_json_atomic, write_text_atomic
-from bandpilot.scheduling import POLICIES
+from bandpilot.scheduling import BACKFILL_MODES, DEMAND_MODELS, POLICIES
 from bandpilot.simulation.engine import ALGORITHMS, SimConfig
+from bandpilot.simulation.presets import PRESETS, apply_preset
 from bandpilot.simulation.trace import TraceJob, parse_trace
 from bandpilot.simulation.workloads import PUBLIC_SHAPES, public_trace_workload, seed001_workload
 
-_KEYS = {"cluster", "model", "truth", "traces", "policies", "algorithms", "seeds", "interval_s", "epochs", "lambda", "workers"}
+_KEYS = {"cluster", "model", "truth", "traces", "policies", "algorithms", "seeds", "interval_s", "epochs", "lambda", "workers",
+         "backfill", "demand", "baselines"}
 GENERATED = ("seed001",) + tuple(PUBLIC_SHAPES)
 
 
@@ -62,6 +68,9 @@ class Sweep:
     lam: float
     workers: int
     base: Path
+    backfills: list[str] = dataclasses.field(default_factory=lambda: ["greedy"])
+    demands: list[str] = dataclasses.field(default_factory=lambda: ["full"])
+    baselines: list[str] = dataclasses.field(default_factory=list)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -122,9 +131,11 @@ def load_sweep(path: str | Path) -> Sweep:
     except BandPilotError as exc:
         raise SweepError(f"{path}: {exc}") from None
     cluster, truth = doc.get("cluster"), doc.get("truth")
+    baselines = names("baselines", tuple(PRESETS), ["slurm"]) if "baselines" in doc else []
     return Sweep(None if cluster is None else str(cluster), model, None if truth is None else str(truth), out_traces,
                  names("policies", POLICIES, ["fifo", "sjf", "utility"]), names("algorithms", ALGORITHMS, ["bandpilot", "topo"]),
-                 list(dict.fromkeys(seeds)), cfg.interval_s, cfg.epochs, cfg.lam, workers, p.parent)
+                 list(dict.fromkeys(seeds)), cfg.interval_s, cfg.epochs, cfg.lam, workers, p.parent,
+                 names("backfill", BACKFILL_MODES, ["greedy"]), names("demand", DEMAND_MODELS, ["full"]), baselines)
 
 
 def trace_jobs(t: Any, seed: int, n_gpus: int) -> tuple[str, list[TraceJob]]:
@@ -140,27 +151,35 @@ def _resolve(sw: Sweep, v: str | None) -> str | None:
     return None if v is None else (str(sw.base / v) if (sw.base / v).exists() else v)
 
 
-def plan_cells(sw: Sweep) -> tuple[dict[tuple[int, int], tuple[str, list[TraceJob]]], list[tuple[int, int, str, str]]]:
+Cell = tuple  # (trace index, seed, policy, algorithm, backfill, demand)
+
+
+def plan_cells(sw: Sweep) -> tuple[dict[tuple[int, int], tuple[str, list[TraceJob]]], list[Cell]]:
     """Every trace parsed or generated up front (one bad line: nothing simulated) and the cells
-    ``(trace index, seed, policy, algorithm)``."""
+    ``(trace index, seed, policy, algorithm, backfill, demand)``; baselines add theirs (duplicates once)."""
     from bandpilot.simulation.run import load_setup
 
     first = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth))
     n_gpus = first.dispatcher.model.spec.n_gpus
     traces = {(i, s): trace_jobs(t, s, n_gpus) for i, t in enumerate(sw.traces) for s in sw.seeds}
-    cells = [(i, s, p, a) for i in range(len(sw.traces)) for s in sw.seeds for p in sw.policies for a in sw.algorithms]
-    return traces, cells
+    cells = [(i, s, p, a, b, d) for i in range(len(sw.traces)) for s in sw.seeds for p in sw.policies
+             for a in sw.algorithms for b in sw.backfills for d in sw.demands]
+    for name in sw.baselines:
+        c = apply_preset(SimConfig(), name, first.dispatcher.model.spec)
+        cells += [(i, s, c.policy, c.algorithm, c.backfill, d) for i in range(len(sw.traces)) for s in sw.seeds for d in sw.demands]
+    return traces, list(dict.fromkeys(cells))
 
 
-def run_cell(sw: Sweep, name: str, jobs: list[TraceJob], cell: tuple[int, int, str, str], out: Path, *,
+def run_cell(sw: Sweep, name: str, jobs: list[TraceJob], cell: Cell, out: Path, *,
              log: bool = False, figures: bool = True) -> tuple[dict[str, Any], Any]:
     """One simulation of the sweep (its own dispatcher and temporary store) -> (summary row, result)."""
     from bandpilot.simulation.run import load_setup, run_one
 
-    i, s, p, a = cell
+    i, s, p, a = cell[:4]
+    b, d = (cell[4], cell[5]) if len(cell) >= 6 else ("greedy", "full")
     setup = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth), seed=s)
-    cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s)
-    res, summ = run_one(jobs, setup, cfg, out / "cells" / f"{i}-{name}-s{s}-{p}-{a}", figures=figures, log=log)
+    cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s, backfill=b, demand=d)
+    res, summ = run_one(jobs, setup, cfg, out / "cells" / f"{i}-{name}-s{s}-{p}-{a}-{b}-{d}", figures=figures, log=log)
     return {"trace": f"{i}-{name}", **summ}, res
 
 
@@ -184,11 +203,11 @@ def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = 
     out = Path(out)
     traces, cells = plan_cells(sw)
 
-    def one(cell: tuple[int, int, str, str]) -> tuple[dict[str, Any], Any]:
+    def one(cell: Cell) -> tuple[dict[str, Any], Any]:
         name, jobs = traces[cell[:2]]
         row, res = run_cell(sw, name, jobs, cell, out, log=log, figures=figures)
         if progress:
-            progress(f"{row['trace']} seed {cell[1]} {cell[2]}+{cell[3]}")
+            progress(f"{row['trace']} seed {cell[1]} {'+'.join(map(str, cell[2:]))}")
         return row, res
 
     with ThreadPoolExecutor(max_workers=sw.workers, thread_name_prefix="simulate") as pool:
@@ -197,17 +216,17 @@ def run_sweep(sw: Sweep, out: str | Path, *, log: bool = False, figures: bool = 
 
 
 _METRICS = ("avg_jct_s", "p50_jct_s", "p95_jct_s", "max_jct_s", "avg_queue_s", "avg_service_s", "makespan_s",
-            "gpu_utilization", "mean_gbe", "completed")
+            "gpu_utilization", "mean_gbe", "completed", "max_wait_s", "gpu_hours", "preemptions", "wasted_gpu_hours")
 
 
 def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean over seeds per (trace, policy, algorithm)."""
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    """Mean over seeds per (trace, policy, algorithm, backfill, demand)."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["trace"], r["policy"], r["algorithm"]), []).append(r)
+        groups.setdefault((r["trace"], r["policy"], r["algorithm"], r.get("backfill", "greedy"), r.get("demand", "full")), []).append(r)
     out = []
-    for (t, p, a), rs in groups.items():
-        row: dict[str, Any] = {"trace": t, "policy": p, "algorithm": a, "seeds": len(rs)}
+    for (t, p, a, b, d), rs in groups.items():
+        row: dict[str, Any] = {"trace": t, "policy": p, "algorithm": a, "seeds": len(rs), "backfill": b, "demand": d}
         for m in _METRICS:
             vals = [float(r[m]) for r in rs if r.get(m) is not None and math.isfinite(float(r[m]))]
             row[m] = float(np.mean(vals)) if vals else math.nan
@@ -217,7 +236,7 @@ def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_comparison(rows: list[dict[str, Any]], out: Path, *, figures: bool = True) -> list[dict[str, Any]]:
     table = comparison(rows)
-    cols = ["trace", "policy", "algorithm", "seeds", *_METRICS]
+    cols = ["trace", "policy", "algorithm", "seeds", "backfill", "demand", *_METRICS]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
@@ -231,11 +250,12 @@ def write_comparison(rows: list[dict[str, Any]], out: Path, *, figures: bool = T
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["| trace | policy | algorithm | mean JCT (h) | p50 (h) | p95 (h) | max (h) | queueing (h) | service (h) | makespan (h) | GPU util | mean GBE |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | policy | algorithm | backfill | demand | mean JCT (h) | p50 (h) | p95 (h) | max (h) | queueing (h) | service (h) | makespan (h) | GPU util | mean GBE |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     h = lambda v: f"{v / 3600:.2f}"  # noqa: E731
     for r in table:
-        lines.append(f"| {r['trace']} | {r['policy']} | {r['algorithm']} | {h(r['avg_jct_s'])} | {h(r['p50_jct_s'])} | "
+        lines.append(f"| {r['trace']} | {r['policy']} | {r['algorithm']} | {r.get('backfill', 'greedy')} | {r.get('demand', 'full')} | "
+                     f"{h(r['avg_jct_s'])} | {h(r['p50_jct_s'])} | "
                      f"{h(r['p95_jct_s'])} | {h(r['max_jct_s'])} | {h(r['avg_queue_s'])} | {h(r['avg_service_s'])} | "
                      f"{h(r['makespan_s'])} | {r['gpu_utilization']:.3f} | {r['mean_gbe']:.3f} |")
     return "\n".join(lines) + "\n"
@@ -251,7 +271,8 @@ def _figure(table: list[dict[str, Any]], path: Path) -> None:
         x = np.arange(len(rs))
         ax.bar(x - 0.2, [r["avg_jct_s"] / 3600 for r in rs], 0.4, label="mean JCT")
         ax.bar(x + 0.2, [r["p95_jct_s"] / 3600 for r in rs], 0.4, label="p95 JCT")
-        ax.set_xticks(x, [f"{r['policy']}+{r['algorithm']}" for r in rs], rotation=35, ha="right", fontsize=8)
+        ax.set_xticks(x, [f"{r['policy']}+{r['algorithm']}+{r.get('backfill', 'greedy')}/{r.get('demand', 'full')}" for r in rs],
+                      rotation=35, ha="right", fontsize=8)
         ax.set_title(t, fontsize=9)
         ax.set_ylabel("hours")
     axes[0][0].legend(fontsize=8)

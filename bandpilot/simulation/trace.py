@@ -1,5 +1,8 @@
 """What does a workload trace look like? The CSV ``id,submit_s,k,tenant,compute_s,comm_fraction``
-plus optional ``priority,utility`` columns, parsed all-or-nothing.
+plus optional ``priority,utility,time_limit_s,preemptible,checkpoint_s,checkpoint_every_s`` columns,
+parsed all-or-nothing. ``time_limit_s`` is what the user told the queue (it may be far off
+``compute_s``, as real estimates are); ``preemptible`` is ``0/1``/``true/false``; ``checkpoint_s`` the
+cost of one checkpoint + restart and ``checkpoint_every_s`` its period (preemptible jobs only).
 
 ``submit_s`` is seconds from the start of the trace (sorted, non-negative), ``compute_s`` the job's
 run time on an uncontended best placement, ``comm_fraction`` the share of that time spent in
@@ -22,7 +25,7 @@ from typing import Iterable, Sequence
 from bandpilot.errors import BandPilotError
 
 REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
-OPTIONAL = ("priority", "utility")
+OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 
 
@@ -45,6 +48,10 @@ class TraceJob:
     comm_fraction: float
     priority: int = 0
     utility: float | None = None
+    time_limit_s: float | None = None
+    preemptible: bool = False
+    checkpoint_s: float | None = None
+    checkpoint_every_s: float | None = None
 
 
 def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
@@ -137,10 +144,11 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
             util = _num(doc["utility"], "utility", where, errs)
             if util is not None and util < 0:
                 errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+        rt = _runtime_cells(doc, where, errs)
         if len(errs) == n_err:
             seen[jid] = lineno
             last_t, last_line = float(t), lineno  # type: ignore[arg-type]
-            jobs.append(TraceJob(jid, float(t), int(k), tenant, float(c), float(f), prio, util))  # type: ignore[arg-type]
+            jobs.append(TraceJob(jid, float(t), int(k), tenant, float(c), float(f), prio, util, **rt))  # type: ignore[arg-type]
         elif t is not None and t >= last_t and t >= 0:
             last_t, last_line = t, lineno
     if header is None:
@@ -152,14 +160,35 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
     return jobs
 
 
+def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key in ("time_limit_s", "checkpoint_s", "checkpoint_every_s"):
+        out[key] = None
+        if doc.get(key, ""):
+            v = _num(doc[key], key, where, errs)
+            if v is not None and v <= 0:
+                errs.append(f"{where}: {key} {doc[key]} must be > 0")
+            else:
+                out[key] = v
+    pre = doc.get("preemptible", "").strip().lower()
+    if pre not in ("", "0", "1", "true", "false"):
+        errs.append(f"{where}: preemptible {doc['preemptible']!r} must be 0/1 or true/false")
+    out["preemptible"] = pre in ("1", "true")
+    if not out["preemptible"] and (out["checkpoint_s"] is not None or out["checkpoint_every_s"] is not None):
+        errs.append(f"{where}: checkpoint_s / checkpoint_every_s need preemptible = 1")
+    return out
+
+
 def format_trace(jobs: Sequence[TraceJob]) -> str:
     cols = list(REQUIRED) + list(OPTIONAL)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
+    opt = lambda v, fmt="{:.3f}": "" if v is None else fmt.format(v)  # noqa: E731
     for j in jobs:
         w.writerow([j.id, f"{j.submit_s:.3f}", j.k, j.tenant, f"{j.compute_s:.3f}", f"{j.comm_fraction:.4f}", j.priority,
-                    "" if j.utility is None else f"{j.utility:.4f}"])
+                    opt(j.utility, "{:.4f}"), opt(j.time_limit_s), int(j.preemptible), opt(j.checkpoint_s),
+                    opt(j.checkpoint_every_s)])
     return buf.getvalue()
 
 

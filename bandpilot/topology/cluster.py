@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -393,7 +394,7 @@ def spec_from_dict(
     if group_domains or doc.get("nvlink_domains") is not None:
         hosts, nvlink = resolve_nvlink_domains(doc, hosts, group_domains, lambda key: _where(source, lines, key))
     names = [h.name for h in hosts]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    dupes = sorted(n for n, c in Counter(names).items() if c > 1)  # linear: 25,000 trays at 100k GPUs
     if dupes:
         raise SpecError(f"{source}: duplicate host names {dupes}")
     gph = doc.get("gpus_per_host")

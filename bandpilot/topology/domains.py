@@ -81,8 +81,11 @@ def resolve_nvlink_domains(
                     )
                 owner[tray] = (name, tkey)
                 hosts[index[tray]] = dataclasses.replace(h, domain=name)
+    by_domain: dict[str | None, list[Any]] = {}
+    for h in hosts:  # one pass, not one scan per domain: 1,389 domains x 25,002 trays at 100k GPUs
+        by_domain.setdefault(h.domain, []).append(h)
     for name, key in names.items():
-        members = [h for h in hosts if h.domain == name]
+        members = by_domain.get(name, [])
         gpus = sorted({h.gpu for h in members})
         if len(gpus) > 1:
             eg = [next(h.name for h in members if h.gpu == g) for g in gpus]

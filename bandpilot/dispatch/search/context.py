@@ -54,6 +54,32 @@ class _Class:
     exposed: bool
 
 
+def _first_seen(labels: np.ndarray) -> np.ndarray:
+    """Relabel so ids count up in order of first appearance."""
+    _, first = np.unique(labels, return_index=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[labels]
+
+
+_HOST_IDS: dict[int, tuple[Any, np.ndarray, np.ndarray]] = {}
+
+
+def host_ids(spec: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-host integer ids of the GPU type and the domain label (cached per spec)."""
+    got = _HOST_IDS.get(id(spec))
+    if got is None or got[0] is not spec:
+        gpus: dict[str, int] = {}
+        doms: dict[Any, int] = {}
+        gpu_id = np.array([gpus.setdefault(h.gpu, len(gpus)) for h in spec.hosts], dtype=np.int64)
+        dom_id = np.array([doms.setdefault(h.domain, len(doms)) for h in spec.hosts], dtype=np.int64)
+        got = (spec, gpu_id, dom_id)
+        if len(_HOST_IDS) > 16:
+            _HOST_IDS.clear()
+        _HOST_IDS[id(spec)] = got
+    return got[1], got[2]
+
+
 class SearchContext:
     """Per-request precomputation shared by every algorithm.
 
@@ -132,21 +158,30 @@ class SearchContext:
         return self._options.get((h, c), np.zeros(0, dtype=np.int64))
 
     def _build_classes(self) -> None:
-        keys: dict[Any, int] = {}
-        ckeys: dict[Any, int] = {}
+        # class ids in order of first appearance over the hosts (vectorised: one np.unique over
+        # (GPU type, domain, free count, rounded best-subset values) rows)
+        hosts = np.flatnonzero(self.fcount > 0)
         cls = np.full(self.H, -1, dtype=np.int64)
         ccls = np.full(self.H, -1, dtype=np.int64)
-        for h in np.flatnonzero(self.fcount > 0):
-            f = int(self.fcount[h])
-            host = self.spec.hosts[h]
-            coarse = (host.gpu, host.domain, f, tuple(np.round(self.best_val[h, : f + 1], 9).tolist()))
-            key: Any = ("exposed", int(h)) if self.exposed[h] else coarse
-            cls[h] = keys.setdefault(key, len(keys))
-            ccls[h] = ckeys.setdefault(coarse, len(ckeys))
+        n_keys = n_ckeys = 0
+        if hosts.size:
+            gpu_id, dom_id = host_ids(self.spec)
+            f = self.fcount[hosts]
+            vals = np.round(self.best_val[hosts], 9)
+            vals = np.where(np.arange(self.G + 1)[None, :] <= f[:, None], vals, 0.0)
+            rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals])
+            coarse = _first_seen(np.unique(rows, axis=0, return_inverse=True)[1].ravel())
+            ccls[hosts] = coarse
+            n_ckeys = int(coarse.max()) + 1
+            exp = self.exposed[hosts]
+            key = np.where(exp, n_ckeys + np.arange(hosts.size), coarse)
+            fine = _first_seen(np.unique(key, return_inverse=True)[1].ravel())
+            cls[hosts] = fine
+            n_keys = int(fine.max()) + 1
         self.cls = cls  # interchangeable hosts (exact symmetry)
-        self.n_classes = len(keys)
+        self.n_classes = n_keys
         self.ccls = ccls  # same standalone behaviour, contention exposure ignored
-        self.n_cclasses = len(ckeys)
+        self.n_cclasses = n_ckeys
         pr = self.pred
         if pr.n_jobs:
             #: total demand of the contending jobs touching each host (0: unexposed)
@@ -178,7 +213,10 @@ class SearchContext:
 
     def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
         counts = np.atleast_2d(counts)
-        return self.best_mask[np.arange(self.H)[None, :], counts]
+        out = np.zeros(counts.shape, dtype=np.int64)  # a count of 0 is the empty mask
+        r, h = np.nonzero(counts)
+        out[r, h] = self.best_mask.ravel()[h * (self.G + 1) + counts[r, h]]
+        return out
 
     def choose(self, masks: np.ndarray, value: np.ndarray) -> int:
         """Index of the best candidate; near-ties prefer fewer hosts, then the tightest fit

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext
+from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext, host_ids
 from bandpilot.dispatch.search.count_vector import EXACT_LIMIT, exact
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
+from bandpilot.fabric.units import unit_index
 from bandpilot.topology.cluster import popcount
 
 #: In-domain count vectors enumerated per unit before falling back to coarse classes.
@@ -52,9 +53,10 @@ class Units:
     """Per-request view of the units: members, free GPUs, exposure."""
 
     def __init__(self, ctx: SearchContext) -> None:
-        self.unit, self.is_nvl = ctx.spec.units
+        self.index = unit_index(ctx.spec)
+        self.unit, self.is_nvl = self.index.unit, self.index.is_nvl
         self.U = self.is_nvl.size
-        self.members = [np.flatnonzero(self.unit == u) for u in range(self.U)]
+        self.members = self.index.members
         self.free = np.bincount(self.unit, weights=ctx.fcount, minlength=self.U).astype(np.int64)
         self.size = np.bincount(self.unit, weights=ctx.spec.gpus_per_host, minlength=self.U).astype(np.int64)
         self.exposed_free = np.bincount(self.unit, weights=ctx.fcount * ctx.exposed, minlength=self.U).astype(np.int64)
@@ -120,13 +122,40 @@ class Units:
 
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
+        r, h, c = self._scatter(D)
+        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
+        out[r, h] = c
+        return out
+
+    def mask_rows(self, D: np.ndarray) -> np.ndarray:
+        """Per-unit count rows ``(n, U)`` -> the best mask rows for them (``masks_from_counts(rows(D))``)."""
+        r, h, c = self._scatter(D)
+        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
+        out[r, h] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
+        return out
+
+    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(row, host, count) of every nonzero per-host count of the rows of ``D``."""
         ri, ui = np.nonzero(D)
-        keys = ui * (int(D.max(initial=0)) + 1) + D[ri, ui]
-        uniq, inv = np.unique(keys, return_inverse=True)
         width = int(D.max(initial=0)) + 1
-        parts = np.array([self.part(int(key // width), int(key % width)) for key in uniq]).reshape(uniq.size, self.ctx.H)
-        starts = np.searchsorted(ri, np.arange(D.shape[0]))  # np.nonzero is row-major: rows are contiguous
-        return np.add.reduceat(parts[inv.ravel()], starts, axis=0)
+        keys = ui * width + D[ri, ui]
+        uniq, inv = np.unique(keys, return_inverse=True)
+        # units hold disjoint hosts: scatter each unit's (sparse) part into its rows
+        hs, cs, owner = [], [], []
+        for j, key in enumerate(uniq.tolist()):
+            part = self.part(key // width, key % width)
+            h = self.members[key // width]
+            h = h[part[h] > 0]
+            hs.append(h)
+            cs.append(part[h])
+            owner.append(np.full(h.size, j))
+        h_of, c_of, own = np.concatenate(hs), np.concatenate(cs), np.concatenate(owner)
+        by_key = np.argsort(own, kind="stable")
+        ptr = np.r_[0, np.cumsum(np.bincount(own, minlength=uniq.size))]
+        inv = inv.ravel()
+        lens = ptr[inv + 1] - ptr[inv]
+        idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+        return np.repeat(ri, lens), h_of[by_key][idx], c_of[by_key][idx]
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
@@ -137,9 +166,7 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
         return int(near[0])
     c = popcount(masks[near])
     used = c > 0
-    onehot = np.zeros((ctx.H, units.U))
-    onehot[np.arange(ctx.H), units.unit] = 1.0
-    ucount = c @ onehot
+    ucount = units.index.sum(c)
     uused = ucount > 0
     n_units = uused.sum(axis=1)
     unit_left = (uused * units.free[None, :]).sum(axis=1) - ucount.sum(axis=1)
@@ -181,14 +208,17 @@ def _in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coar
 def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
     """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
     GPUs of it are free): then trays differ only in free count and count patterns are exact."""
-    seen: dict[tuple[str, int], float] = {}
-    for h in hosts.tolist():
-        g = ctx.spec.hosts[h].gpu
-        for c in range(1, int(ctx.fcount[h]) + 1):
-            v = round(float(ctx.best_val[h, c]), 9)
-            if seen.setdefault((g, c), v) != v:
-                return False
-    return len({ctx.spec.hosts[h].gpu for h in hosts.tolist()}) <= 1
+    if hosts.size == 0:
+        return True
+    gpu_id, _ = host_ids(ctx.spec)
+    if np.unique(gpu_id[hosts]).size > 1:
+        return False
+    vals = np.round(ctx.best_val[hosts, 1:], 9)
+    have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
+    hi = np.where(have, vals, -np.inf).max(axis=0)
+    lo = np.where(have, vals, np.inf).min(axis=0)
+    seen = have.any(axis=0)
+    return bool(np.all(hi[seen] == lo[seen]))
 
 
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
@@ -322,30 +352,24 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if not starts:
         return None
     D = np.unique(np.array(starts), axis=0)
-    best = _best(ctx, units, ctx.masks_from_counts(units.rows(D)), tie)
+    best = _best(ctx, units, units.mask_rows(D), tie)
     if best is None:
         return None
     evaluated = best.evaluated
     for _ in range(UNIT_LOCAL_ITERS):
         if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
             break
-        d = np.rint(popcount(best.mask) @ _onehot(ctx, units)).astype(np.int64)
+        d = units.index.sum(popcount(best.mask))[0]
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        got = _best(ctx, units, ctx.masks_from_counts(units.rows(moves)), 0.0)
+        got = _best(ctx, units, units.mask_rows(moves), 0.0)
         evaluated += 0 if got is None else got.evaluated
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
         best = got
     best.evaluated = evaluated
     return best
-
-
-def _onehot(ctx: SearchContext, units: Units) -> np.ndarray:
-    oh = np.zeros((ctx.H, units.U))
-    oh[np.arange(ctx.H), units.unit] = 1.0
-    return oh
 
 
 def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = DOMAIN_TIE) -> Found:

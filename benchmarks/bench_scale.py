@@ -1,0 +1,122 @@
+"""Scale benchmark (issue 24): ``select`` on 100,008 and 10,008 GPUs of NVL72 domains, idle and
+30-70 % busy, k from 1 to 4,096; peak memory and load times.
+
+    python -m benchmarks scale            # or: python -m benchmarks.bench_scale [--states 3] [--quick]
+
+The model is the emulator itself (the search alone, as in ``bench_domains``). Busy states come from
+:func:`benchmarks.scale_states.busy_state` (jobs packed per domain or scattered, sizes 1-1,024,
+moderate demands). Each (k, state) pair is one ``Dispatcher.select`` call after one warm-up call per
+cluster; p50/p99/max are over all pairs of a cluster. Targets: 100,008 GPUs p50 <= 100 ms, p99 <=
+1 s; 10,008 GPUs p50 <= 20 ms, p99 <= 200 ms; peak RSS <= 4 GB.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.scale_states import busy_state  # noqa: E402
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.dispatch.state import State  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+
+KS = [1, 2, 4, 8, 16, 32, 64, 72, 128, 144, 256, 512, 1024, 2048, 4096]
+#: cluster -> (trays of NVL72 domains, p50 target ms, p99 target ms)
+CLUSTERS = {"10,008 GPUs (139 NVL72)": (2502, 20.0, 200.0), "100,008 GPUs (1,389 NVL72)": (25002, 100.0, 1000.0)}
+
+
+def spec_for(trays: int, where: Path) -> Path:
+    """``nvl72x16`` with ``trays`` compute trays (the committed 100k spec when it matches)."""
+    committed = ROOT / "params" / "clusters" / "nvl72x1389.yaml"
+    if trays == 25002 and committed.exists():
+        return committed
+    text = (ROOT / "params" / "clusters" / "nvl72x16.yaml").read_text()
+    text = text.replace("count: 288", f"count: {trays}").replace("name: nvl72x16", f"name: nvl72x{trays // 18}")
+    path = where / f"nvl72x{trays // 18}.yaml"
+    path.write_text(text)
+    return path
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs), q)) if xs else float("nan")
+
+
+def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], where: Path) -> dict:
+    t0 = time.perf_counter()
+    spec = load_cluster(spec_for(trays, where))
+    t_load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fab = make_fabric(spec)
+    _ = fab.stage1
+    t_fab = time.perf_counter() - t0
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    sts = [("idle", State.idle(spec))]
+    for i in range(states):
+        frac = 0.3 + 0.4 * i / max(states - 1, 1)
+        sts.append((f"{frac:.0%} busy", busy_state(spec, fab, rng, frac, "moderate", reserve=max(ks))))
+    t_states = (time.perf_counter() - t0) / max(states, 1)
+    d = Dispatcher(fab)
+    d.select(8, sts[0][1])  # warm-up: stage-1 tables, unit index
+    rows = []
+    for label, st in sts:
+        for k in ks:
+            if k > st.n_free:
+                continue
+            t = time.perf_counter()
+            sel = d.select(k, st)
+            rows.append({"state": label, "k": k, "ms": (time.perf_counter() - t) * 1e3, "evals": sel.evaluations,
+                         "jobs": len(st.jobs), "gbps": sel.predicted_gbps})
+    ms = [r["ms"] for r in rows]
+    return {"name": name, "load_s": t_load, "fabric_s": t_fab, "state_s": t_states, "rows": rows,
+            "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "evals_max": max(r["evals"] for r in rows),
+            "evals_p50": pct([r["evals"] for r in rows], 50)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--states", type=int, default=3, help="busy states per cluster (30-70 %% busy)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="10,008 GPUs only, fewer k")
+    ap.add_argument("--detail", action="store_true", help="print every (state, k) row")
+    args = ap.parse_args()
+    ks = KS[::2] if args.quick else KS
+    clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS
+    print(f"load: {open('/proc/loadavg').read().strip()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (trays, t50, t99) in clusters.items():
+            r = bench_cluster(name, trays, args.states, args.seed, ks, Path(tmp))
+            ok50 = "met" if r["p50"] <= t50 else "MISSED"
+            ok99 = "met" if r["p99"] <= t99 else "MISSED"
+            print(f"\n### {name}: load spec {r['load_s']:.2f} s, fabric {r['fabric_s']:.2f} s, busy state {r['state_s']:.2f} s\n")
+            print("| selects | p50 ms | p99 ms | max ms | evaluations p50 / max | target p50 / p99 |")
+            print("|---|---|---|---|---|---|")
+            print(f"| {len(r['rows'])} | {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['evals_p50']:.0f} / {r['evals_max']} "
+                  f"| {t50:g} ms {ok50} / {t99:g} ms {ok99} |")
+            slow = sorted(r["rows"], key=lambda x: -x["ms"])[:3]
+            print("slowest: " + "; ".join(f"k={x['k']} {x['state']} {x['ms']:.0f} ms ({x['evals']} evals)" for x in slow))
+            if args.detail:
+                for x in r["rows"]:
+                    print(f"  {x['state']:>9} k={x['k']:>5} {x['ms']:8.1f} ms {x['evals']:5d} evals {x['gbps']:.1f} GB/s jobs={x['jobs']}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+    print(f"\npeak RSS {peak:.2f} GB (target <= 4 GB: {'met' if peak <= 4 else 'MISSED'})")
+    print(f"load: {open('/proc/loadavg').read().strip()}")
+
+
+if __name__ == "__main__":
+    main()

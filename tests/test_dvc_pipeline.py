@@ -1,0 +1,95 @@
+"""Issue 26 item 5: dvc.yaml and the main job describe one pipeline. After ``bandpilot pipeline``
+(the flow), real DVC in a temp git repo says the stages are up to date, ``dvc metrics show`` reads
+the metrics the run wrote, ``dvc repro`` has nothing to do, and a params change makes exactly the
+stages that depend on it stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_flows import TINY_SPEC, TINY_TRAIN, harness  # noqa: F401 - pytest fixtures
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # trains, gates and dispatches a (tiny) cluster end to end
+
+
+@pytest.fixture
+def dvc_project(tmp_path, monkeypatch, mlflow_uri):
+    """A project with the shipped dvc.yaml and the code its stages depend on, on the tiny cluster."""
+    root = tmp_path / "proj"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "params", root / "params")
+    for d in ("bandpilot", "flows"):
+        shutil.copytree(ROOT / d, root / d, ignore=ignore)
+    shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    (root / "params" / "clusters" / "tiny.yaml").write_text(yaml.safe_dump(TINY_SPEC))
+    (root / "params" / "train.yaml").write_text(yaml.safe_dump(TINY_TRAIN))
+    P = yaml.safe_load((ROOT / "params" / "pipeline.yaml").read_text())
+    P.update({"clusters": ["params/clusters/tiny.yaml"], "profile": {"samples": 80, "seed": 0, "runner": "emulator"},
+              "sweep": {"n_trials": 0}, "evaluate": {"profiles": ["idle", "heavy"], "repeats": 1, "seed": 0, "workers": 1},
+              "dispatch": {"policy": "utility", "demo_requests": 8, "store": None}})
+    (root / "params" / "pipeline.yaml").write_text(yaml.safe_dump(P))
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    shutil.copy(ROOT / ".gitignore", root / ".gitignore")
+    monkeypatch.setenv("BANDPILOT_HOME", str(root))
+    monkeypatch.chdir(root)
+    return root
+
+
+def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):  # noqa: F811
+    from flows.pipeline import pipeline_flow
+
+    res = pipeline_flow(params_file="params/pipeline.yaml")
+    version = res["clusters"]["tiny"]["retrain"]["version"]
+    reg = json.loads((dvc_project / "models" / "tiny" / "registered.json").read_text())
+    assert reg == {"name": "bandpilot-tiny", "version": str(version), "uri": f"models:/bandpilot-tiny/{version}"}
+    assert (dvc_project / "models" / "tiny" / "model").is_dir() and (dvc_project / "dvc.lock").is_file()
+
+    status = _dvc(dvc_project, "status")
+    assert status.returncode == 0 and "up to date" in status.stdout.lower(), status.stdout + status.stderr
+    shown = _dvc(dvc_project, "metrics", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    metrics = {Path(f).name: v for f, v in json.loads(shown.stdout)[""]["data"].items() for v in [v["data"]]}
+    assert metrics["train.json"]["tiny"]["version"] == int(version) and "cv_mape" in metrics["train.json"]["tiny"]
+    ev = metrics["evaluate.json"]["tiny"]
+    assert 0 < ev["gbe_idle"] <= 1 and 0 < ev["gbe_heavy"] <= 1 and ev["version"] == int(version)
+    dry = _dvc(dvc_project, "repro", "--dry")
+    assert dry.returncode == 0 and "bandpilot stage" not in dry.stdout, dry.stdout  # nothing to re-run
+    # generated data stays out of git: models/ is ignored, the lock and the metrics are what to commit
+    porcelain = subprocess.run(["git", "-C", str(dvc_project), "status", "--porcelain", "--untracked-files=all"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "models/" not in porcelain and "dvc.lock" in porcelain and "metrics/train.json" in porcelain
+
+    # a second run reuses the model and leaves DVC clean
+    pipeline_flow(params_file="params/pipeline.yaml")
+    assert "up to date" in _dvc(dvc_project, "status").stdout.lower()
+
+    # an evaluation setting changes: evaluate is stale; a training one: train
+    P = yaml.safe_load((dvc_project / "params" / "pipeline.yaml").read_text())
+    P["evaluate"]["repeats"] = 2
+    (dvc_project / "params" / "pipeline.yaml").write_text(yaml.safe_dump(P))
+    stale = _dvc(dvc_project, "status", "--json")
+    assert set(json.loads(stale.stdout)) == {"evaluate"}, stale.stdout
+    # dvc repro runs the stage's own command (`bandpilot stage evaluate`): the same code as the flow
+    repro = _dvc(dvc_project, "repro", "evaluate")
+    assert repro.returncode == 0 and "bandpilot stage evaluate" in repro.stdout, repro.stdout[-3000:] + repro.stderr[-3000:]
+    assert "up to date" in _dvc(dvc_project, "status").stdout.lower()
+    assert json.loads((dvc_project / "metrics" / "evaluate.json").read_text())["tiny"]["version"] == int(version)
+    T = yaml.safe_load((dvc_project / "params" / "train.yaml").read_text())
+    T["train"]["epochs"] = 26
+    (dvc_project / "params" / "train.yaml").write_text(yaml.safe_dump(T))
+    assert set(json.loads(_dvc(dvc_project, "status", "--json").stdout)) == {"train"}  # evaluate follows on repro

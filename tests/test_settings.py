@@ -1,0 +1,47 @@
+"""One settings object reads every ``BANDPILOT_*`` variable (bandpilot.config.settings)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bandpilot.config import ENV_NAMES, Settings, project_root, settings
+from bandpilot.errors import SpecError
+
+ROOT = Path(__file__).resolve().parents[1]
+# Reads still outside bandpilot.config, in packages other helpers own; the coordinator converts them.
+PENDING = {"bandpilot/api/app.py", "bandpilot/api/server.py", "bandpilot/queue/store.py", "bandpilot/scheduling/batch.py"}
+
+
+def test_defaults_and_parsing(monkeypatch, tmp_path):
+    for name in ENV_NAMES.values():
+        monkeypatch.delenv(name, raising=False)
+    assert settings() == Settings()
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path / "h"))
+    monkeypatch.setenv("BANDPILOT_API_THREADS", "3")
+    monkeypatch.setenv("BANDPILOT_TASK_RUNNER", "Dask")
+    s = settings()
+    assert (s.home, s.api_threads, s.task_runner) == ((tmp_path / "h").resolve(), 3, "dask")
+    assert project_root() == (tmp_path / "h").resolve()
+    assert settings() is s  # parsed once for the same values
+
+
+@pytest.mark.parametrize("name,value", [("BANDPILOT_API_THREADS", "many"), ("BANDPILOT_API_THREADS", "0"),
+                                        ("BANDPILOT_TEST_BATCH_SLEEP", "1s")])
+def test_bad_value_names_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SpecError, match=re.escape(name)):
+        settings()
+
+
+def test_variables_are_documented_and_read_in_one_place():
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in ENV_NAMES.values())
+    readers = set()
+    for path in (ROOT / "bandpilot").rglob("*.py"):
+        text = path.read_text()
+        if re.search(r"(environ(\.get)?\(|getenv\()\s*[\"']BANDPILOT_", text) or re.search(r"_ENV\s*=\s*\"BANDPILOT_", text):
+            readers.add(str(path.relative_to(ROOT)))
+    assert readers <= PENDING, sorted(readers - PENDING)
