@@ -36,6 +36,7 @@ from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
     PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
@@ -278,10 +279,9 @@ def run_batch(
         hidden = book.hidden_for(req) if book is not None else None
         try:
             sel = placer.place(req, hidden)
-        except Deferred as d:
-            out.status, out.reason, out.detail = d.status, d.reason, d.detail
-            if book is not None and d.status == "deferred":
-                book.note_blocked(req, hidden, placer.state.n_free if placer.state is not None else 0, out)
+        except Deferred as d:  # nothing fits: the PostFilter plug-ins say what to record
+            plan = placer.post_filter(req, d, hidden)
+            out.status, out.reason, out.detail = d.status, plan.reason, plan.detail
             return out
         try:
             res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm, demand)
@@ -345,6 +345,7 @@ def run_batch(
             report.batch_id = batch_id
             if backfill != "greedy":
                 book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
+                placer.add_post_filter(ReservationPostFilter(book))
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
@@ -365,6 +366,7 @@ def run_batch(
             pl = plan(load_pending(conn), state, conn)
             if backfill != "greedy":
                 book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
+                placer.add_post_filter(ReservationPostFilter(book))
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:

@@ -13,6 +13,7 @@ from bandpilot.dispatch.state import State
 from bandpilot.errors import BandPilotError, ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.outcomes import Outcome
+from bandpilot.scheduling.postfilter import Plan, PostFilter, RecordReason, Unschedulable, run_post_filters
 from bandpilot.queue.requests import Request, validate_request
 from bandpilot.dispatch.constraints import Constraints
 from bandpilot.topology.cluster import ClusterSpec
@@ -47,6 +48,17 @@ class Placer:
         self._fail: dict[tuple[int, str], tuple[str, str]] = {}
         self._never: dict[tuple[int, str], str | None] = {}
         self._valid: set[tuple[int, str]] = set()
+        self.post_filters: list[PostFilter] = [RecordReason()]  # "nothing fits" plug-ins, default last
+
+    def add_post_filter(self, plugin: PostFilter) -> None:
+        """Register a "nothing fits" plug-in (:mod:`bandpilot.scheduling.postfilter`); plug-ins are asked
+        in the order added, all before the default :class:`RecordReason`."""
+        self.post_filters.insert(len(self.post_filters) - 1, plugin)
+
+    def post_filter(self, req: Request, d: Deferred, hidden: np.ndarray | None = None) -> Plan:
+        """The PostFilter step: what to record (or do) for a request that did not fit."""
+        assert self.state is not None
+        return run_post_filters(self.post_filters, Unschedulable(req, self.state, d.status, d.reason, d.detail, hidden))
 
     def set_state(self, state: State) -> None:
         if self.state is not None and np.any(state.free & ~self.state.free):
