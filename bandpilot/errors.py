@@ -24,17 +24,27 @@ class BandPilotError(Exception):
 class SpecError(BandPilotError):
     """A cluster spec or params file is malformed or inconsistent."""
 
+    code = "invalid_spec"
+
 
 class DataError(BandPilotError):
     """A measurement table, log or dataset is malformed."""
 
+    code = "invalid_data"
+
 
 class StateError(BandPilotError):
-    """A cluster state (free GPUs, active jobs) is invalid."""
+    """A cluster state (free GPUs, active jobs) is invalid or does not allow the operation
+    (``conflict``); ``not_found`` when the job, request, GPU or host named does not exist."""
+
+    code = "conflict"
 
 
 class RequestError(BandPilotError):
-    """A GPU request cannot be served as asked (k out of range, constraint unknown)."""
+    """A GPU request cannot be served as asked (k out of range, constraint unknown):
+    ``invalid_request``; ``not_pending`` / ``duplicate_id`` where the queue's state refuses it."""
+
+    code = "invalid_request"
 
 
 class PlacementError(RequestError):
@@ -52,3 +62,5 @@ class PlacementError(RequestError):
 
 class ModelError(BandPilotError):
     """A model URI cannot be resolved or does not fit the cluster."""
+
+    code = "model_error"

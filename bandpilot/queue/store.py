@@ -36,7 +36,10 @@ _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 class StoreError(BandPilotError):
-    """The queue database cannot be opened, is not initialised, is busy or is from a newer version."""
+    """The queue database cannot be opened, is not initialised, is busy (``store_busy``) or is from
+    a newer version."""
+
+    code = "store_error"
 
 
 def default_store_url(root: Path | None = None) -> str:
@@ -155,7 +158,8 @@ class Store:
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
             if "locked" in msg or "busy" in msg:
-                raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s") from None
+                raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s",
+                                 code="store_busy") from None
             raise StoreError(f"store {self.safe_url}: {msg}") from None
 
     @contextmanager
