@@ -43,7 +43,6 @@ class Settings:
     api_threads: int = 12  # BANDPILOT_API_THREADS
     api_config: str | None = None  # BANDPILOT_API_CONFIG (set by `api serve` for its workers)
     data: Path | None = None  # BANDPILOT_DATA (benchmarks: the shared measurement tables)
-    test_batch_sleep: float = 0.0  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
 
 
 #: Field -> variable name; the only place the names are spelled.
@@ -66,7 +65,7 @@ def _parse(raw: tuple[str | None, ...]) -> Settings:
     for key in ("home", "data"):
         if key in out:
             out[key] = Path(str(out[key])).expanduser().resolve()
-    for key, kind in (("api_threads", int), ("test_batch_sleep", float)):
+    for key, kind in (("api_threads", int),):
         if key in out:
             try:
                 out[key] = kind(str(out[key]))

@@ -150,7 +150,7 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
     assert rows["r9"]["attempts"] == 2
 
 
-# Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy
+# Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy sleep
 RUNNER = r"""
 import sys
 from bandpilot.topology.cluster import load_cluster
@@ -158,19 +158,20 @@ from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.queue import Store
 from bandpilot.scheduling import run_batch
-url, schema, spec_path, commit, policy = sys.argv[1:6]
+import time
+url, schema, spec_path, commit, policy, sleep = sys.argv[1:7]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
 print("START", flush=True)
-rep = run_batch(store, d, policy=policy, commit=commit)
+rep = run_batch(store, d, policy=policy, commit=commit, after_each=lambda o: time.sleep(float(sleep)))
 print("DONE " + " ".join(o.request_id for o in rep.assigned), flush=True)
 """
 
 
 def spawn_batch(url: str, commit: str, sleep: float, schema: str = "", policy: str = "fifo") -> subprocess.Popen:
-    env = dict(os.environ, **{sched.SLEEP_ENV: str(sleep), "PYTHONPATH": str(ROOT)})
-    return subprocess.Popen(
-        [sys.executable, "-c", RUNNER, url, schema, str(H100), commit, policy],
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(  # after_each sleeps after every request: a window to kill -9 mid-batch
+        [sys.executable, "-c", RUNNER, url, schema, str(H100), commit, policy, str(sleep)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
     )
 
