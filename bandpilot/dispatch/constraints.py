@@ -18,15 +18,17 @@ whole_domains  only domains that are wholly free
 segment        NVLink-domain clusters: each domain's share a multiple of it (it must divide ``k``)
 =============  ==================================================================================
 
-A new constraint is one module with a :class:`ConstraintRule` subclass plus one
-:func:`register_constraint` call: its value is parsed, stored, validated, filtered and checked
-with the built-ins (it lives in :attr:`Constraints.extra`). Every error is a
+A new constraint is one module with a :class:`ConstraintRule` subclass that calls
+:func:`register_constraint`, plus one line naming the module in :data:`PLUGINS`: its value is
+parsed, stored, validated, filtered and checked with the built-ins (it lives in
+:attr:`Constraints.extra`). Every error is a
 :class:`~bandpilot.errors.PlacementError` with ``reason="invalid_request"`` (a
 :class:`~bandpilot.errors.RequestError`), one line naming where.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -77,6 +79,18 @@ class ConstraintRule:
 
 
 _RULES: dict[str, ConstraintRule] = {}
+#: Modules that register constraints, imported on first use (a new constraint: its module + one line here).
+PLUGINS: tuple[str, ...] = ()
+_plugins_loaded = False
+
+
+def _rules() -> dict[str, ConstraintRule]:
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for module in PLUGINS:
+            importlib.import_module(module)
+    return _RULES
 
 
 def register_constraint(rule: ConstraintRule) -> ConstraintRule:
@@ -89,7 +103,7 @@ def register_constraint(rule: ConstraintRule) -> ConstraintRule:
 
 def constraint_keys() -> tuple[str, ...]:
     """Every known constraint key: the built-ins, then the registered ones."""
-    return BUILTIN + tuple(_RULES)
+    return BUILTIN + tuple(_rules())
 
 
 @dataclass(frozen=True)
@@ -171,7 +185,7 @@ class Constraints:
         if seg is not None and (isinstance(seg, bool) or not isinstance(seg, (int, np.integer)) or seg < 1):
             raise _bad(f"{where}: constraint 'segment' must be a positive integer (GPUs), got {seg!r}")
         extra = tuple(
-            (key, _RULES[key].parse(doc[key], where)) for key in _RULES if doc.get(key) is not None
+            (key, _RULES[key].parse(doc[key], where)) for key in _rules() if doc.get(key) is not None
         )
         return cls(**flags, **lists, min_gbps=mg, segment=None if seg is None else int(seg), extra=extra)
 
