@@ -84,3 +84,17 @@ def test_recorded_selections_are_unchanged(cluster, k, algorithm, constraints, g
                                 "jobs": [{"id": "j", "gpus": list(spec.gpu_ids[:2]), "demand_gbps": 100.0}]})
     sel = d.select(k, st, algorithm, constraints=constraints)
     assert sel.gpus == gpus and round(sel.predicted_gbps, 6) == gbps
+
+
+def test_single_domain_holds_for_every_strategy_on_nvlink_domains():
+    """Found by the before/after comparison: baselines, EHA and PTS used to spread a single_domain
+    request over NVLink domains (an AssertionError in the dispatcher)."""
+    spec = load_cluster("params/clusters/nvl72x16.yaml")
+    fab = make_fabric(spec)
+    d = Dispatcher(fab, seed=2)
+    free = [g for i, g in enumerate(spec.gpu_ids) if i % 3]  # every domain partly busy
+    st = State.from_dict(spec, {"free": free, "jobs": []})
+    doms = {h.name: h.domain for h in spec.hosts}
+    for algorithm in ("random", "topo", "default", "block", "eha", "pts", "bandpilot"):
+        sel = d.select(8, st, algorithm, constraints={"single_domain": True})
+        assert len({doms[g.rpartition(":")[0]] for g in sel.gpus}) == 1, algorithm

@@ -5,7 +5,7 @@ one :class:`Job`."""
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -97,15 +97,45 @@ def default(job: Job) -> np.ndarray:
 
 
 
-def topo(job: Job) -> np.ndarray:
+def _topo(job: Job) -> np.ndarray:
     return topo_select(job.state.spec, job.free, job.k)
 
 
-def block(job: Job) -> np.ndarray:
+def _block(job: Job) -> np.ndarray:
     return block_select(job.state.spec, job.free, job.k, job.constraints.segment)
 
 
-bandpilot = searched(search.bandpilot)  # ``ideal`` too, guided by the true fabric
-eha = searched(search.eha)
-pts = searched(search.pts)
-exact = searched(_exact)
+def one_domain(run: Callable[[Job], np.ndarray | Found]) -> Callable[[Job], np.ndarray | Found]:
+    """``single_domain`` for a strategy that does not keep to one domain by itself: when its
+    answer spans domains, run it once per domain that can hold ``k``; the best prediction wins.
+    (An answer already inside one domain is returned as it is.)"""
+
+    def value(job: Job, got: np.ndarray | Found) -> float:
+        return got.value if isinstance(got, Found) else float(job.predictor.predict(np.asarray(got)[None, :]).value[0])
+
+    def wrapped(job: Job) -> np.ndarray | Found:
+        got = run(job)
+        mask = got.mask if isinstance(got, Found) else np.asarray(got)
+        if not job.constraints.single_domain or np.unique(job.domains[mask != 0]).size <= 1:
+            return got
+        best, best_v = None, -np.inf
+        for d in np.unique(job.domains[popcount(job.free) > 0]):
+            sub = np.where(job.domains == d, job.free, 0)
+            if int(popcount(sub).sum()) >= job.k:
+                cand = run(replace(job, free=sub))
+                if value(job, cand) > best_v:
+                    best, best_v = cand, value(job, cand)
+        assert best is not None  # the filter left only domains that fit
+        return best
+
+    return wrapped
+
+
+bandpilot = one_domain(searched(search.bandpilot))  # ``ideal`` too, guided by the true fabric
+eha = one_domain(searched(search.eha))
+pts = one_domain(searched(search.pts))
+exact = one_domain(searched(_exact))
+random = one_domain(random)
+default = one_domain(default)
+topo = one_domain(_topo)
+block = one_domain(_block)
