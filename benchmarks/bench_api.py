@@ -38,12 +38,13 @@ PG = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process and its reaped children used so far (Linux /proc)."""
+    """CPU seconds (user + system) a process and its live descendants (uvicorn workers) used so far (Linux /proc)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return float("nan")
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+    return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(k)) for k in kids)
 
 
 def _port() -> int:
@@ -104,6 +105,8 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--think", type=float, default=1.0, help="mean pause between a client's rounds, s")
     ap.add_argument("--workers", type=int, default=1, help="API server processes")
+    ap.add_argument("--dispatch-s", type=float, default=0.0,
+                    help="the API's batch loop period (default 0: off - no model here; it measures the request path)")
     ap.add_argument("--store", default=None, help=f"store URL (default: a fresh schema on {PG})")
     args = ap.parse_args()
 
@@ -123,7 +126,7 @@ def main() -> int:
     port = _port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "bandpilot", "api", "--store", server_url, "--port", str(port),
-                             "--sample-s", "0", "--workers", str(args.workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             "--sample-s", "0", "--dispatch-s", str(args.dispatch_s), "--workers", str(args.workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         import httpx

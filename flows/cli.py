@@ -31,13 +31,33 @@ def pipeline_cmd(
     P = load_params(params)
     typer.echo(truth_line(cluster_sources(P["clusters"], str(params))))
     os.environ.setdefault("BANDPILOT_TASK_RUNNER", task_runner or str(P.get("task_runner", "thread")))
+    from bandpilot import progress
     from flows.pipeline import pipeline_flow, summary_lines
 
     t0 = time.perf_counter()
-    results = pipeline_flow(params_file=str(params))
+    # The CLI's reporter (bandpilot/cli/reporting.py) prints a line per stage with elapsed time and
+    # an estimate - rich bars on a terminal - on stderr; this outer stage carries the whole run's.
+    with progress.stage("pipeline"):
+        _start_local_prefect()
+        results = pipeline_flow(params_file=str(params))
     for line in summary_lines(results):
         typer.echo(line)
     typer.echo(f"\npipeline finished in {time.perf_counter() - t0:.0f} s")
+
+
+def _start_local_prefect() -> None:
+    """Without PREFECT_API_URL the first flow starts a local Prefect API, which takes tens of seconds
+    on a busy machine: started here, in a stage of its own, so the wait is announced. Prefect keeps
+    one such server per process, and the flows reuse it."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from bandpilot import progress
+    from prefect.server.api.server import SubprocessASGIServer
+
+    with progress.stage("local Prefect API (PREFECT_API_URL unset)"):
+        SubprocessASGIServer().start()
 
 
 def serve_cmd(

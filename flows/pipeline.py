@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
+from bandpilot.progress import stage
 from flows._common import cluster_sources, load_params, prepare, resolve, truth_line
 from flows.dispatch import dispatch_flow, store_url_for
 from flows.ingest import dvc_track_task, ingest_flow
@@ -76,30 +77,35 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
     log.info(results["truth"])
     datasets = {}
     for src in sources:
-        if src.measured:  # physical measurements: ingest them as they are, nothing to profile
-            ing = ingest_flow(source_dir=src.path, data_root=data_root, track=False)
-        else:
-            ing = ingest_flow(cluster=src.path, data_root=data_root, samples=int(prof.get("samples", 600)),
-                              seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
+        with stage(f"dataset {Path(src.path).stem}"):  # the profiling inside reports run by run
+            if src.measured:  # physical measurements: ingest them as they are, nothing to profile
+                ing = ingest_flow(source_dir=src.path, data_root=data_root, track=False)
+            else:
+                ing = ingest_flow(cluster=src.path, data_root=data_root, samples=int(prof.get("samples", 600)),
+                                  seed=int(prof.get("seed", 0)), runner=str(prof.get("runner", "emulator")), track=False)
         datasets[src.path] = (src, ing)
-    results["dvc_md5"] = dvc_track_task(data_root, git=str(P.get("dvc_git", "leave")))
+    with stage("dvc add data"):
+        results["dvc_md5"] = dvc_track_task(data_root, git=str(P.get("dvc_git", "leave")))
     for cluster, (src, ing) in datasets.items():
-        rt = retrain_flow(
-            data_dir=ing["dataset"], cluster_spec=cluster, params_file=P["train_params"],
-            sweep_trials=int(sweep.get("n_trials", 0)), sweep_timeout=sweep.get("timeout"),
-            policy=P["promotion_policy"], evaluate=ev,
-        )
         name = ing["cluster"]
+        with stage(f"retrain {name}"):  # sweep, training and the gate's evaluations report inside
+            rt = retrain_flow(
+                data_dir=ing["dataset"], cluster_spec=cluster, params_file=P["train_params"],
+                sweep_trials=int(sweep.get("n_trials", 0)), sweep_timeout=sweep.get("timeout"),
+                policy=P["promotion_policy"], evaluate=ev,
+            )
         url = store_url_for(name, disp.get("store"))
-        q = prepare_queue_task(cluster, url, int(disp.get("demo_requests", 24)))
         batch = None
-        if rt.get("champion"):
-            batch = dispatch_flow(cluster=name, policy=str(disp.get("policy", "utility")), store_url=url)
-        else:
-            log.warning("no champion for %s yet: the queue waits", name)
+        with stage(f"dispatch {name}"):
+            q = prepare_queue_task(cluster, url, int(disp.get("demo_requests", 24)))
+            if rt.get("champion"):
+                batch = dispatch_flow(cluster=name, policy=str(disp.get("policy", "utility")), store_url=url)
+            else:
+                log.warning("no champion for %s yet: the queue waits", name)
         results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url,
                                      "truth": src.truth}
-    record_stages_task(data_root, results, str(P.get("dvc_git", "leave")))
+    with stage("dvc commit train evaluate"):  # dvc.yaml's stages recorded: `dvc status` is clean after the run
+        record_stages_task(data_root, results, str(P.get("dvc_git", "leave")))
     return results
 
 
@@ -130,7 +136,10 @@ def _batch_lines(batch: dict[str, Any], store: str) -> list[str]:
     outcomes = batch.get("outcomes", [])
     out = [f"   dispatch batch #{batch.get('batch_id')} ({batch.get('policy')}): {batch_counts(outcomes)}"]
     for o in outcomes[:SHOWN_OUTCOMES]:
-        what = format_gpus(o["gpus"]) if o.get("gpus") else o.get("reason") or ""
+        why = o.get("reason") or ""
+        if o.get("detail"):  # the reason code and what it means here ("needs 12 GPUs, fewer are free")
+            why = f"{why}: {o['detail']}" if why else o["detail"]
+        what = format_gpus(o["gpus"]) if o.get("gpus") else why
         pred = o.get("predicted_gbps")
         out.append(f"     {o['request_id']:<22} k={o['k']:<3} {o['status']:<9} {what}" + (f"  {pred:.1f} GB/s" if pred else ""))
     if len(outcomes) > SHOWN_OUTCOMES:

@@ -104,3 +104,20 @@ def test_inject_file_keys_are_documented(capsys):
                 "missing_gpu"):
         assert re.search(rf"\b{key}\b", text), key
     assert "  - kind: nvlink_width\n" in text  # the example keeps its layout
+
+
+def test_every_visible_parameter_says_what_it_is():
+    import typer.main
+
+    _load_commands()
+    bare = []
+
+    def walk(cmd, path):
+        for p in getattr(cmd, "params", []):
+            if not p.hidden and not getattr(p, "help", None) and p.name != "help":
+                bare.append((" ".join(path), p.name))
+        for name, sub in sorted(getattr(cmd, "commands", {}).items()):
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    assert bare == []

@@ -88,6 +88,9 @@ def _connect(browser, url: str, token: str) -> None:
     browser.find_element(By.ID, "connect").click()
     WebDriverWait(browser, 20).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
                                      or d.find_element(By.ID, "error").text)
+    # hold the page still while the test reads it: the 5 s refresh re-renders every panel, and on a busy
+    # machine a check can span one (stale element references)
+    browser.execute_script("for (let i = 1; i < 10000; i++) clearInterval(i);")
 
 
 def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp_path):
@@ -115,6 +118,8 @@ def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp
     rows = {r.get_attribute("data-request"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr")}
     assert set(rows) == {"a-train", "a-big", "a-huge"}  # bob's request is not alice's to see
     assert "insufficient_gpus" in rows["a-big"] and "pending" in rows["a-big"]
+    # this server runs no batch loop (dispatch_s=None): the page says who assigns instead
+    assert "This API runs no batches" in browser.find_element(By.ID, "loop").text
     n_free = sum(g["state"] == "free" for g in q.gpu_grid(live["store"]))
     assert f"needs 30 GPUs, {n_free} free" in rows["a-huge"], rows["a-huge"]
     batches = browser.find_elements(By.CSS_SELECTOR, "#batches tbody tr")
@@ -168,6 +173,8 @@ def test_before_a_token_the_page_says_what_to_do_and_has_an_icon(live, browser):
     assert hint.is_displayed() and "bandpilot tokens create --tenant" in hint.text
     for panel in ("grid", "queue", "batches", "frag"):
         assert "connect with a token" in browser.find_element(By.ID, panel).text, panel
+    if os.environ.get("BANDPILOT_KEEP_SCREENSHOT"):
+        browser.save_screenshot(os.environ["BANDPILOT_KEEP_SCREENSHOT"].removesuffix(".png") + "-before-token.png")
     with urllib.request.urlopen(live["url"] + "favicon.ico", timeout=10) as r:
         assert r.status == 200 and r.headers["content-type"].startswith("image/svg+xml")
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]

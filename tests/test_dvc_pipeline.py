@@ -18,7 +18,6 @@ import yaml
 from test_flows import TINY_SPEC, TINY_TRAIN, harness  # noqa: F401 - pytest fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # trains, gates and dispatches a (tiny) cluster end to end
 
 
 @pytest.fixture
@@ -50,6 +49,7 @@ def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow  # trains, gates and dispatches a (tiny) cluster end to end
 def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):  # noqa: F811
     from flows.pipeline import pipeline_flow
 
@@ -93,3 +93,50 @@ def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):  # noqa: 
     T["train"]["epochs"] = 26
     (dvc_project / "params" / "train.yaml").write_text(yaml.safe_dump(T))
     assert set(json.loads(_dvc(dvc_project, "status", "--json").stdout)) == {"train"}  # evaluate follows on repro
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("git", ["leave", "commit"])
+def test_recorded_stages_are_clean_and_only_the_lock_and_metrics_reach_git(tmp_path, git):
+    """commit_stages on a stage whose outputs were written outside ``dvc repro`` (as the flow does)."""
+    from bandpilot.data import dvc
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    _git(root, "init", "-q")
+    _git(root, "config", "user.email", "ci@example.invalid")
+    _git(root, "config", "user.name", "ci")
+    (root / ".gitignore").write_text("/data/\n/models/\n")
+    (root / "data").mkdir()
+    (root / "data" / "m.csv").write_text("k,gbps\n2,100\n")
+    (root / "params.yaml").write_text("train:\n  epochs: 3\n")
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": {
+        "cmd": "mkdir -p models metrics && cp data/m.csv models/ && echo '{\"mape\": 1.5}' > metrics/train.json",
+        "deps": ["data"], "params": ["train"], "outs": ["models"],
+        "metrics": [{"metrics/train.json": {"cache": False}}]}}}))
+    dvc.track(root / "data", root, git="stage")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "project")
+    (root / "models").mkdir()  # what the flow writes, without dvc repro
+    (root / "models" / "m.csv").write_text("k,gbps\n2,100\n")
+    (root / "metrics").mkdir()
+    (root / "metrics" / "train.json").write_text('{"mape": 1.5}\n')
+    assert "train" in _dvc(root, "status", "--json").stdout  # never recorded: stale
+
+    dvc.commit_stages(root, ["train"], git=git)
+    status = _dvc(root, "status")
+    assert status.returncode == 0 and "up to date" in status.stdout.lower(), status.stdout + status.stderr
+    assert json.loads(_dvc(root, "metrics", "show", "--json").stdout)[""]["data"]["metrics/train.json"]["data"] == {"mape": 1.5}
+    porcelain = _git(root, "status", "--porcelain", "--untracked-files=all")
+    if git == "leave":  # the working tree has the lock and the metrics, the index is untouched
+        assert _git(root, "diff", "--cached", "--name-only") == ""
+        assert "dvc.lock" in porcelain and "metrics/train.json" in porcelain
+    else:
+        assert porcelain == "", porcelain
+        assert set(_git(root, "show", "--name-only", "--format=", "HEAD").split()) == {"dvc.lock", "metrics/train.json"}
+    assert "models" not in porcelain and ".gitignore" not in porcelain
+    (root / "params.yaml").write_text("train:\n  epochs: 4\n")
+    assert set(json.loads(_dvc(root, "status", "--json").stdout)) == {"train"}

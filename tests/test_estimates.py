@@ -71,7 +71,7 @@ def test_estimate_sources_in_order_and_learning_from_finished_jobs(store, fab):
     assert est.source(reqs["x"]) == (200.0, "learned_tenant_size")  # median of a's 100, 300, 200
     assert est.source(reqs["y"])[1] == "learned_size"  # tenant c never ran: any tenant's 2-GPU jobs
     assert est.source(reqs["z"]) == (None, None)
-    assert expected_end(0.0, None, 5.0) == float("inf") and expected_end(0.0, 3.0, 5.0) == 5.0  # overdue: any moment
+    assert expected_end(0.0, None, 5.0) == float("inf") and expected_end(0.0, 3.0, 5.0) > 5.0  # overdue: still ahead
 
 
 def test_sjf_orders_by_time_limit_when_nothing_better_is_known(store, fab):
@@ -105,3 +105,23 @@ def test_simulation_plans_with_the_trace_limits_not_the_truth(fab):
                       Dispatcher(fab), fab, SimConfig(policy="sjf"))
     rec = {j.id: j for j in oracle.jobs}
     assert rec["liar"].start_s < rec["honest"].start_s  # without limits: the stated oracle estimate
+
+
+def test_hrrn_orders_short_first_and_ages_long_waiters():
+    from bandpilot.scheduling.policies import Pending, order_pending
+
+    mk = lambda rid, sub: Pending(q.Request(rid, 2, submitted_at=sub), 0, sub)  # noqa: E731
+    pend = [mk("long-old", 0.0), mk("short-new", 900.0), mk("unknown", 0.0)]
+    exp = {"long-old": 3600.0, "short-new": 60.0}
+    # at t=1000: long-old ratio (1000+3600)/3600 = 1.28, short-new (100+60)/60 = 2.67
+    assert [p.req.id for p in order_pending(pend, "hrrn", exp, now=1000.0)] == ["short-new", "long-old", "unknown"]
+    # much later the long job has waited long enough to overtake a fresh short one
+    pend2 = [mk("long-old", 0.0), mk("short-new", 20000.0)]
+    assert [p.req.id for p in order_pending(pend2, "hrrn", exp, now=20010.0)][0] == "long-old"
+
+
+def test_an_overdue_job_is_expected_to_run_half_its_estimate_more():
+    from bandpilot.scheduling.estimates import OVERDUE_SHARE
+
+    assert expected_end(0.0, 100.0, 50.0) == 100.0  # on time: its estimate
+    assert expected_end(0.0, 100.0, 300.0) == 300.0 + OVERDUE_SHARE * 100.0 > 300.0  # overdue: never in the past

@@ -120,7 +120,24 @@ def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
     from bandpilot import queue as q
     from flows.pipeline import pipeline_flow, summary_lines
 
-    res = pipeline_flow(params_file="params/pipeline-tiny.yaml")
+    from bandpilot import progress
+
+    class Stages(progress.Reporter):  # what the CLI's line/bar reporter is fed
+        def __init__(self):
+            self.seen = []
+
+        def finished(self, st, error):
+            self.seen.append((st.depth, st.name, st.done, st.total, error is None))
+
+    rec = Stages()
+    with progress.use(rec):
+        res = pipeline_flow(params_file="params/pipeline-tiny.yaml")
+    names = [n for _, n, *_ in rec.seen]
+    assert {"dataset tiny", "profile tiny", "dvc add data", "retrain tiny", "train tiny", "evaluate tiny",
+            "dispatch tiny"} <= set(names), rec.seen
+    assert all(ok for *_, ok in rec.seen)
+    prof = next(s for s in rec.seen if s[1] == "profile tiny")
+    assert prof[0] == 1 and prof[2] == prof[3] > 0  # inside "dataset tiny", every run counted
     tiny = res["clusters"]["tiny"]
     assert tiny["retrain"]["champion"] is not None, tiny["retrain"]
     batch = tiny["batch"]

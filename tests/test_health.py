@@ -245,6 +245,18 @@ def test_cli_verify_gate_and_cluster_health(model_dir, tmp_path, capsys):
     assert all(r["status"] == "healthy" and r["gated_gpus"] == 0 for r in rows.values())
 
 
+def test_cli_verify_pairwise_with_the_model(model_dir, h100, tmp_path, capsys):
+    """--pairwise with --model: the model's expectation per pair is divided out before the peer comparison."""
+    from bandpilot.health.sweeps import emulate_sweep, write_sweep_logs
+
+    fab = FaultyFabric(EmulatorFabric(h100, seed=8), [Fault("slow_host", "h100-2")])
+    write_sweep_logs(emulate_sweep(fab, seed=8), tmp_path / "sweep")
+    assert _cli(["verify", "--pairwise", str(tmp_path / "sweep"), "--model", str(model_dir), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert {n for n, v in out["nodes"].items() if v["status"] != "healthy"} == {"h100-2"}
+    assert out["nodes"]["h100-2"]["fault"] == "node" and len(out["links"]) == 6
+
+
 # ------------------------------------------------------------------------------------------
 def test_job_telemetry_is_stored_atomically_and_drives_drift(h100, tmp_path, capsys):
     import sqlalchemy as sa

@@ -91,6 +91,18 @@ def test_a_transient_dip_needs_agreement(spec8):
     assert link.status == "degraded" and link.gpn == [4] and not any(v.status != "healthy" for v in rep.nodes.values())
 
 
+def test_slow_at_one_gpu_count_only_and_min_drop(spec8):
+    """Like the real sweep in the issue: one node at 0.7x at 4 GPUs per node only (both collectives)."""
+    runs = emulate_sweep(EmulatorFabric(spec8, seed=6), seed=6)
+    odd = [PairRun(r.collective, r.gpn, r.nodes, r.busbw * (0.7 if r.gpn == 4 and "h100-6" in r.nodes else 1.0)) for r in runs]
+    v = analyze(Sweep(odd)).nodes["h100-6"]
+    assert (v.status, v.fault, v.gpn, v.rails) == ("degraded", "partial", [4], [])
+    mild = [PairRun(r.collective, r.gpn, r.nodes, r.busbw * (0.88 if "h100-6" in r.nodes else 1.0)) for r in runs]
+    assert analyze(Sweep(mild)).healthy
+    v = analyze(Sweep(mild), min_drop=0.08).nodes["h100-6"]
+    assert v.fault == "node" and v.ratio == pytest.approx(0.88, abs=0.02)
+
+
 def test_one_collective_agrees_across_gpu_counts_and_failed_runs(spec8):
     fab = FaultyFabric(EmulatorFabric(spec8, seed=2), [Fault("host_link", "h100-1", factor=0.0, peer_host="h100-3")])
     rep = analyze(Sweep(emulate_sweep(fab, collectives=["sendrecv_perf"], seed=2)))

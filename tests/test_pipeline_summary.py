@@ -11,9 +11,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _outcome(i: int, status: str, gpus: list[str] | None = None, reason: str | None = None) -> dict:
+def _outcome(i: int, status: str, gpus: list[str] | None = None, reason: str | None = None,
+             detail: str | None = None) -> dict:
     return {"request_id": f"demo-h100-{i:03d}", "k": len(gpus) if gpus else 12, "status": status,
-            "gpus": gpus, "reason": reason, "predicted_gbps": 137.9 if gpus else None}
+            "gpus": gpus, "reason": reason, "detail": detail, "predicted_gbps": 137.9 if gpus else None}
 
 
 def _results(outcomes: list[dict], store: str) -> dict:
@@ -30,12 +31,16 @@ def test_summary_prints_whole_gpu_lists_counts_in_words_and_how_many_more(tmp_pa
     twelve = [f"h100-2:{g}" for g in range(8)] + [f"h100-3:{g}" for g in range(4)]
     outs = [_outcome(0, "assigned", twelve)]
     outs += [_outcome(i, "assigned", [f"h100-{i % 4}:{g}" for g in range(2)]) for i in range(1, 9)]
-    outs += [_outcome(i, "deferred", reason="the smallest needs 8 GPUs, 3 free") for i in range(9, 24)]
+    outs += [_outcome(i, "deferred", reason="insufficient_gpus", detail="needs 12 GPUs, fewer are free")
+             for i in range(9, 24)]
     store = f"sqlite:///{tmp_path / '.bandpilot' / 'queue-h100.db'}"
     text = "\n".join(summary_lines(_results(outs, store)))
     assert "h100-2:0-7 h100-3:0-3" in text  # all 12 GPUs, compact, nothing cut
     assert "9 assigned, 15 deferred" in text and "{" not in text
     assert "and 16 more" in text  # 8 of 24 outcomes printed
+    outs[:9] = []  # deferred ones on screen: the reason with what it means
+    text = "\n".join(summary_lines(_results(outs, store)))
+    assert "deferred  insufficient_gpus: needs 12 GPUs, fewer are free" in text
     assert f"bandpilot queue list --store {store}" in text or f"bandpilot queue status --store {store}" in text
     assert "sqlite:///.bandpilot" not in text  # a relative hint creates a store wherever it runs
 

@@ -92,13 +92,13 @@ def test_easy_reserves_for_the_blocked_gang_and_backfills_only_what_cannot_delay
         assert q.check_invariants(store) == []
 
 
-def test_an_overdue_job_is_expected_any_moment_and_cancel_drops_the_reservation(store, fab):
+def test_an_overdue_job_moves_the_reservation_and_cancel_drops_it(store, fab):
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
         clock.t = 4000.0  # A ran past its 1000 s limit: nothing kills it, the plan moves
         rep = sched.run_batch(store, Dispatcher(fab), backfill="easy")
-        assert rep.reservations[0]["start_at"] == pytest.approx(4000.0)
+        assert rep.reservations[0]["start_at"] == pytest.approx(4000.0 + 0.5 * 1000.0)  # half its estimate more
         q.cancel(store, "B")
         assert q.status(store)["reservations"] == [] and q.check_invariants(store) == []
 
@@ -220,3 +220,33 @@ def test_summary_fields_and_sweep_axes_with_the_slurm_baseline(tmp_path, fab):
     assert (one["algorithm"], one["backfill"]) == ("topo", "easy")
     assert main(["simulate", "--trace", str(tmp_path / "a.csv"), "--cluster", str(H100), "--model", "emulator",
                  "--baseline", "pbs", "--out", str(tmp_path / "two"), "--no-log"]) != 0
+
+
+def test_locality_prefers_fewer_hosts_only_within_its_margin(fab):
+    from bandpilot.dispatch.state import State
+
+    rng = np.random.default_rng(7)
+    spec = fab.spec
+    d0, d5 = Dispatcher(fab), Dispatcher(fab).with_locality(0.5)
+    changed = 0
+    for _ in range(30):
+        busy = rng.random(spec.n_gpus) < 0.45
+        ids = spec.gpu_ids
+        free = [g for g, b in zip(ids, busy) if not b]
+        taken = [g for g, b in zip(ids, busy) if b]
+        jobs = [{"id": f"j{i}", "gpus": taken[i::3], "demand_gbps": 100.0} for i in range(3) if taken[i::3]]
+        st = State.from_dict(spec, {"free": free, "jobs": jobs})
+        k = int(rng.choice([4, 6, 8]))
+        if st.n_free < k:
+            continue
+        a, b = d0.select(k, st), d5.select(k, st)
+        hosts = lambda sel: len({g.rpartition(":")[0] for g in sel.gpus})  # noqa: E731
+        assert hosts(b) <= hosts(a) and b.predicted_gbps >= 0.5 * a.predicted_gbps - 1e-9
+        changed += hosts(b) < hosts(a)
+    assert changed > 0  # the margin does change decisions on a busy cluster
+    with pytest.raises(ValueError, match="locality"):
+        Dispatcher(fab, locality=1.5)
+    with pytest.raises(RequestError, match="locality"):
+        q_store = q.Store("sqlite://")
+        q_store.init_cluster(spec)
+        sched.run_batch(q_store, d0, locality=-1)

@@ -140,3 +140,21 @@ def test_surrogate_import_does_not_load_lightning_or_mlflow():
     code = "import sys, bandpilot.model.surrogate; print('lightning' in sys.modules, 'mlflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.stdout.strip() == "False False", out.stderr
+
+
+def test_small_batches_run_single_threaded_and_restore_threads(trained, het):
+    import torch
+
+    from bandpilot.model.surrogate import SMALL_BATCH
+
+    sur = trained.surrogate
+    masks = random_cross_masks(het.spec, 2, seed=6)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        small = sur.predict_masks(masks)
+        assert torch.get_num_threads() == 2  # restored after the one-thread forward pass
+        big = sur._forward(np.tile(masks, (SMALL_BATCH // 2 + 1, 1)))
+        np.testing.assert_allclose(big.reshape(-1, 2), np.broadcast_to(small, (SMALL_BATCH // 2 + 1, 2)), rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from fastapi.responses import JSONResponse
+from bandpilot.api.fastjson import JSONResponse
 from fastapi import APIRouter, Depends, Query, Request
 
 from bandpilot.api.auth import admin, principal, store_of

@@ -15,9 +15,10 @@ from typing import Any, Iterator, Optional
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 
 from bandpilot.api.auth import principal, shown_id, store_of, stored_id
+from bandpilot.api.fastjson import JSONResponse
 from bandpilot.errors import BandPilotError
 from bandpilot.api.schemas import EntropyBody, ReleaseBody, SubmitBody, TelemetryBody
 from bandpilot.queue.audit import audited, record

@@ -10,13 +10,14 @@ from typing import Optional
 
 import typer
 
+from bandpilot.cli.common import cli_store
 from bandpilot.cli.main import app
 
 tokens_app = typer.Typer(help="API bearer tokens: create, list, revoke (stored hashed in the queue store).",
                          no_args_is_help=True)
 app.add_typer(tokens_app, name="tokens")
 
-STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE or postgresql://...).")
+STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE, a file path or postgresql://...).")
 
 
 def _actor() -> str:
@@ -30,7 +31,7 @@ def _actor() -> str:
 def api_cmd(
     store: Optional[str] = STORE_OPT,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
     sample_s: float = typer.Option(60.0, "--sample-s", min=0.0, help="Fragmentation sample period (0: only after batches)."),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="Server processes (PostgreSQL stores)."),
     token_ttl: float = typer.Option(5.0, "--token-ttl", min=0.0,
@@ -44,9 +45,7 @@ def api_cmd(
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C;
     pending requests are assigned every --dispatch-s seconds with the cluster's champion model."""
     from bandpilot.api.server import serve
-    from bandpilot.queue import Store
-
-    s = Store(store)
+    s = cli_store(store)
     if not s.initialized:
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
     from bandpilot.scheduling.policies import POLICIES
@@ -57,7 +56,7 @@ def api_cmd(
     loop = f"batches every {dispatch_s:g} s with {uri}" if dispatch_s else "no batches (--dispatch-s 0)"
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}; {loop}", err=True)
     s.close()
-    serve(store, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl,
+    serve(s.url, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl,
           dispatch_s=dispatch_s or None, model_uri=model, policy=policy)
 
 
@@ -70,9 +69,9 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create a token and print it once (only its SHA-256 is stored)."""
-    from bandpilot.queue import Store, audited, create_token
+    from bandpilot.queue import audited, create_token
 
-    s = Store(store)
+    s = cli_store(store)
     with audited(s, _actor(), "token.create", tenant, {"admin": admin, "name": name}):
         token, rec = create_token(s, tenant, admin=admin, name=name)
     if as_json:
@@ -84,15 +83,15 @@ def create(
 
 @tokens_app.command("list")
 def list_(
-    tenant: Optional[str] = typer.Option(None, "--tenant"),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's tokens."),
     include_revoked: bool = typer.Option(False, "--all", help="Include revoked tokens."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List tokens (ids, tenants, roles; never secrets)."""
-    from bandpilot.queue import Store, list_tokens
+    from bandpilot.queue import list_tokens
 
-    rows = list_tokens(Store(store), tenant, include_revoked=include_revoked)
+    rows = list_tokens(cli_store(store), tenant, include_revoked=include_revoked)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -108,9 +107,9 @@ def revoke_cmd(
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """Revoke a token, or all of a tenant's tokens."""
-    from bandpilot.queue import Store, audited, revoke
+    from bandpilot.queue import audited, revoke
 
-    s = Store(store)
+    s = cli_store(store)
     with audited(s, _actor(), "token.revoke" if token_id else "tenant.delete", token_id or tenant):
         ids = revoke(s, token_id=token_id, tenant=tenant)
     typer.echo(f"revoked {len(ids)} token(s): {', '.join(ids)}")

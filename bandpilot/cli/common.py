@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from rich.console import Console
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
+
+
+def store_url(value: str | None) -> str | None:
+    """A store URL from what a person types: URLs as they are; a plain file path (``q.db``,
+    ``~/q.db``) is an absolute SQLite URL; a relative ``sqlite:///`` path is made absolute, so
+    messages say exactly which file is meant."""
+    if not value:
+        return value
+    if "://" not in value:
+        return f"sqlite:///{Path(value).expanduser().resolve()}"
+    if value.startswith("sqlite:///") and value != "sqlite:///:memory:":
+        path = value.removeprefix("sqlite:///")
+        if path and not path.startswith("/") and "?" not in path:
+            return f"sqlite:///{Path(path).expanduser().resolve()}"
+    return value
+
+
+def cli_store(url: str | None, *, create: bool = False) -> Any:
+    """The queue store a command names (``--store``/``$BANDPILOT_STORE``/the project default).
+    Only ``cluster init`` creates one: every other command needs an existing store and says how
+    to make one instead of leaving an empty database behind."""
+    from bandpilot.queue import Store
+
+    return Store(store_url(url), create=create)

@@ -25,7 +25,7 @@ def profile_cmd(
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Skip measurements already done."),
     track: bool = typer.Option(True, "--track/--no-track", help="dvc add <out>/data and push to the default remote."),
     binary: Optional[str] = typer.Option(None, "--binary", help="nccl-tests binary (default: the spec's collective)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (bars on a terminal, lines otherwise; BANDPILOT_PROGRESS=off|lines|bars)."),
 ) -> None:
     """Measure every intra-host GPU subset and a stratified cross-host sample; build the dataset."""
     from bandpilot.data import planning, profiling, runners
@@ -51,10 +51,13 @@ def profile_cmd(
             f"{n_cross} cross-host) on {spec.n_hosts} hosts of {spec.name}"
         )
         return
-    report = profiling.run(
-        spec, out, runner=runner, resume=resume, progress=progress, jobs=jobs,
-        measurements=measurements, binary=binary,
-    )
+    from bandpilot.cli.reporting import shown
+
+    with shown(progress):
+        report = profiling.run(
+            spec, out, runner=runner, resume=resume, progress=False, jobs=jobs,
+            measurements=measurements, binary=binary,
+        )
     if track and report.ingest is not None:
         from bandpilot.data import dvc
 

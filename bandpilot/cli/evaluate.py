@@ -54,7 +54,7 @@ def evaluate_cmd(
     scenarios: Optional[Path] = typer.Option(None, "--scenarios", help="Replay scenarios.jsonl of an earlier run exactly."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log metrics + report to MLflow (the model version's run)."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures (matplotlib)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (bars on a terminal, lines otherwise; BANDPILOT_PROGRESS=off|lines|bars)."),
     metrics_out: Optional[Path] = typer.Option(None, "--metrics-out", help="Also write the flat metrics as JSON (DVC metrics file)."),
 ) -> None:
     """Paper Sec. V evaluation: GBE vs the exact optimum, bandwidth loss, search latency -> report."""
@@ -76,20 +76,23 @@ def evaluate_cmd(
     m = Surrogate.load(model)
     fabric = resolve_truth(m.spec, truth=truth, cluster=cluster)
     out = out or project_root() / "reports" / "evaluate" / f"{fabric.spec.name}-{_slug(model.split(':/')[-1])}-{_stamp()}"
-    res = evaluate(
-        m,
-        fabric,
-        profiles=profiles or d["profiles"],
-        repeats=d["repeats"] if repeats is None else repeats,
-        seed=d["seed"] if seed is None else seed,
-        workers=d["workers"] if workers is None else workers,
-        out_dir=out,
-        progress=progress,
-        algorithms=algorithms or d["algorithms"],
-        ks=_ks(ks),
-        scenarios=scenarios,
-        figures=figures,
-    )
+    from bandpilot.cli.reporting import shown
+
+    with shown(progress):
+        res = evaluate(
+            m,
+            fabric,
+            profiles=profiles or d["profiles"],
+            repeats=d["repeats"] if repeats is None else repeats,
+            seed=d["seed"] if seed is None else seed,
+            workers=d["workers"] if workers is None else workers,
+            out_dir=out,
+            progress=False,
+            algorithms=algorithms or d["algorithms"],
+            ks=_ks(ks),
+            scenarios=scenarios,
+            figures=figures,
+        )
     res.model_uri = model
     console.print(rich_table(res))
     for n in res.notes:
@@ -126,7 +129,7 @@ def promote_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", "-w", min=0, help="Worker processes."),
     ks: Optional[str] = typer.Option(None, "--ks", help="Request sizes, e.g. 1-8,16 (default: 1..N)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report directory (default: reports/promotion/...)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress (bars on a terminal, lines otherwise; BANDPILOT_PROGRESS=off|lines|bars)."),
 ) -> None:
     """Gate a candidate against the champion on the same scenarios; move registry aliases."""
     from bandpilot.cli.common import console
@@ -147,22 +150,25 @@ def promote_cmd(
         raise BandPilotError("give --candidate URI (or --approve VERSION --name NAME)")
     if repeats is not None and repeats < 1:
         raise BandPilotError(f"zero scenarios: --repeats must be >= 1 (got {repeats}); nothing was promoted")
-    dec = promote(
-        candidate,
-        policy=policy,
-        truth=truth,
-        cluster=cluster,
-        holdout=holdout,
-        profiles=profiles,
-        algorithms=algorithms,
-        repeats=repeats,
-        seed=seed,
-        workers=workers,
-        ks=_ks(ks),
-        manual=manual,
-        out_dir=out,
-        progress=progress,
-    )
+    from bandpilot.cli.reporting import shown
+
+    with shown(progress):
+        dec = promote(
+            candidate,
+            policy=policy,
+            truth=truth,
+            cluster=cluster,
+            holdout=holdout,
+            profiles=profiles,
+            algorithms=algorithms,
+            repeats=repeats,
+            seed=seed,
+            workers=workers,
+            ks=_ks(ks),
+            manual=manual,
+            out_dir=out,
+            progress=False,
+        )
     console.print(rich_decision(dec))
     for c in dec.checks:
         console.print(f"  {'[green]PASS[/green]' if c.passed else '[red]FAIL[/red]'} {c.detail}")

@@ -7,6 +7,7 @@ Every command is a thin wrapper over a library function; expected failures
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -24,7 +25,7 @@ app = typer.Typer(
     rich_markup_mode=None,  # click's plain help (bandpilot/cli/style.py says why)
 )
 
-_SKIP = {"main", "__init__", "common", "style"}
+_SKIP = {"main", "__init__", "common", "style", "reporting"}
 
 
 def _load_commands() -> None:
@@ -59,11 +60,18 @@ def _click_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # MLflow logs INFO lines (schema creation, run links) into a command's output; warnings still show.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     setup_env()
     _load_commands()
+    from bandpilot import progress
+    from bandpilot.cli.reporting import make_reporter
+
     try:
+        # Long work reports its stages (bandpilot.progress) on stderr: lines, or bars on a terminal.
         # Non-standalone mode hands `raise typer.Exit(n)` back as the return value.
-        rc = app(args=argv if argv is not None else sys.argv[1:], prog_name="bandpilot", standalone_mode=False)
+        with progress.use(make_reporter()):
+            rc = app(args=argv if argv is not None else sys.argv[1:], prog_name="bandpilot", standalone_mode=False)
     except BandPilotError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

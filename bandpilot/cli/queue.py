@@ -24,14 +24,14 @@ cluster_app = typer.Typer(help="The queue's cluster: init, drain/undrain hardwar
 app.add_typer(queue_app, name="queue")
 app.add_typer(cluster_app, name="cluster")
 
-STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE or postgresql://...).")
+STORE_OPT = typer.Option(None, "--store", envvar="BANDPILOT_STORE", help="Store URL (sqlite:///FILE, a file path or postgresql://...).")
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
-def _store(url: Optional[str]):
-    from bandpilot.queue import Store
+def _store(url: Optional[str], *, create: bool = False):
+    from bandpilot.cli.common import cli_store
 
-    return Store(url)
+    return cli_store(url, create=create)
 
 
 def _echo_json(doc: Any) -> None:
@@ -68,8 +68,8 @@ def submit_cmd(
     partial: bool = typer.Option(False, "--partial", help="Import the valid lines even if some are bad."),
     req_id: Optional[str] = typer.Option(None, "--id", help="Request id (default: generated)."),
     k: Optional[int] = typer.Option(None, "--k", "-k", help="GPUs wanted (all or nothing)."),
-    tenant: str = typer.Option("default", "--tenant", "-t"),
-    priority: int = typer.Option(0, "--priority", "-p"),
+    tenant: str = typer.Option("default", "--tenant", "-t", help="Tenant the request belongs to."),
+    priority: int = typer.Option(0, "--priority", "-p", help="Higher goes first under the priority policy."),
     utility: Optional[float] = typer.Option(None, "--utility", "-u", help="Job utility score (utility policy)."),
     single_host: bool = typer.Option(False, "--single-host", help="All GPUs on one host."),
     single_domain: bool = typer.Option(False, "--single-domain", help="All GPUs in one domain (rack)."),
@@ -135,8 +135,9 @@ def submit_cmd(
     try:
         rep = q.submit(st, requests, partial=partial, errors=errors, labels=labels)
     except q.SubmitError as exc:
-        for e in exc.errors:
-            typer.echo(f"invalid: {e}", err=True)
+        if len(exc.errors) > 1:  # the error line names the first; list them all
+            for e in exc.errors:
+                typer.echo(f"invalid: {e}", err=True)
         raise
     for e in rep.errors:
         typer.echo(f"skipped: {e}", err=True)
@@ -179,8 +180,8 @@ def status_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT) -> No
 @queue_app.command("list")
 def list_cmd(
     status: Optional[str] = typer.Option(None, "--status", "-s", help="pending|assigned|rejected|released|cancelled"),
-    tenant: Optional[str] = typer.Option(None, "--tenant", "-t"),
-    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1),
+    tenant: Optional[str] = typer.Option(None, "--tenant", "-t", help="Only this tenant's requests."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="At most this many rows."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -265,7 +266,7 @@ def init_cmd(
     from bandpilot.topology.cluster import load_cluster
 
     spec = load_cluster(resolve_spec(cluster))
-    st = _store(store)
+    st = _store(store, create=True)  # the one command that makes a store
     changed = st.init_cluster(spec, force=force)
     verb = "initialised" if changed else "already initialised with"
     typer.echo(f"{verb} cluster {spec.name} ({spec.n_hosts} hosts, {spec.n_gpus} GPUs) in {st.safe_url}")
@@ -349,6 +350,7 @@ def dispatch_cmd(
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
     backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
+    locality: float = typer.Option(0.0, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -375,7 +377,7 @@ def dispatch_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, demand=demand)
+                          backfill=backfill, demand=demand, locality=locality)
     if as_json:
         _echo_json(rep.to_dict())
         return

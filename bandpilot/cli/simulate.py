@@ -29,6 +29,7 @@ def simulate_cmd(
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
     backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    locality: float = typer.Option(0.0, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -57,7 +58,7 @@ def simulate_cmd(
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill)
+                    backfill=backfill, locality=locality)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:
@@ -83,7 +84,7 @@ def workload_cmd(
     gpus: int = typer.Option(32, "--gpus", min=1, help="Cluster size the load refers to."),
     load: float = typer.Option(0.9, "--load", help="Offered load (philly, helios)."),
     rate: float = typer.Option(20.0, "--rate", help="Arrivals per hour (poisson)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the generated trace."),
 ) -> None:
     """Generate a trace: seed 001's 50 jobs, Poisson arrivals, or a public trace's published shape."""
     from bandpilot.simulation import workloads as w

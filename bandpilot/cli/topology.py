@@ -1,5 +1,5 @@
-"""``bandpilot cluster topology``: the cluster's domains, or a Slurm ``topology.conf`` (topology/block,
-one block per NVLink domain) for operators who schedule the same racks with Slurm."""
+"""``bandpilot cluster topology``: the cluster's domains, or a Slurm ``topology.conf`` for operators who
+schedule the same racks with Slurm: topology/block (one block per domain) or topology/tree (switches)."""
 
 from __future__ import annotations
 
@@ -10,26 +10,31 @@ import typer
 from bandpilot.cli.queue import STORE_OPT, _store, cluster_app
 from bandpilot.errors import RequestError
 
-FORMATS = ("text", "slurm")
+FORMATS = ("text", "slurm", "slurm-block", "slurm-tree")
 
 
 @cluster_app.command("topology")
 def topology_cmd(
-    fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays) or slurm (topology.conf, topology/block)."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays); slurm (topology.conf: topology/block for a cluster with domains, else "
+                                    "topology/tree); slurm-block or slurm-tree to choose."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (default: the store's cluster)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Write to FILE (atomically) instead of stdout."),
     output: Optional[str] = typer.Option(None, "--output", hidden=True),  # the old spelling of --out
     store: Optional[str] = STORE_OPT,
 ) -> None:
-    """The cluster's NVLink domains (or rack domains) and their trays; --format slurm exports them as blocks."""
+    """The cluster's NVLink domains (or rack domains) and their trays; --format slurm exports a Slurm
+    topology.conf: blocks for a cluster with domains, a switch tree otherwise."""
     from bandpilot.io import write_text_atomic
     from bandpilot.topology.cluster import load_cluster, resolve_spec
-    from bandpilot.topology.domains import slurm_topology
+    from bandpilot.topology.domains import slurm_topology, slurm_tree
 
     if fmt not in FORMATS:
         raise RequestError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
     spec = load_cluster(resolve_spec(cluster)) if cluster else _store(store).spec
-    if fmt == "slurm":
+    has_domains = bool(spec.nvlink_domains) or any(h.domain for h in spec.hosts)
+    if fmt == "slurm-tree" or (fmt == "slurm" and not has_domains):
+        text = slurm_tree(spec)
+    elif fmt in ("slurm", "slurm-block"):
         text = slurm_topology(spec)
     else:
         nv = set(spec.nvlink_domains)

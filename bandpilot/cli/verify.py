@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from bandpilot.cli.common import cli_store
 from bandpilot.cli.main import app
 from bandpilot.cli.queue import cluster_app
 from bandpilot.errors import RequestError
@@ -32,6 +33,8 @@ def verify_cmd(
                                                                      "(any collective, any GPUs per node; no model needed).")] = None,
     message_bytes: Annotated[int | None, typer.Option("--bytes", min=1, help="--pairwise: message size to compare "
                                                                              "(default: the largest most runs reached).")] = None,
+    min_drop: Annotated[float, typer.Option("--min-drop", min=0.01, max=0.9, help="--pairwise: the smallest loss "
+                                                                                 "called a fault (0.15 = 15 % below the peers).")] = 0.15,
 ) -> None:
     """Verified discovery: a few nccl-tests runs per host against the model's expectation, or pairwise
     sweep logs against their peers (--pairwise DIR; no model needed, --model optional).
@@ -62,18 +65,16 @@ def verify_cmd(
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     st = None
     if gate:  # open (and check) the store first: a bad store must not cost a verify run
-        from bandpilot.queue import Store
-
-        st = Store(store)
+        st = cli_store(store)
     if pairwise is not None:
-        _pairwise(pairwise, model, message_bytes, st, out, as_json,
+        _pairwise(pairwise, model, message_bytes, min_drop, st, out, as_json,
                   conflicts=[n for n, v in (("--measurements", measurements), ("--inject", inject), ("--dry-run", dry_run),
                                             ("--hosts", hosts), ("--cluster", cluster)) if v])
         return
     if model is None:
         raise RequestError("verify needs --model (or --pairwise DIR, which compares sweep logs with their peers)")
-    if message_bytes is not None:
-        raise RequestError("--bytes applies to --pairwise")
+    if message_bytes is not None or min_drop != 0.15:
+        raise RequestError("--bytes and --min-drop apply to --pairwise")
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
@@ -84,7 +85,7 @@ def verify_cmd(
     else:
         spec = load_cluster(cluster) if cluster is not None else sur.spec
         if dry_run:
-            for line in hv.dry_run_lines(spec, host_list):
+            for line in hv.dry_run_lines(spec, host_list, model=sur):
                 typer.echo(line)
             return
         fabric = None
@@ -112,8 +113,8 @@ def verify_cmd(
     raise typer.Exit(rep.exit_code)
 
 
-def _pairwise(directory: Path, model: str | None, message_bytes: int | None, st, out: Path | None, as_json: bool,
-              conflicts: list[str]) -> None:
+def _pairwise(directory: Path, model: str | None, message_bytes: int | None, min_drop: float, st, out: Path | None,
+              as_json: bool, conflicts: list[str]) -> None:
     from bandpilot.health.pairwise import analyze, report_json
     from bandpilot.health.sweeps import read_sweep
 
@@ -127,7 +128,7 @@ def _pairwise(directory: Path, model: str | None, message_bytes: int | None, st,
         from bandpilot.model.surrogate import Surrogate
 
         expect = model_expectation(Surrogate.load(model))
-    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect)
+    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect, min_drop=min_drop)
     if st is not None:
         from bandpilot.queue import apply_verdicts
 
@@ -154,7 +155,7 @@ def drift_cmd(
 
     from bandpilot.config import project_root
     from bandpilot.errors import SpecError
-    from bandpilot.queue import Store, drift
+    from bandpilot.queue import drift
 
     p = params if params.is_absolute() or params.is_file() else project_root() / params
     cfg: dict = {}
@@ -167,7 +168,7 @@ def drift_cmd(
         if unknown:
             raise SpecError(f"{p}: unknown keys {unknown}")
     try:
-        d = drift(Store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
+        d = drift(cli_store(store), **{k: (float(v) if k == "threshold" else int(v)) for k, v in cfg.items()})
     except (TypeError, ValueError):
         raise SpecError(f"{p}: window and min_observations must be integers, threshold a number") from None
     if as_json:
@@ -188,9 +189,9 @@ def health_cmd(
     """The last verify verdict per host and how many GPUs it keeps out of the pool."""
     import json
 
-    from bandpilot.queue import Store, health
+    from bandpilot.queue import health
 
-    rows = health(Store(store))
+    rows = health(cli_store(store))
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

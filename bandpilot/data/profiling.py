@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from bandpilot.data.ingest import (
 from bandpilot.data.planning import RAW_DIR, PlannedMeasurement, plan, safe
 from bandpilot.data.runners import command_lines, make_runner
 from bandpilot.errors import BandPilotError, DataError
+from bandpilot.progress import stage
 
 
 @dataclass
@@ -225,6 +227,7 @@ def run(
             e.pop("error", None)
             measured += 1
         bar.update(1)
+        st.advance()
         manifest.save()
 
     prepare = getattr(execute, "prepare", None)
@@ -236,17 +239,19 @@ def run(
     bar = tqdm(total=len(todo), desc=f"profile {spec.name}", unit="run", disable=not progress or not todo,
                file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
     try:
-        n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
-        if n_jobs == 1:
-            for m in todo:
-                try:
-                    val = one(m)
-                except BandPilotError as exc:
-                    done(m, None, error=exc)
-                else:
-                    done(m, None, value=val)
-        else:
-            _schedule(todo, n_jobs, one, done)
+        # A resumed run with nothing left opens no stage (no "0 runs" line).
+        with stage(f"profile {spec.name}", total=len(todo), unit="runs") if todo else nullcontext() as st:
+            n_jobs = max(1, int(jobs if jobs is not None else spec.n_hosts))
+            if n_jobs == 1:
+                for m in todo:
+                    try:
+                        val = one(m)
+                    except BandPilotError as exc:
+                        done(m, None, error=exc)
+                    else:
+                        done(m, None, value=val)
+            else:
+                _schedule(todo, n_jobs, one, done)
     finally:
         bar.close()
         manifest.save(force=True)

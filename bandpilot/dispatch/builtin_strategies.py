@@ -35,10 +35,12 @@ class Job:
     domains: np.ndarray  # domain index per host
     seed: int = 0
     tie: float | None = None  # NVLink-domain search: fragmentation decides within this margin
+    locality: float = 0.0  # a candidate on fewer hosts wins unless spreading gains more than this
 
     def context(self, free: np.ndarray | None = None) -> SearchContext:
         return SearchContext(self.guide, self.state, self.free if free is None else free, self.k,
-                             predictor=self.predictor, segment=self.constraints.segment, tie=self.tie)
+                             predictor=self.predictor, segment=self.constraints.segment, tie=self.tie,
+                             locality=self.locality)
 
     def rng(self) -> np.random.Generator:
         """Seeded by the seed, ``k`` and the free GPUs: the same request gets the same draw."""

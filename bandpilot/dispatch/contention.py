@@ -33,6 +33,7 @@ candidate's standalone value, then super allocations only for candidates that ca
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,29 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows[idx], inv.ravel().astype(np.int64)
 
 
+_JOB_HOSTS: dict[int, tuple[np.ndarray, bool]] = {}
+
+
+def _job_hosts(job: Any, units: UnitIndex | None) -> tuple[np.ndarray, bool]:
+    """A job's hosts and whether its traffic leaves NVLink, cached per job object: states change
+    by one job at a time and share the others, so predictors after the first pay only for new jobs."""
+    got = _JOB_HOSTS.get(id(job))
+    if got is None:
+        hs = np.flatnonzero(job.mask)
+        if units is None:
+            spans = hs.size >= 2
+        else:
+            u = units.unit[hs]
+            spans = hs.size >= 2 and bool(np.any(u != u[0]))
+        got = (hs, bool(spans))
+        try:
+            weakref.finalize(job, _JOB_HOSTS.pop, id(job), None)
+        except TypeError:  # not weak-referenceable: do not cache
+            return got
+        _JOB_HOSTS[id(job)] = got
+    return got
+
+
 @dataclass
 class Prediction:
     """Contention-aware and standalone predictions for a batch of candidates."""
@@ -89,21 +113,36 @@ class ContentionPredictor:
         self.model = model
         self.spec = state.spec
         self.state = state
+        n_h = self.spec.n_hosts
         #: hosts grouped by scale-out unit (NVLink-domain clusters only): what "cross-host" means there
         self._units: UnitIndex | None = unit_index(self.spec) if self.spec.nvlink_domains else None
-        live = [j for j in state.jobs if j.demand_gbps > 0]
-        spans = self._spans(np.array([j.mask for j in live], dtype=np.int64).reshape(len(live), self.spec.n_hosts))
-        jobs = [j for j, sp in zip(live, spans) if sp]
-        n_h = self.spec.n_hosts
+        # jobs kept sparse (their hosts and masks there): 1,000 jobs x 25,000 trays dense is 200 MB
+        jobs, hosts_of = [], []
+        for j in state.jobs:
+            if j.demand_gbps <= 0:
+                continue
+            hs, spans = _job_hosts(j, self._units)
+            if spans:
+                jobs.append(j)
+                hosts_of.append(hs)
         self.job_ids = [j.id for j in jobs]
-        self.job_masks = np.array([j.mask for j in jobs], dtype=np.int64).reshape(len(jobs), n_h)
         self.job_demand = np.array([j.demand_gbps for j in jobs], dtype=float)
-        self.job_used = (self.job_masks != 0).astype(np.int32)
         #: hosts touched by at least one contending-capable job (their GPUs matter beyond counts)
-        self.exposed = self.job_used.sum(axis=0) > 0 if jobs else np.zeros(n_h, dtype=bool)
-        # contention only looks at exposed hosts: the job incidence restricted to them
-        self._exposed_cols = np.flatnonzero(self.exposed)
-        self._job_used_t = np.ascontiguousarray(self.job_used[:, self._exposed_cols].T, dtype=np.float32)
+        self._exposed_cols = np.unique(np.concatenate(hosts_of)) if jobs else np.zeros(0, dtype=np.int64)
+        self.exposed = np.zeros(n_h, dtype=bool)
+        self.exposed[self._exposed_cols] = True
+        #: job masks on the exposed hosts ``(n_exposed, n_jobs)`` (zero elsewhere)
+        self._E_masks = np.zeros((self._exposed_cols.size, len(jobs)), dtype=np.int64)
+        #: total demand of the contending jobs touching each host (0: unexposed)
+        self.host_exposure = np.zeros(n_h)
+        for i, (j, hs) in enumerate(zip(jobs, hosts_of)):
+            self._E_masks[np.searchsorted(self._exposed_cols, hs), i] = j.mask[hs]
+            self.host_exposure[hs] += j.demand_gbps
+        # host -> jobs incidence (CSR over the exposed hosts): contenders by sparse lookups, not a
+        # BLAS matmul (which on a loaded 2-core machine spins its threads for tiny batches)
+        e_of, self._inc_jobs = np.nonzero(self._E_masks)
+        self._inc_ptr = np.searchsorted(e_of, np.arange(self._exposed_cols.size + 1))
+        self._dense: np.ndarray | None = None
         self.evaluations = 0
         self.calls = 0
 
@@ -111,18 +150,48 @@ class ContentionPredictor:
     def n_jobs(self) -> int:
         return len(self.job_ids)
 
+    @property
+    def job_masks(self) -> np.ndarray:
+        """Dense ``(n_jobs, n_hosts)`` job masks (built on first use)."""
+        if self._dense is None:
+            self._dense = self.jobs_on(np.arange(self.spec.n_hosts))
+        return self._dense
+
+    @property
+    def job_used(self) -> np.ndarray:
+        return (self.job_masks != 0).astype(np.int32)
+
+    def jobs_on(self, cols: np.ndarray) -> np.ndarray:
+        """Job masks on the host columns ``cols`` (sorted): ``(n_jobs, len(cols))``."""
+        out = np.zeros((self.n_jobs, cols.size), dtype=np.int64)
+        e = np.flatnonzero(self.exposed[cols])
+        if e.size:
+            out[:, e] = self._E_masks[np.searchsorted(self._exposed_cols, cols[e])].T
+        return out
+
+    def masks_at(self, h: int) -> np.ndarray:
+        """Distinct nonzero masks the contending jobs hold on host ``h``."""
+        if not self.exposed[h]:
+            return np.zeros(0, dtype=np.int64)
+        jm = np.unique(self._E_masks[int(np.searchsorted(self._exposed_cols, h))])
+        return jm[jm != 0]
+
     # ------------------------------------------------------------------------------------
     def raw(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Standalone ``B̂`` of rows (de-duplicated, one model call, counted); with ``cols`` the
-        rows are given on those host columns only (see :meth:`_columns`)."""
+        rows are given on those host columns only (every other host empty)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return np.zeros(0)
         uniq, inv = unique_rows(masks)
         if cols is None:
             vals = self.model.predict_masks(uniq)
-        else:
+        elif hasattr(self.model, "predict_columns"):
             vals = self.model.predict_columns(uniq, cols)
+        else:
+            full = np.zeros((uniq.shape[0], self.spec.n_hosts), dtype=np.int64)
+            full[:, cols] = uniq
+            vals = self.model.predict_masks(full)
         vals = np.asarray(vals, dtype=float).reshape(-1)
         if vals.shape[0] != uniq.shape[0]:
             raise ValueError(f"model returned {vals.shape[0]} predictions for {uniq.shape[0]} rows")
@@ -130,35 +199,63 @@ class ContentionPredictor:
         self.calls += 1
         return vals[inv]
 
-    def _columns(self, masks: np.ndarray, jobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Candidates and job masks on the host columns they touch, when the model can evaluate
-        column-restricted rows (fabrics: ``predict_columns``) and the cluster is wide; the
-        ``n x n_hosts`` rows of a 25,000-tray cluster would dominate every step otherwise."""
-        if not hasattr(self.model, "predict_columns") or masks.shape[1] < COLUMNS_FROM:
+    def _columns(self, masks: np.ndarray, jobs: np.ndarray, cols: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Candidates and job masks on the host columns they touch (the candidates' and the
+        contending jobs'), when the rows come column-restricted or the model can evaluate such rows
+        (fabrics: ``predict_columns``) on a wide cluster; ``n x n_hosts`` rows of a 25,000-tray
+        cluster would dominate every step otherwise."""
+        if cols is None and (not hasattr(self.model, "predict_columns") or masks.shape[1] < COLUMNS_FROM):
             return masks, self.job_masks, None
-        touched = masks.any(axis=0)
+        base = np.flatnonzero(masks.any(axis=0)) if cols is None else cols
+        sub = masks[:, base] if cols is None else masks
         if jobs.size:
-            touched |= self.job_used[np.unique(jobs)].any(axis=0)
-        cols = np.flatnonzero(touched)
-        return masks[:, cols], self.job_masks[:, cols], cols
+            held = (self._E_masks[:, np.unique(jobs)] != 0).any(axis=1)
+            new = np.union1d(base, self._exposed_cols[held])
+            if new.size != base.size:
+                wide = np.zeros((sub.shape[0], new.size), dtype=np.int64)
+                wide[:, np.searchsorted(new, base)] = sub
+                sub, base = wide, new
+        return sub, self.jobs_on(base), base
 
-    def _spans(self, masks: np.ndarray) -> np.ndarray:
+    def _spans(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Rows whose traffic leaves NVLink: several hosts, or several NVLink domains."""
         masks = np.atleast_2d(masks)
         if self._units is None:
             return (masks != 0).sum(axis=1) >= 2
-        return self._units.any(masks).sum(axis=1) >= 2
+        if cols is None:
+            return self._units.any(masks).sum(axis=1) >= 2
+        u = self._units.unit[cols]
+        order = np.argsort(u, kind="stable")
+        us = u[order]
+        starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]]) if us.size else np.zeros(0, dtype=np.int64)
+        if starts.size == 0:
+            return np.zeros(masks.shape[0], dtype=bool)
+        return np.logical_or.reduceat(masks[:, order] != 0, starts, axis=1).sum(axis=1) >= 2
 
-    def contenders(self, masks: np.ndarray) -> np.ndarray:
-        """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row."""
+    def contenders(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+        """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row (``cols``: rows
+        given on those host columns)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if self.n_jobs == 0:
             return np.zeros((masks.shape[0], 0), dtype=bool)
-        used = (masks[:, self._exposed_cols] != 0).astype(np.float32)
-        cross = self._spans(masks)
-        return ((used @ self._job_used_t) > 0.5) & cross[:, None]
+        cross = self._spans(masks, cols)
+        if cols is None:
+            r, e = np.nonzero(masks[:, self._exposed_cols])
+        else:
+            at = np.flatnonzero(self.exposed[cols])
+            r, i = np.nonzero(masks[:, at])
+            e = np.searchsorted(self._exposed_cols, cols[at[i]])
+        keep = cross[r]
+        r, e = r[keep], e[keep]
+        lo, hi = self._inc_ptr[e], self._inc_ptr[e + 1]
+        lens = hi - lo
+        idx = np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+        out = np.zeros((masks.shape[0], self.n_jobs), dtype=bool)
+        out[np.repeat(r, lens), self._inc_jobs[idx]] = True
+        return out
 
-    def predict(self, masks: np.ndarray) -> Prediction:
+    def predict(self, masks: np.ndarray, cols: np.ndarray | None = None) -> Prediction:
         """``B̂(S, τ)`` and ``B̂(S)`` for every candidate row, with ONE model call per batch
         (candidates and all their super allocations together)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
@@ -166,11 +263,11 @@ class ContentionPredictor:
         if n == 0:
             return Prediction(np.zeros(0), np.zeros(0))
         if n > MAX_BATCH_ROWS:
-            parts = [self.predict(masks[i : i + MAX_BATCH_ROWS]) for i in range(0, n, MAX_BATCH_ROWS)]
+            parts = [self.predict(masks[i : i + MAX_BATCH_ROWS], cols) for i in range(0, n, MAX_BATCH_ROWS)]
             return Prediction(np.concatenate([p.value for p in parts]), np.concatenate([p.standalone for p in parts]))
-        cont = self.contenders(masks)
+        cont = self.contenders(masks, cols)
         ci, ji = np.nonzero(cont)
-        masks, jobs, cols = self._columns(masks, ji)
+        masks, jobs, cols = self._columns(masks, ji, cols)
         if ci.size == 0:
             solo = self.raw(masks, cols)
             return Prediction(solo.copy(), solo)
@@ -187,23 +284,29 @@ class ContentionPredictor:
             shared = np.where(demand > 0, solo / demand * cap, 0.0)
         return np.where(demand <= cap, solo, shared)
 
-    def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256) -> Prediction:
+    def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256,
+                     cols: np.ndarray | None = None, known: np.ndarray | None = None) -> Prediction:
         """Like :meth:`predict`, but only as far as needed to find the maximum and its near-ties.
 
         Uses ``B̂(S, τ) <= B̂(S)``: one call gives every candidate's standalone value; super
         allocations are then built for the candidates in descending standalone order, a growing
         chunk per call, until the best contention-aware value found exceeds the standalone value
         of every candidate left. Candidates never scored get ``-inf``. Small batches (at most
-        ``max_pairs`` super allocations) take the single-call path of :meth:`predict`.
+        ``max_pairs`` super allocations) take the single-call path of :meth:`predict`. ``known``:
+        standalone values already evaluated (NaN where not), not sent to the model again.
         """
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
-        cont = self.contenders(masks)
+        cont = self.contenders(masks, cols)
         n_pairs = int(cont.sum())
-        if n_pairs <= max_pairs:
-            return self.predict(masks)
-        masks, jobs, cols = self._columns(masks, np.flatnonzero(cont.any(axis=0)))
-        solo = np.concatenate([self.raw(masks[i : i + MAX_BATCH_ROWS], cols) for i in range(0, n, MAX_BATCH_ROWS)])
+        if n_pairs <= max_pairs and known is None:
+            return self.predict(masks, cols)
+        masks, jobs, cols = self._columns(masks, np.flatnonzero(cont.any(axis=0)), cols)
+        solo = np.full(n, np.nan) if known is None else np.asarray(known, dtype=float).copy()
+        todo_solo = np.flatnonzero(np.isnan(solo))
+        for i in range(0, todo_solo.size, MAX_BATCH_ROWS):
+            idx = todo_solo[i : i + MAX_BATCH_ROWS]
+            solo[idx] = self.raw(masks[idx], cols)
         value = np.full(n, -np.inf)
         free_of = ~cont.any(axis=1)
         value[free_of] = solo[free_of]

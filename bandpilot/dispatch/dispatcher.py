@@ -24,6 +24,7 @@ Errors are :class:`PlacementError` with ``reason``: ``insufficient_gpus`` (k > f
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,14 +84,29 @@ class Selection:
 class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
-    def __init__(self, model: BandwidthModel, seed: int = 0, frag_tie: float | None = None) -> None:
+    def __init__(self, model: BandwidthModel, seed: int = 0, frag_tie: float | None = None,
+                 locality: float = 0.0) -> None:
         self.spec = check_model(model)
         self.model = model
         self.seed = int(seed)
         #: NVLink-domain clusters: relative bandwidth margin within which the least fragmenting
         #: candidate wins (None: :data:`bandpilot.dispatch.search.domains.DOMAIN_TIE`)
         self.frag_tie = frag_tie
+        if not (0.0 <= locality < 1.0):
+            raise ValueError(f"locality must be in [0, 1), got {locality!r}")
+        #: relative predicted-bandwidth gain below which a placement on fewer hosts is preferred
+        self.locality = float(locality)
         self._domains = domain_index(self.spec.hosts)[0]
+
+    def with_locality(self, locality: float) -> "Dispatcher":
+        """The same dispatcher (model, caches) scoring with another locality margin."""
+        if locality == self.locality:
+            return self
+        if not (0.0 <= locality < 1.0):
+            raise ValueError(f"locality must be in [0, 1), got {locality!r}")
+        other = copy.copy(self)
+        other.locality = float(locality)
+        return other
 
     @classmethod
     def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
@@ -162,10 +178,12 @@ class Dispatcher:
         cons = Constraints.parse(constraints)
         guide = self._oracle(fabric, algorithm) if strategy.kind == strategies.ORACLE else self.model
         if k > st.n_free:
-            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but only {st.n_free} are free")
+            n = st.spec.n_gpus
+            raise PlacementError("insufficient_gpus", f"{k} GPUs requested but cluster {st.spec.name} has {n} GPUs" if k > n
+                                 else f"{k} GPUs requested but only {st.n_free} of the cluster's {n} GPUs are free")
         free = self._filter(st, k, cons)
         pred = ContentionPredictor(guide, st)
-        got = strategy.run(Job(guide, st, free, k, cons, pred, self._domains, self.seed, self.frag_tie))
+        got = strategy.run(Job(guide, st, free, k, cons, pred, self._domains, self.seed, self.frag_tie, self.locality))
         if isinstance(got, Found):
             mask, value, solo = got.mask, got.value, got.standalone
         else:  # a baseline's mask: the model predicts it

@@ -18,6 +18,7 @@ from bandpilot.evaluation.result import EvaluationResult
 from bandpilot.evaluation.scenarios import Scenario, load_scenarios, make_scenarios
 from bandpilot.evaluation.scoring import _Ctx, evaluate_scenario
 from bandpilot.evaluation.truth import check_same_cluster, resolve_cluster
+from bandpilot.progress import stage
 from bandpilot.topology.cluster import ClusterSpec
 
 
@@ -110,13 +111,15 @@ def evaluate(
     def tick(n: int) -> None:
         nonlocal done
         done += n
+        st.advance(n)
         if bar is not None:
             bar.update(n)
         if progress_callback is not None:
             progress_callback(done, len(scen))
 
     try:
-        rows, cpu_s = _run(scen, init, n_workers, tick, start_method)
+        with stage(f"evaluate {spec.name}", total=len(scen), unit="scenarios") as st:
+            rows, cpu_s = _run(scen, init, n_workers, tick, start_method)
     finally:
         if bar is not None:
             bar.close()

@@ -135,6 +135,11 @@ class EmulatorFabric(Fabric):
         uniq = {d: i for i, d in enumerate(dict.fromkeys(doms))}
         self._domain = np.array([uniq[d] for d in doms], dtype=np.int64)
         self._n_domains = len(uniq)
+        pod_racks = self.net["pod_racks"]
+        if pod_racks < 0 or pod_racks != int(pod_racks) or not 0 < self.net["cross_pod_factor"] <= 1:
+            raise SpecError(f"cluster {spec.name!r}: emulator.network pod_racks must be a whole number >= 0 "
+                            "and cross_pod_factor in (0, 1]")
+        self._pod = self._domain // int(pod_racks) if pod_racks else None
         self._nvl = bool(spec.nvlink_domains)
         if self._nvl:
             self._units = unit_index(spec)
@@ -178,7 +183,9 @@ class EmulatorFabric(Fabric):
         * Switch: ``rail * (switch_base + switch_peer / (n_hosts - 1))``, growing mildly with the
           smallest count (more channels: ``1 + count_gain * ln(min_count)``) and falling with
           imbalance on >= 3 hosts (``1 + imbalance * (mean_count / min_count - 1)``); times
-          ``cross_domain_factor`` when the hosts span several domains (racks).
+          ``cross_domain_factor`` when the hosts span several domains (racks), and
+          ``cross_pod_factor`` more when they span several pods (``pod_racks`` racks under one
+          spine: a three-tier leaf/spine/core fat-tree).
         * The two combine by a smooth minimum of exponent ``sharpness``.
         """
         counts = np.atleast_2d(np.asarray(counts, dtype=np.int64))
@@ -202,6 +209,10 @@ class EmulatorFabric(Fabric):
             rows, cols = np.nonzero(used)
             hit[rows, self._domain[cols]] = True
             cap = np.where(hit.sum(axis=1) > 1, cap * net["cross_domain_factor"], cap)
+            if self._pod is not None:
+                pods = np.where(used, self._pod[None, :], -1)
+                lo = np.where(used, self._pod[None, :], np.iinfo(np.int64).max).min(axis=1)
+                cap = np.where(pods.max(axis=1) > lo, cap * net["cross_pod_factor"], cap)
         p = net["sharpness"]
         with np.errstate(over="ignore", divide="ignore"):
             return (nic**-p + cap**-p) ** (-1.0 / p)

@@ -149,8 +149,11 @@ def verify_measurements(model: Any, directory: str | Path, *, hosts: list[str] |
     return VerifyReport(ds.spec.name, f"measurements {directory}", verdicts, tol, runs, time.perf_counter() - t0)
 
 
-def dry_run_lines(spec: ClusterSpec, hosts: list[str] | None = None) -> list[str]:
-    """The command lines of the probe plan and its cost."""
+def dry_run_lines(spec: ClusterSpec, hosts: list[str] | None = None, model: Any = None) -> list[str]:
+    """The command lines of the probe plan and its cost; with ``model``, refused where the real run
+    would be (a model of another cluster)."""
+    if model is not None:
+        _check_model(model, spec)
     from bandpilot.data.runners import command_lines
 
     probes = plan_probes(spec, hosts)

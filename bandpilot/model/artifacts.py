@@ -26,6 +26,19 @@ def mlflow_client() -> MlflowClient:
     return MlflowClient()
 
 
+def _require_registry(what: str) -> None:
+    """Reading a model must not create an MLflow database: MLflow creates (and announces) an empty
+    one on first connect, wherever the tracking URI points - e.g. in a per-user directory when a
+    command runs outside the checkout."""
+    reg = mlflow.get_registry_uri()
+    if not reg.startswith("sqlite:///"):
+        return
+    path = Path(reg.removeprefix("sqlite:///").split("?")[0]).expanduser()
+    if str(path) not in ("", ":memory:") and not path.is_file():
+        raise ModelError(f"{what}: no MLflow registry at {path.resolve()} (nothing trained there yet): run `make run` "
+                         "or `bandpilot train`, or point MLFLOW_TRACKING_URI (or BANDPILOT_HOME) at an existing one")
+
+
 def find_registry() -> str:
     """The tracking/registry URI a registry or run URI resolves against, found like the CLI does.
 
@@ -39,14 +52,15 @@ def find_registry() -> str:
 
     from bandpilot.config import default_tracking_uri
 
-    if is_tracking_uri_set() or os.environ.get("MLFLOW_REGISTRY_URI"):
-        return mlflow.get_registry_uri()
-    uri = default_tracking_uri()
-    db = Path(uri.removeprefix("sqlite:///"))
-    if not db.is_file():
-        raise ModelError(f"no MLflow registry at {db} (train a model first, e.g. `make run`, or set "
-                         "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
-    mlflow.set_tracking_uri(uri)
+    explicit = is_tracking_uri_set() or bool(os.environ.get("MLFLOW_REGISTRY_URI"))
+    uri = mlflow.get_registry_uri() if explicit else default_tracking_uri()
+    if uri.startswith("sqlite:///"):  # MLflow would create an empty store on the first query
+        db = Path(uri.removeprefix("sqlite:///")).expanduser()
+        if not db.is_file():
+            raise ModelError(f"no MLflow registry at {db.absolute()} (train a model first, e.g. `make run`, or set "
+                             "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
+    if not explicit:
+        mlflow.set_tracking_uri(uri)
     return uri
 
 
@@ -58,6 +72,7 @@ def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
     m = _URI.match(uri)
     if m:
         name, alias, version = m.group("name"), m.group("alias"), m.group("version")
+        _require_registry(f"no registered model {name!r}")
         client = mlflow_client()
         if alias is None and version is None:
             raise ModelError(f"model URI {uri!r} names no version or alias (use models:/{name}@champion or models:/{name}/1)")
@@ -75,6 +90,7 @@ def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
         parts = uri.removeprefix("runs:/").split("/", 1)
         if not parts[0]:
             raise ModelError(f"malformed run URI {uri!r}: expected runs:/<run id>/model")
+        _require_registry(f"no MLflow run {parts[0]!r}")
         try:
             mlflow_client().get_run(parts[0])
         except MlflowException:

@@ -23,6 +23,7 @@ from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
 from bandpilot.model.train import fit_pool, record_provenance, set_threads
+from bandpilot.progress import stage
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -87,21 +88,24 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
 
     oof = np.full(rest.size, np.nan)
     per_fold: list[dict[str, float]] = []
-    for i, f in enumerate(folds):
-        say(f"fold {i + 1}/{len(folds)}: train {rest.size - f.size}, test {f.size} allocations")
-        tr_idx = rest[np.setdiff1d(np.arange(rest.size), f)]
-        fit_idx, val_idx = val_split(pool, tr_idx, p)
-        sur_i, *_ = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
-        te = pool.take(rest[f])
-        oof[f] = sur_i.predict_masks(te.masks)
-        ev = evaluate_predictions(te.busbw, oof[f])
-        per_fold.append({k: float(ev[k]) for k in ("r2", "mape", "max_err", "spearman")} | {"n": float(f.size)})
-    cv_pool = pool.take(rest)
-    cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
+    with stage(f"train {spec.name}", total=len(folds) + 1, unit="fits") as st:  # the folds, then the final fit
+        for i, f in enumerate(folds):
+            say(f"fold {i + 1}/{len(folds)}: train {rest.size - f.size}, test {f.size} allocations")
+            tr_idx = rest[np.setdiff1d(np.arange(rest.size), f)]
+            fit_idx, val_idx = val_split(pool, tr_idx, p)
+            sur_i, *_ = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+            te = pool.take(rest[f])
+            oof[f] = sur_i.predict_masks(te.masks)
+            ev = evaluate_predictions(te.busbw, oof[f])
+            per_fold.append({k: float(ev[k]) for k in ("r2", "mape", "max_err", "spearman")} | {"n": float(f.size)})
+            st.advance()
+        cv_pool = pool.take(rest)
+        cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
 
-    say(f"final fit on {rest.size} allocations")
-    fit_idx, val_idx = val_split(pool, rest, p)
-    sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+        say(f"final fit on {rest.size} allocations")
+        fit_idx, val_idx = val_split(pool, rest, p)
+        sur, cfg, history, pruned, best_val = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+        st.advance()
     train_seconds = time.perf_counter() - t0
     all_tr = pool.take(rest)
     if p.pattern_memory:

@@ -26,6 +26,29 @@ from bandpilot.model.networks import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
+#: Forward passes of at most this many rows (one chunk: every search call) run on one intra-op
+#: thread: on a busy 2-core machine torch's thread pool spins against the other processes (k = 4:
+#: 400 ms vs 7 ms; 4 x 8 H100 at load 13, 20 decisions: max 8.2 s with the pool above 256 rows,
+#: 0.35 s single-threaded). Bigger offline batches keep the pool.
+SMALL_BATCH = 8192
+
+
+class _threads_for:
+    """One torch intra-op thread for a small batch, restored afterwards (no-op for big batches)."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.prev = 0
+
+    def __enter__(self) -> None:
+        if self.rows <= SMALL_BATCH:
+            self.prev = torch.get_num_threads()
+            if self.prev != 1:
+                torch.set_num_threads(1)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.prev > 1:
+            torch.set_num_threads(self.prev)
 CONFIG_FILE = "surrogate.json"
 WEIGHTS_FILE = "weights.pt"
 STAGE1_FILE = "stage1.npy"
@@ -130,7 +153,7 @@ class Surrogate:
 
     def _forward(self, masks: np.ndarray, chunk: int = 8192) -> np.ndarray:
         out = np.empty(masks.shape[0])
-        with torch.inference_mode():
+        with torch.inference_mode(), _threads_for(masks.shape[0]):
             for s in range(0, masks.shape[0], chunk):
                 t = to_torch(self.tokens(masks[s : s + chunk]))
                 out[s : s + chunk] = torch.exp(self.net(t)).double().numpy()

@@ -17,6 +17,7 @@ from bandpilot.model.metrics import make_plots
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
 from bandpilot.model.train import train
+from bandpilot.progress import stage
 
 if TYPE_CHECKING:
     from bandpilot.data.dataset import Dataset
@@ -152,7 +153,8 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
         mlf.log_params({"n_trials": n_trials, "timeout": timeout, "val_fraction": vf,
                         **{f"base.{k}": v for k, v in base_p.as_dict().items()}})
     try:
-        study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=())
+        with stage(f"sweep {ds.spec.name}", total=n_trials, unit="trials") as st:
+            study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(), callbacks=[lambda *_: st.advance()])
         complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not complete:
             raise ModelError(f"sweep {study_name!r}: no trial completed (all pruned or failed)")

@@ -81,8 +81,8 @@ def revoke(store: Store, *, token_id: str | None = None, tenant: str | None = No
     with store.write() as conn:
         ids = list(conn.execute(sa.select(T_TOKENS.c.id).where(cond, T_TOKENS.c.revoked_at.is_(None))).scalars())
         if not ids:
-            what = f"token {token_id!r}" if token_id is not None else f"tenant {tenant!r}"
-            raise RequestError(f"no active token for {what}")
+            raise RequestError(f"no active token {token_id!r}" if token_id is not None
+                               else f"tenant {tenant!r} has no active token")
         conn.execute(sa.update(T_TOKENS).where(T_TOKENS.c.id.in_(ids)).values(revoked_at=now()))
     return ids
 

@@ -34,7 +34,8 @@ class SubmitError(RequestError):
         self.errors = list(errors)
         self.n_valid = n_valid
         more = f"{len(self.errors)} invalid request(s), first: " if len(self.errors) > 1 else ""
-        hint = f" (submit with partial / --partial to queue the {n_valid} valid ones)" if n_valid else ""
+        valid = "the valid one" if n_valid == 1 else f"the {n_valid} valid ones"
+        hint = f" (submit with partial / --partial to queue {valid})" if n_valid else ""
         super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}", code=code)
 
 

@@ -54,15 +54,17 @@ def default_store_url(root: Path | None = None) -> str:
 class Store:
     """The queue database. ``Store(url)`` opens (and migrates) it; ``url`` defaults to
     :func:`default_store_url`. On PostgreSQL, ``schema`` puts every table in that schema
-    (created if missing) - tests use one per run."""
+    (created if missing) - tests use one per run. ``create=False`` opens only an existing queue
+    store (read-only tools must not leave empty databases wherever they are pointed)."""
 
     def __init__(self, url: str | None = None, *, schema: str | None = None, timeout: float = 120.0,
-                 pool_size: int | None = None) -> None:
+                 pool_size: int | None = None, create: bool = True) -> None:
         self.url = url or default_store_url()
         try:
             u = sa.engine.make_url(self.url)
         except sa.exc.ArgumentError:
-            raise StoreError(f"invalid store URL {self.url!r}") from None
+            raise StoreError(f"invalid store URL {self.url!r}: use sqlite:///FILE or postgresql://...") from None
+        self.create = create
         self.backend = u.get_backend_name()
         self.schema = schema
         self.timeout = float(timeout)
@@ -85,6 +87,8 @@ class Store:
             raise StoreError("schema= is for PostgreSQL stores only")
         db = u.database
         kwargs: dict[str, Any] = {"connect_args": {"timeout": self.timeout}}
+        if db and db != ":memory:" and not self.create and not Path(db).expanduser().is_file():
+            raise StoreError(self._missing(f"no queue store at {Path(db).expanduser().resolve()}"))
         if db and db != ":memory:":
             Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
         else:
@@ -204,6 +208,8 @@ class Store:
             raise
         except sa.exc.DBAPIError as exc:
             raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
+        if cur == 0 and not self.create:
+            raise StoreError(self._missing(f"{self.safe_url} is not a BandPilot queue store"))
         if cur > target:
             raise StoreError(f"store {self.safe_url} has schema v{cur}, newer than this BandPilot (v{target}); upgrade BandPilot")
         if cur == target and not self._missing_versions():
@@ -223,6 +229,9 @@ class Store:
                     conn.execute(sa.insert(T_SCHEMA).values(version=version, name=name, applied_at=now()))
             cur = self.current_version(conn)
         return cur
+
+    def _missing(self, what: str) -> str:
+        return f"{what}: create it with `bandpilot cluster init --cluster SPEC --store {self.safe_url}`"
 
     def _missing_versions(self) -> list[int]:
         with self.read() as conn:
@@ -376,3 +385,4 @@ def _dberr(exc: BaseException) -> str:
 
 def open_store(url: str | None = None, **kwargs: Any) -> Store:
     return Store(url, **kwargs)
+

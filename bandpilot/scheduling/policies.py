@@ -25,7 +25,9 @@ from bandpilot.dispatch.constraints import Constraints
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
-POLICIES = ("fifo", "priority", "sjf", "utility")
+POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn")
+#: Policies that order by run-time estimates (:mod:`bandpilot.scheduling.estimates`).
+ESTIMATE_POLICIES = ("sjf", "hrrn")
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,22 @@ def utility_prior(pending: Sequence[Pending]) -> float:
     return float(np.mean(known)) if known else 1.0
 
 
-def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None) -> list[Pending]:
+def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None,
+                  now: float | None = None) -> list[Pending]:
     """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
     FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
-    ``utility`` (higher job utility first, then priority, then FIFO)."""
+    ``utility`` (higher job utility first, then priority, then FIFO), ``hrrn`` (highest response
+    ratio ``(wait + expected) / expected`` first: short jobs go early like sjf, and a long one's
+    ratio grows while it waits, so nothing starves; unknown ones last, FIFO)."""
+    if policy == "hrrn":
+        exp = expected or {}
+        t = max((p.submitted_at for p in pending), default=0.0) if now is None else now
+
+        def ratio(p: Pending) -> float:
+            e = exp.get(p.req.id)
+            return 0.0 if e is None else (max(0.0, t - p.submitted_at) + e) / max(e, 1e-9)
+
+        return sorted(pending, key=lambda p: (p.req.id not in exp, -ratio(p), p.submitted_at, p.seq))
     if policy == "fifo":
         return sorted(pending, key=lambda p: (p.submitted_at, p.seq))
     if policy == "sjf":

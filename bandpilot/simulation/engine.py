@@ -64,6 +64,7 @@ class SimConfig:
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
+    locality: float = 0.0  # fewer hosts win unless spreading gains more (run_batch's locality)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -78,6 +79,8 @@ class SimConfig:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
         if self.backfill not in BACKFILL_MODES:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
+        if not 0.0 <= self.locality < 1.0:
+            raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -218,7 +221,7 @@ class _Sim:
     def _batch(self, t: float) -> int:
         self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
-                        demand=self.cfg.demand, backfill=self.cfg.backfill)
+                        demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality)
         self.batches += 1
         for o in rep.outcomes:
             rec = self.recs[o.request_id]

@@ -128,3 +128,37 @@ def public_trace_workload(shape: str, n: int, *, n_gpus: int, load: float = 0.9,
     rate_per_h = load * n_gpus * 3600.0 / (mean_k * mean_dur)
     return poisson_workload(n, rate_per_h=rate_per_h, sizes=sizes, median_s=sh["median_s"], sigma=sh["sigma"], seed=seed,
                             max_k=n_gpus)
+
+
+def mixed_workload(n: int = 200, *, n_gpus: int = 32, load: float = 1.0, seed: int = 0,
+                   preemptible_share: float = 0.5, estimate_error: float = 3.0) -> list[TraceJob]:
+    """Issue 21's mixed workload: sizes 1-32 (powers of two, capped at ``n_gpus``), heavy-tailed
+    log-normal run times (median 40 min, sigma 1.2, 5 min to 24 h), comm fraction 0.2-0.7 for
+    multi-GPU jobs, about ``preemptible_share`` preemptible (checkpoint + restart 1-5 min, a
+    checkpoint every 30 min), and a ``time_limit_s`` off the true run time by a log-uniform factor
+    within ``estimate_error`` either way (users pad, jobs end early). Arrivals Poisson at the rate
+    that offers ``load`` times the cluster's GPU capacity."""
+    if n < 1 or load <= 0 or estimate_error < 1:
+        raise BandPilotError("mixed_workload needs n >= 1, load > 0 and estimate_error >= 1")
+    sizes = {k: w for k, w in {1: 0.25, 2: 0.2, 4: 0.2, 8: 0.2, 16: 0.1, 32: 0.05}.items() if k <= n_gpus}
+    rng = np.random.default_rng(seed)
+    ks = np.array(sorted(sizes))
+    p = np.array([sizes[int(k)] for k in ks], dtype=float)
+    k = rng.choice(ks, size=n, p=p / p.sum())
+    dur = np.clip(2400.0 * rng.lognormal(0.0, 1.2, size=n), 300.0, 86400.0)
+    rate_per_s = load * n_gpus / float(np.mean(k * dur))
+    gaps = rng.exponential(1.0 / rate_per_s, size=n)
+    gaps[0] = 0.0
+    times = np.cumsum(gaps)
+    f = np.where(k > 1, rng.uniform(0.2, 0.7, size=n), 0.0)
+    pre = rng.random(n) < preemptible_share
+    ckpt = rng.uniform(60.0, 300.0, size=n)
+    err = np.exp(rng.uniform(-np.log(estimate_error), np.log(estimate_error), size=n))
+    ten = rng.integers(4, size=n)
+    width = len(str(n - 1))
+    return [
+        TraceJob(f"mix-{i:0{width}d}", round(float(times[i]), 3), int(k[i]), f"t{int(ten[i])}", round(float(dur[i]), 3),
+                 round(float(f[i]), 4), 0, None, round(float(dur[i] * err[i]), 3), bool(pre[i]),
+                 round(float(ckpt[i]), 3) if pre[i] else None, 1800.0 if pre[i] else None)
+        for i in range(n)
+    ]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.contention import ContentionPredictor, Prediction
+from bandpilot.dispatch.contention import ContentionPredictor, Prediction, unique_rows
 from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
 from bandpilot.dispatch.state import State
@@ -88,7 +88,7 @@ class SearchContext:
 
     def __init__(self, model: BandwidthModel, state: State, free: np.ndarray, k: int,
                  predictor: ContentionPredictor | None = None, *, segment: int | None = None,
-                 tie: float | None = None) -> None:
+                 tie: float | None = None, locality: float = 0.0) -> None:
         self.model = model
         self.state = state
         self.spec = state.spec
@@ -99,6 +99,9 @@ class SearchContext:
         self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
         self.segment = segment  # NVLink-domain search: each domain's share a multiple of it
         self.tie = tie  # NVLink-domain search: fragmentation decides within this margin (None: the default)
+        #: lifetime locality: a candidate on fewer hosts wins unless spreading gains more than this
+        #: relative predicted bandwidth (a spread job meets more co-tenants over its run)
+        self.locality = locality
         stage1 = np.asarray(model.stage1, dtype=float)
         if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
             raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")
@@ -135,8 +138,7 @@ class SearchContext:
         for h in np.flatnonzero(self.exposed):
             subs = allm[valid[h]]
             pcs = pc[subs]
-            jm = np.unique(self.pred.job_masks[:, h])
-            jm = jm[jm != 0]
+            jm = self.pred.masks_at(int(h))
             feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
             order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
             subs, pcs, feats = subs[order], pcs[order], feats[order]
@@ -163,15 +165,18 @@ class SearchContext:
         hosts = np.flatnonzero(self.fcount > 0)
         cls = np.full(self.H, -1, dtype=np.int64)
         ccls = np.full(self.H, -1, dtype=np.int64)
+        scls = np.full(self.H, -1, dtype=np.int64)
         n_keys = n_ckeys = 0
         if hosts.size:
             gpu_id, dom_id = host_ids(self.spec)
             f = self.fcount[hosts]
-            vals = np.round(self.best_val[hosts], 9)
-            vals = np.where(np.arange(self.G + 1)[None, :] <= f[:, None], vals, 0.0)
-            rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals])
-            coarse = _first_seen(np.unique(rows, axis=0, return_inverse=True)[1].ravel())
+            # values rounded to 1e-9 as integers (np.round(v, 9) is rint(v * 1e9) / 1e9): hashable rows
+            vals = np.rint(np.where(np.arange(self.G + 1)[None, :] <= f[:, None], self.best_val[hosts], 0.0) * 1e9)
+            rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals.astype(np.int64)])
+            coarse = _first_seen(unique_rows(rows)[1])
             ccls[hosts] = coarse
+            # the same without the domain label: trays alike in any domain (units alike, see domains.py)
+            scls[hosts] = _first_seen(unique_rows(np.delete(rows, 1, axis=1))[1])
             n_ckeys = int(coarse.max()) + 1
             exp = self.exposed[hosts]
             key = np.where(exp, n_ckeys + np.arange(hosts.size), coarse)
@@ -182,12 +187,9 @@ class SearchContext:
         self.n_classes = n_keys
         self.ccls = ccls  # same standalone behaviour, contention exposure ignored
         self.n_cclasses = n_ckeys
-        pr = self.pred
-        if pr.n_jobs:
-            #: total demand of the contending jobs touching each host (0: unexposed)
-            self.exposure = (pr.job_used * pr.job_demand[:, None]).sum(axis=0)
-        else:
-            self.exposure = np.zeros(self.H)
+        self.scls = scls  # ccls without the domain label
+        #: total demand of the contending jobs touching each host (0: unexposed)
+        self.exposure = self.pred.host_exposure
 
     def classes(self, allowed: np.ndarray | None = None, coarse: bool = False) -> list[_Class]:
         """Host classes with free GPUs. ``coarse``: classes ignore contention exposure (members
@@ -206,10 +208,11 @@ class SearchContext:
         return out
 
     # -- evaluation -----------------------------------------------------------------------
-    def evaluate(self, masks: np.ndarray) -> Prediction:
-        """Contention-aware values of candidates (pruned by the standalone bound in big
-        batches: candidates that cannot win come back as ``-inf``)."""
-        return self.pred.predict_best(masks)
+    def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None, max_pairs: int = 8192) -> Prediction:
+        """Contention-aware values of candidates (pruned by the standalone bound in batches of
+        more than ``max_pairs`` super allocations: candidates that cannot win come back as
+        ``-inf``); ``cols``: rows given on those host columns only."""
+        return self.pred.predict_best(masks, max_pairs=max_pairs, cols=cols)
 
     def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
         counts = np.atleast_2d(counts)
@@ -219,10 +222,10 @@ class SearchContext:
         return out
 
     def choose(self, masks: np.ndarray, value: np.ndarray) -> int:
-        """Index of the best candidate; near-ties prefer fewer hosts, then the tightest fit
-        (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
+        """Index of the best candidate; near-ties (within :attr:`locality`) prefer fewer hosts, then the
+        tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
         vmax = float(value.max())
-        near = np.flatnonzero(value >= vmax - _REL_TIE * max(1.0, abs(vmax)))
+        near = np.flatnonzero(value >= vmax - max(_REL_TIE, self.locality) * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
         used = masks[near] != 0
@@ -230,11 +233,11 @@ class SearchContext:
         fit = (used * self.fcount[None, :]).sum(axis=1)
         return int(near[np.lexsort((near, fit, nh))[0]])
 
-    def best_of(self, masks: np.ndarray) -> Found | None:
+    def best_of(self, masks: np.ndarray, max_pairs: int = 8192) -> Found | None:
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return None
-        p = self.evaluate(masks)
+        p = self.evaluate(masks, max_pairs=max_pairs)
         i = self.choose(masks, p.value)
         return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 

@@ -16,16 +16,62 @@ from __future__ import annotations
 
 import numpy as np
 
+from bandpilot.dispatch.contention import unique_rows
 from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext
+from bandpilot.topology.cluster import popcount
 
 #: Candidates (count vectors x Pareto subset options) beyond which :func:`exact` refuses.
 EXACT_LIMIT = 2_000_000
 
 
+#: Super allocations above which a batch is scored standalone first (see ``predict_best``).
+PRUNE_PAIRS = 64
+#: Pareto candidates above which they are scored count vector by count vector (:func:`_pareto_pruned`).
+PRUNE_PARETO = 256
+
+
 def count_search(ctx: SearchContext, allowed: np.ndarray | None = None, pareto: bool = False) -> Found | None:
-    """Exhaustive batched evaluation of the symmetry-reduced count vectors."""
+    """Exhaustive batched evaluation of the symmetry-reduced count vectors. The best candidate
+    and its near-ties are found exactly as by scoring all of them, but candidates that provably
+    cannot win are never sent to the model (the decision's evaluations stay in the hundreds)."""
     masks = ctx.enumerate(allowed, pareto=pareto)
-    return ctx.best_of(masks)
+    if pareto and masks.shape[0] > PRUNE_PARETO:
+        return _pareto_pruned(ctx, masks)
+    return ctx.best_of(masks, max_pairs=PRUNE_PAIRS)
+
+
+def _pareto_pruned(ctx: SearchContext, masks: np.ndarray, first: int = 8) -> Found | None:
+    """Best of Pareto candidates, count vector by count vector in descending standalone bound.
+
+    Every candidate of a count vector is at most the standalone value of that count vector's
+    best-subset row (``B̂(S, τ) <= B̂(S)``, and ``B̂`` is monotone in each host's stage-1 value,
+    the hierarchy the whole count-vector search rests on), so one standalone row per count vector
+    bounds all its Pareto variants; count vectors whose bound is below the best value found are
+    never scored (``-inf``), and those within the tie margin always are - the choice among the
+    scored ones is the one :meth:`SearchContext.best_of` makes over all rows."""
+    counts = popcount(masks)
+    reps, grp = unique_rows(counts)
+    rep_masks = ctx.masks_from_counts(reps)
+    bound = ctx.pred.raw(rep_masks)
+    # the best-subset row of each count vector is one of its candidates: its value is known
+    known = np.where((masks == rep_masks[grp]).all(axis=1), bound[grp], np.nan)
+    value = np.full(masks.shape[0], -np.inf)
+    solo = np.full(masks.shape[0], -np.inf)
+    order = np.argsort(-bound, kind="stable")
+    best, pos, step = -np.inf, 0, first
+    while pos < order.size:
+        cut = best - 1e-9 * max(1.0, abs(best))
+        if bound[order[pos]] < cut:
+            break
+        gs = order[pos : pos + step]
+        rows = np.flatnonzero(np.isin(grp, gs[bound[gs] >= cut]))
+        p = ctx.pred.predict_best(masks[rows], known=known[rows])
+        value[rows], solo[rows] = p.value, p.standalone
+        best = max(best, float(p.value.max()))
+        pos += step
+        step *= 2
+    i = ctx.choose(masks, value)
+    return Found(masks[i].copy(), float(value[i]), float(solo[i]), masks.shape[0])
 
 
 def coarse_count_search(ctx: SearchContext, limit: int) -> Found | None:

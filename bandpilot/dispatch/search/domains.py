@@ -81,7 +81,8 @@ class Units:
         else:
             hs = self.members[u]
             hs = hs[ctx.fcount[hs] > 0]
-            sig = (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(int(ctx.ccls[h]) for h in hs)))
+            # tray classes without the domain label: alike units of different domains match
+            sig = (bool(self.is_nvl[u]), int(self.size[u]), tuple(sorted(ctx.scls[hs].tolist())))
         self._sigs[(u, coarse)] = sig
         return sig
 
@@ -99,92 +100,111 @@ class Units:
         top = ctx.best_val[hs, f]
         order = hs[np.lexsort((hs, -top, -f, ctx.exposed[hs]))]
         counts = np.zeros(ctx.H, dtype=np.int64)
-        left = t
-        used: set[int] = set()
-        for h in order:
-            if left == 0:
-                break
-            fits = [x for x in order if int(x) not in used and ctx.fcount[x] >= left]
-            if fits:
-                best = min(fits, key=lambda x: (bool(ctx.exposed[x]), int(ctx.fcount[x]), -float(ctx.best_val[x, left])))
-                counts[best] = left
-                left = 0
-                break
-            if int(h) in used:
-                continue
-            counts[h] = ctx.fcount[h]
-            left -= int(ctx.fcount[h])
-            used.add(int(h))
-        if left:
+        # whole trays in order until some tray left fits the remainder (prefix sums / suffix maxima:
+        # the first step i where the GPUs still needed are 0 or fit one of trays i..)
+        f_ord = ctx.fcount[order]
+        zero = np.zeros(1, dtype=np.int64)
+        need = t - np.concatenate([zero, np.cumsum(f_ord)])
+        fits_after = np.concatenate([np.maximum.accumulate(f_ord[::-1])[::-1], zero])
+        stop = np.flatnonzero((need[:-1] == 0) | (fits_after[:-1] >= need[:-1]))
+        i = int(stop[0]) if stop.size else order.size
+        if not stop.size and need[-1] != 0:
             raise ValueError(f"unit {u} cannot hold {t} GPUs")
+        counts[order[:i]] = f_ord[:i]
+        left = int(need[i])
+        if left:
+            # the remainder on the best-fitting tray: unexposed, fewest free, best stage-1, then order
+            cand = order[i:][f_ord[i:] >= left]
+            j = np.lexsort((np.arange(cand.size), -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))[0]
+            counts[cand[j]] = left
         self._parts[key] = counts
         return counts
 
     def rows(self, D: np.ndarray) -> np.ndarray:
         """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
-        r, h, c = self._scatter(D)
+        r, idx, h_of, c_of = self._scatter(D)
         out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[r, h] = c
+        out[r, h_of[idx]] = c_of[idx]
         return out
 
-    def mask_rows(self, D: np.ndarray) -> np.ndarray:
-        """Per-unit count rows ``(n, U)`` -> the best mask rows for them (``masks_from_counts(rows(D))``)."""
-        r, h, c = self._scatter(D)
-        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[r, h] = self.ctx.best_mask.ravel()[h * (self.ctx.G + 1) + c]
-        return out
+    def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-unit count rows ``(n, U)`` -> the best mask rows for them on the hosts they touch:
+        ``(masks (n, len(cols)), cols)`` (``masks_from_counts(rows(D))[:, cols]``)."""
+        r, idx, h_of, c_of = self._scatter(D)
+        cols = np.unique(h_of)
+        m_of = self.ctx.best_mask[h_of, c_of]  # per (unit, count) part: few entries
+        out = np.zeros((D.shape[0], cols.size), dtype=np.int64)
+        out[r, np.searchsorted(cols, h_of)[idx]] = m_of[idx]
+        return out, cols
 
-    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(row, host, count) of every nonzero per-host count of the rows of ``D``."""
+    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every nonzero per-host count of the rows of ``D``: ``(row, idx, host, count)`` with the
+        distinct (unit, count) parts' hosts and counts in ``host``/``count`` and ``idx`` into them."""
         ri, ui = np.nonzero(D)
         width = int(D.max(initial=0)) + 1
         keys = ui * width + D[ri, ui]
         uniq, inv = np.unique(keys, return_inverse=True)
         # units hold disjoint hosts: scatter each unit's (sparse) part into its rows
-        hs, cs, owner = [], [], []
-        for j, key in enumerate(uniq.tolist()):
+        hs, cs = [], []
+        for key in uniq.tolist():
             part = self.part(key // width, key % width)
             h = self.members[key // width]
             h = h[part[h] > 0]
             hs.append(h)
             cs.append(part[h])
-            owner.append(np.full(h.size, j))
-        h_of, c_of, own = np.concatenate(hs), np.concatenate(cs), np.concatenate(owner)
-        by_key = np.argsort(own, kind="stable")
-        ptr = np.r_[0, np.cumsum(np.bincount(own, minlength=uniq.size))]
+        h_of, c_of = np.concatenate(hs), np.concatenate(cs)
+        ptr = np.r_[0, np.cumsum([h.size for h in hs])]
         inv = inv.ravel()
         lens = ptr[inv + 1] - ptr[inv]
         idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
-        return np.repeat(ri, lens), h_of[by_key][idx], c_of[by_key][idx]
+        return np.repeat(ri, lens), idx, h_of, c_of
 
 
-def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE) -> int:
-    """Best candidate; within ``tie`` of it, the least fragmenting one (see module docstring)."""
+def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE,
+           cols: np.ndarray | None = None) -> int:
+    """Best candidate; within ``tie`` of it, the least fragmenting one (see module docstring).
+    ``cols``: the rows are given on those host columns only."""
     vmax = float(np.max(value))
     near = np.flatnonzero(value >= vmax - max(tie * abs(vmax), 1e-9))
     if near.size == 1:
         return int(near[0])
     c = popcount(masks[near])
     used = c > 0
-    ucount = units.index.sum(c)
+    if cols is None:
+        ucount = units.index.sum(c)
+        ufree = units.free
+        fcount = ctx.fcount
+    else:  # per-unit sums over the columns' units only (the others are 0 in every row)
+        seg_u, seg = np.unique(units.unit[cols], return_inverse=True)
+        ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
+        np.add.at(ucount.T, seg.ravel(), c.T)
+        ufree = units.free[seg_u]
+        fcount = ctx.fcount[cols]
     uused = ucount > 0
     n_units = uused.sum(axis=1)
-    unit_left = (uused * units.free[None, :]).sum(axis=1) - ucount.sum(axis=1)
-    tray_left = (used * ctx.fcount[None, :]).sum(axis=1) - c.sum(axis=1)
+    unit_left = (uused * ufree[None, :]).sum(axis=1) - ucount.sum(axis=1)
+    tray_left = (used * fcount[None, :]).sum(axis=1) - c.sum(axis=1)
     n_trays = used.sum(axis=1)
     # keep the largest placeable gang: avoid the unit(s) with the most free GPUs when others do
     top = units.free == units.free.max()
-    hits_top = (uused & top[None, :]).sum(axis=1) >= top.sum()
+    top_here = top if cols is None else top[seg_u]
+    hits_top = (uused & top_here[None, :]).sum(axis=1) >= top.sum()
     return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, hits_top, n_units))[0]])
 
 
-def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float) -> Found | None:
+def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols: np.ndarray | None = None) -> Found | None:
+    """Best of candidate rows (``cols``: given on those host columns; the result is a full row)."""
     masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
     if masks.shape[0] == 0:
         return None
-    p = ctx.evaluate(masks)
-    i = choose(ctx, units, masks, p.value, tie)
-    return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
+    p = ctx.evaluate(masks, cols)
+    i = choose(ctx, units, masks, p.value, tie, cols)
+    if cols is None:
+        mask = masks[i].copy()
+    else:
+        mask = np.zeros(ctx.H, dtype=np.int64)
+        mask[cols] = masks[i]
+    return Found(mask, float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 
 
 def _in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
@@ -222,16 +242,17 @@ def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
 
 
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
-             per_unit: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+             per_unit: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """In-domain candidates as *count patterns* (stage 1.5: the multiset of per-tray counts, shared
     by every domain with trays for it): partitions of ``k`` into at most ``trays`` parts of at most
     ``G``. Each pattern is placed on the best-fit unit of ``cand`` that can hold it (or, with
     ``per_unit``, on every unit of ``cand``), parts largest first on the best-fitting free tray
     (trays touched by contending jobs last, and only ``with_exposed``). Returns ``(masks, unit of
-    each mask)``, or None when trays are not symmetric (see :func:`symmetric_trays`)."""
+    each mask, cols)`` with the masks given on the host columns ``cols`` they touch, or None when
+    trays are not symmetric (see :func:`symmetric_trays`)."""
     k, G = ctx.k, ctx.G
     hosts = np.flatnonzero((ctx.fcount > 0) & np.isin(units.unit, cand) & (with_exposed | ~ctx.exposed))
-    empty = np.zeros((0, ctx.H), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    empty = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if hosts.size == 0:
         return empty
     if not symmetric_trays(ctx, hosts):
@@ -249,24 +270,36 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     need = np.stack([(pats >= c).sum(axis=1) for c in range(G + 1)], axis=1)  # (P, G+1)
     ok = (ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & np.isin(np.arange(units.U), cand)[None, :]
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
-    rows, where = [], []
-    trays_of = {int(u): hosts[u_of == u] for u in np.unique(u_of)}
+    r_of, h_of, c_of, where = [], [], [], []
+    by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
+    present, first = np.unique(u_of[by_unit], return_index=True)
+    trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
+    ok_ordered = ok[:, order]
     for i in range(pats.shape[0]):
-        us = [int(u) for u in order if ok[i, u]]
-        for u in (us if per_unit else us[:1]):
+        if per_unit:
+            us = order[ok_ordered[i]].tolist()
+        else:
+            j = int(np.argmax(ok_ordered[i]))
+            us = [int(order[j])] if ok_ordered[i, j] else []
+        for u in us:
             hs = trays_of[u]
             hs = hs[np.lexsort((hs, ctx.exposure[hs], ctx.fcount[hs], ctx.exposed[hs]))]
             taken = np.zeros(hs.size, dtype=bool)
-            counts = np.zeros(ctx.H, dtype=np.int64)
+            f_hs = ctx.fcount[hs]
             for c in pats[i][pats[i] > 0]:
-                j = int(np.flatnonzero(~taken & (ctx.fcount[hs] >= c))[0])
+                j = int(np.flatnonzero(~taken & (f_hs >= c))[0])
                 taken[j] = True
-                counts[hs[j]] = c
-            rows.append(counts)
+                r_of.append(len(where))
+                h_of.append(int(hs[j]))
+                c_of.append(int(c))
             where.append(u)
-    if not rows:
+    if not where:
         return empty
-    return ctx.masks_from_counts(np.array(rows)), np.array(where)
+    h = np.array(h_of, dtype=np.int64)
+    cols = np.unique(h)
+    masks = np.zeros((len(where), cols.size), dtype=np.int64)
+    masks[np.array(r_of), np.searchsorted(cols, h)] = ctx.best_mask[h, np.array(c_of)]
+    return masks, np.array(where), cols
 
 
 def _balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
@@ -317,31 +350,42 @@ def _unit_starts(units: Units, k: int, seg: int, eligible: np.ndarray) -> list[n
 
 
 def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.ndarray:
-    rows = []
+    """Rows moving ``t`` GPUs from a used unit to another used or a promising unused unit, in the
+    lexicographic order of the rows, one per signature sequence (interchangeable targets).
+    Vectorised on the few units a move can touch: every other column equals ``d`` in every row."""
     src = np.flatnonzero(d > 0)
     room = cap - d
     clean = units.free - units.exposed_free
     unused = np.flatnonzero((d == 0) & (cap > 0))
     unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:UNIT_TARGETS]
     targets = np.concatenate([src, unused])
+    A, B, T = [], [], []
     for a in src:
         for t in sorted({seg, 4 * seg, int(d[a])}):
             if t > d[a] or t % seg:
                 continue
-            for b in targets[room[targets] >= t]:
-                if b == a:
-                    continue
-                r = d.copy()
-                r[a] -= t
-                r[b] += t
-                rows.append(r)
-    if not rows:
+            bs = targets[(room[targets] >= t) & (targets != a)]
+            A.append(np.full(bs.size, a))
+            B.append(bs)
+            T.append(np.full(bs.size, t))
+    if not A or sum(b.size for b in B) == 0:
         return np.zeros((0, units.U), dtype=np.int64)
-    rows_a = np.unique(np.array(rows), axis=0)
-    # interchangeable unused targets: keep one per signature and count
-    sig = [tuple((units.signature(int(u)), int(r[u])) for u in np.flatnonzero(r)) for r in rows_a]
-    _, first = np.unique(np.array([hash(s) for s in sig]), return_index=True)
-    return rows_a[np.sort(first)]
+    a_, b_, t_ = np.concatenate(A), np.concatenate(B), np.concatenate(T)
+    cols = np.union1d(src, unused)  # every unit nonzero in some row
+    R = np.tile(d[cols], (a_.size, 1))
+    at = np.arange(a_.size)
+    R[at, np.searchsorted(cols, a_)] -= t_
+    R[at, np.searchsorted(cols, b_)] += t_
+    R = np.unique(R, axis=0)  # the order np.unique gives the full rows (other columns are equal)
+    # interchangeable unused targets: keep one per sequence of (unit signature, count)
+    sig_id: dict[tuple, int] = {}
+    sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)
+    code = np.where(R > 0, sid[None, :] * (int(R.max()) + 1) + R, 0)
+    seq = np.take_along_axis(code, np.argsort(code == 0, axis=1, kind="stable"), axis=1)
+    _, first = np.unique(seq, axis=0, return_index=True)
+    out = np.tile(d, (first.size, 1))
+    out[:, cols] = R[np.sort(first)]
+    return out
 
 
 def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float) -> Found | None:
@@ -352,7 +396,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if not starts:
         return None
     D = np.unique(np.array(starts), axis=0)
-    best = _best(ctx, units, units.mask_rows(D), tie)
+    masks, cols = units.mask_rows(D)
+    best = _best(ctx, units, masks, tie, cols)
     if best is None:
         return None
     evaluated = best.evaluated
@@ -363,7 +408,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        got = _best(ctx, units, units.mask_rows(moves), 0.0)
+        masks, cols = units.mask_rows(moves)
+        got = _best(ctx, units, masks, 0.0, cols)
         evaluated += 0 if got is None else got.evaluated
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
@@ -398,7 +444,7 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     exact; asymmetric trays fall back to per-unit coarse count vectors (units alike searched once)."""
     pats = patterns(ctx, units, fits, with_exposed=True)
     if pats is not None:
-        got = _best(ctx, units, pats[0], tie)
+        got = _best(ctx, units, pats[0], tie, pats[2])
         return [] if got is None else [got]
     found: list[Found] = []
     seen: set[tuple] = set()

@@ -1,0 +1,164 @@
+"""Jobs finish sooner (issue 21): reservations, backfill, lifetime locality and queue order, by JCT.
+
+    python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001]
+
+Truth: the measured h100-16m tables when ``../shared/data`` (or ``$BANDPILOT_DATA``) is present, else
+the emulated ``params/clusters/h100.yaml`` (labelled EMULATED). The dispatcher's model is the truth
+itself (a perfect predictor): this measures the scheduler, not the surrogate's error; it is said so
+in every table. Nothing is written into the repository.
+
+1. ``mixed``: issue 21's 200-job workload (:func:`~bandpilot.simulation.workloads.mixed_workload`:
+   sizes 1-32, log-normal run times 5 min - 24 h, ~half preemptible, time limits off by up to 3x
+   either way, offered load 1.0), per seed, under the ``full`` demand model (and ``comm`` for the
+   recommended configuration). Targets: mean JCT >= 25 % below FIFO + topo (greedy), >= 15 % below
+   the Slurm-like baseline; p95 >= 15 % below Slurm-like; max JCT no worse than Slurm-like's.
+2. ``fifo``: placement alone, FIFO, greedy queue, no reservations: a held-out-shaped workload (120
+   jobs, 2-16 GPUs, 0.5-4 h, comm 0.2-0.7, overloaded) and the mixed one, BandPilot (locality 0 and
+   the default margin) vs topo, under both demand models. Target: never worse on mean and p95.
+3. ``seed001``: seed 001's 50-job workload: the utility policy vs FIFO (target: no longer loses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.simulation.engine import SimConfig, simulate  # noqa: E402
+from bandpilot.simulation.presets import apply_preset  # noqa: E402
+from bandpilot.simulation.report import summarize  # noqa: E402
+from bandpilot.simulation.workloads import mixed_workload, poisson_workload, seed001_workload  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+
+H = 3600.0
+RECOMMENDED = SimConfig(policy="hrrn", backfill="easy", locality=0.5)  # candidate default
+
+
+def truth_fabric():
+    root = Path(os.environ.get("BANDPILOT_DATA", ROOT.parent.parent / "shared" / "data"))
+    for cand in (root, ROOT.parent / "shared" / "data"):
+        d = cand / "measurements" / "h100-16m"
+        if d.is_dir():
+            return make_fabric(load_cluster(d)), f"measured H100 tables (h100-16m), perfect predictor"
+    return make_fabric(load_cluster(ROOT / "params" / "clusters" / "h100.yaml")), \
+        "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent), perfect predictor"
+
+
+def run(jobs, truth, cfg: SimConfig) -> dict:
+    return summarize(simulate(jobs, Dispatcher(truth, seed=cfg.seed), truth, cfg))
+
+
+def label(c: SimConfig) -> str:
+    return f"{c.policy} + {c.algorithm}{f' (locality {c.locality:g})' if c.locality else ''} + {c.backfill}"
+
+
+def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
+    out = ["| configuration | mean JCT (h) | p95 (h) | max (h) | queueing (h) | service (h) | GPU util | vs ref mean | vs ref p95 |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    m = lambda k, key: float(np.mean([r[key] for r in rows[k]]))  # noqa: E731
+    for k in rows:
+        rel = ""
+        if ref is not None and k != ref:
+            rel = f"{(m(k, 'avg_jct_s') / m(ref, 'avg_jct_s') - 1) * 100:+.1f} % | {(m(k, 'p95_jct_s') / m(ref, 'p95_jct_s') - 1) * 100:+.1f} %"
+        else:
+            rel = " | "
+        out.append(f"| {k} | {m(k, 'avg_jct_s') / H:.2f} | {m(k, 'p95_jct_s') / H:.2f} | {m(k, 'max_jct_s') / H:.2f} | "
+                   f"{m(k, 'avg_queue_s') / H:.2f} | {m(k, 'avg_service_s') / H:.2f} | {m(k, 'gpu_utilization'):.2f} | {rel} |")
+    return "\n".join(out)
+
+
+def mixed(truth, seeds: int) -> str:
+    spec = truth.spec
+    cfgs = {
+        "FIFO + topo, greedy (today's queue, compact)": apply_preset(SimConfig(), "greedy-topo", spec),
+        "FIFO + bandpilot, greedy (today's default)": apply_preset(SimConfig(), "greedy", spec),
+        "Slurm-like (FIFO + topo + EASY)": apply_preset(SimConfig(), "slurm", spec),
+        f"recommended: {label(RECOMMENDED)}": RECOMMENDED,
+        "fifo + bandpilot (locality 0.5) + easy": SimConfig(policy="fifo", backfill="easy", locality=0.5),
+    }
+    blocks = []
+    for demand in ("full", "comm"):
+        rows: dict[str, list[dict]] = {}
+        for s in range(seeds):
+            jobs = mixed_workload(200, seed=s)
+            for name, c in cfgs.items():
+                from dataclasses import replace
+
+                rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s, demand=demand)))
+        blocks.append(f"demand model `{demand}` (means over {seeds} seeds; ref = Slurm-like)\n\n"
+                      + table(rows, "Slurm-like (FIFO + topo + EASY)"))
+        blocks.append(targets(rows))
+    return "\n\n".join(blocks)
+
+
+def targets(rows: dict[str, list[dict]]) -> str:
+    m = lambda k, key: float(np.mean([r[key] for r in rows[k]]))  # noqa: E731
+    rec = next(k for k in rows if k.startswith("recommended"))
+    fifo, slurm = "FIFO + topo, greedy (today's queue, compact)", "Slurm-like (FIFO + topo + EASY)"
+    checks = [
+        ("mean JCT >= 25 % below FIFO + topo", m(rec, "avg_jct_s") <= 0.75 * m(fifo, "avg_jct_s"), m(rec, "avg_jct_s") / m(fifo, "avg_jct_s") - 1),
+        ("mean JCT >= 15 % below Slurm-like", m(rec, "avg_jct_s") <= 0.85 * m(slurm, "avg_jct_s"), m(rec, "avg_jct_s") / m(slurm, "avg_jct_s") - 1),
+        ("p95 JCT >= 15 % below Slurm-like", m(rec, "p95_jct_s") <= 0.85 * m(slurm, "p95_jct_s"), m(rec, "p95_jct_s") / m(slurm, "p95_jct_s") - 1),
+        ("max JCT no worse than Slurm-like", m(rec, "max_jct_s") <= m(slurm, "max_jct_s"), m(rec, "max_jct_s") / m(slurm, "max_jct_s") - 1),
+        ("every job completes", all(r["completed"] == r["jobs"] for r in rows[rec]), 0.0),
+    ]
+    return "\n".join(f"- {name}: {'met' if ok else 'MISSED'} ({d * 100:+.1f} %)" for name, ok, d in checks)
+
+
+def fifo_placement(truth, seeds: int) -> str:
+    blocks = []
+    for wl in ("held-out shape (120 jobs, 2-16 GPUs)", "mixed (200 jobs)"):
+        for demand in ("full", "comm"):
+            rows: dict[str, list[dict]] = {}
+            for s in range(seeds):
+                jobs = (poisson_workload(120, rate_per_h=12, sizes={2: 1, 4: 1, 8: 1, 16: 1}, median_s=5400, sigma=0.5,
+                                         comm=(0.2, 0.7), seed=s, max_k=32) if wl.startswith("held") else mixed_workload(200, seed=s))
+                for name, c in (("topo", SimConfig(algorithm="topo")), ("bandpilot, locality 0", SimConfig(locality=0.0, backfill="greedy")),
+                                ("bandpilot, locality 0.5", SimConfig(locality=0.5, backfill="greedy"))):
+                    from dataclasses import replace
+
+                    rows.setdefault(name, []).append(run(jobs, truth, replace(c, policy="fifo", backfill="greedy", seed=s, demand=demand)))
+            blocks.append(f"{wl}, demand `{demand}`, FIFO, greedy (means over {seeds} seeds; ref = topo)\n\n" + table(rows, "topo"))
+    return "\n\n".join(blocks)
+
+
+def seed001(truth, seeds: int) -> str:
+    from dataclasses import replace
+
+    rows: dict[str, list[dict]] = {}
+    for s in range(seeds):
+        jobs = seed001_workload(s)
+        for name, c in (("fifo + bandpilot, greedy", SimConfig(policy="fifo", backfill="greedy", locality=0.0)),
+                        ("utility + bandpilot, greedy (before)", SimConfig(policy="utility", backfill="greedy", locality=0.0)),
+                        ("fifo + recommended placement + easy", replace(RECOMMENDED, policy="fifo")),
+                        ("utility + recommended placement + easy", replace(RECOMMENDED, policy="utility")),
+                        (f"recommended: {label(RECOMMENDED)}", RECOMMENDED)):
+            rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s)))
+    return f"seed 001's 50 jobs (means over {seeds} seeds; ref = fifo + bandpilot, greedy)\n\n" + table(rows, "fifo + bandpilot, greedy")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--only", default="mixed,fifo,seed001")
+    args = ap.parse_args()
+    truth, what = truth_fabric()
+    print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
+    for part in args.only.split(","):
+        t0 = time.perf_counter()
+        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001}[part](truth, args.seeds))
+        print(f"\n({part}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
