@@ -35,7 +35,6 @@ _NUMBERS: dict[str, tuple[type, float | None, float]] = {
     "api_max_pending": (int, 100, 0),  # BANDPILOT_API_MAX_PENDING (pending requests per tenant)
     "api_max_pending_gpus": (int, None, 0),  # BANDPILOT_API_MAX_PENDING_GPUS (their GPUs together; unset: no cap)
     "dispatch_s": (float, 10.0, 0.0),  # BANDPILOT_DISPATCH_S (`api serve`: seconds between batches, 0 = off)
-    "test_batch_sleep": (float, 0.0, 0.0),  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
 }
 
 
@@ -72,10 +71,6 @@ class Settings:
     @property
     def dispatch_s(self) -> float:
         return float(self._number("dispatch_s"))  # type: ignore[arg-type]
-
-    @property
-    def test_batch_sleep(self) -> float:
-        return float(self._number("test_batch_sleep"))  # type: ignore[arg-type]
 
     def _number(self, key: str) -> float | None:
         kind, default, least = _NUMBERS[key]

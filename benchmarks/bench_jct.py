@@ -50,7 +50,7 @@ def truth_fabric():
     for cand in (root, ROOT.parent / "shared" / "data"):
         d = cand / "measurements" / "h100-16m"
         if d.is_dir():
-            return make_fabric(load_cluster(d)), f"measured H100 tables (h100-16m), perfect predictor"
+            return make_fabric(load_cluster(d)), "measured H100 tables (h100-16m), perfect predictor"
     return make_fabric(load_cluster(ROOT / "params" / "clusters" / "h100.yaml")), \
         "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent), perfect predictor"
 

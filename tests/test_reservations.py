@@ -259,6 +259,7 @@ def test_locality_prefers_fewer_hosts_only_within_its_margin(fab):
 
 _RUNNER = """
 import sys
+import time
 from bandpilot import queue as q, scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
@@ -266,7 +267,8 @@ from bandpilot.queue.clock import use_clock
 store = q.Store(sys.argv[1])
 print("START", flush=True)
 with use_clock(lambda: 20.0):
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), backfill="easy")
+    # after_each sleeps inside the transaction: a window to kill -9 mid-batch
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), backfill="easy", after_each=lambda o: time.sleep(0.3))
 """
 
 
@@ -283,7 +285,7 @@ def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
         sched.run_batch(store, Dispatcher(fab), backfill="easy")  # B reserved, D started
         q.submit(store, [{"id": f"s{i}", "k": 1, "time_limit_s": 100, "submitted": 5 + i} for i in range(6)])
     before = q.status(store)["reservations"]
-    env = dict(os.environ, **{sched.SLEEP_ENV: "0.3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     p = subprocess.Popen([sys.executable, "-c", _RUNNER, store.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=env)
     try:

@@ -11,7 +11,9 @@ import signal
 import sys
 from typing import Any
 
-_ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
+from bandpilot.config import ENV_NAMES
+
+_ENV = ENV_NAMES["api_config"]  # how worker processes get the store and options
 #: uvicorn's httptools protocol with JSON errors for what it cannot parse (bandpilot.api.protocol)
 PROTOCOL = "bandpilot.api.protocol:JSONErrorsProtocol"
 POOL = 20  # PostgreSQL connections per process: about half of uvicorn's 40 request threads

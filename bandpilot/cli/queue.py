@@ -17,6 +17,7 @@ import typer
 from bandpilot.scheduling import recommended as rec
 
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError
 
@@ -348,7 +349,7 @@ def dispatch_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
     backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),

@@ -15,6 +15,7 @@ import typer
 
 from bandpilot.cli.common import console
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.errors import RequestError
 
 
@@ -25,8 +26,8 @@ def select_cmd(
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec (YAML or measurement dir).")] = None,
     algorithm: Annotated[str | None, typer.Option("--algorithm", "-a",
-                                                  help="bandpilot (default), eha, pts, topo, default, random, block, ideal, "
-                                                  "exact; with --shape: shape (default), blind, segment, bandpilot.")] = None,
+                                                  help=strategies.help_text() + " (default bandpilot); with --shape: "
+                                                  "shape (default), blind, segment, bandpilot.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed (random baseline).")] = 0,
     single_host: Annotated[bool, typer.Option("--single-host", help="All K GPUs on one host.")] = False,
     allowed_hosts: Annotated[str | None, typer.Option("--allowed-hosts", help="Comma-separated host names.")] = None,

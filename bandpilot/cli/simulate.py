@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.cli.queue import JSON_OPT, STORE_OPT, _echo_json, _store, queue_app
 from bandpilot.errors import BandPilotError
 from bandpilot.scheduling import recommended as rec
@@ -22,7 +23,7 @@ def simulate_cmd(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
     policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help="bandpilot | topo | default | random"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
     lam: float = typer.Option(0.5, "--lambda", help="Seed 001's utility balance between entropy level and progress."),

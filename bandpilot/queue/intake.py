@@ -32,13 +32,13 @@ class SubmitReport:
 class SubmitError(RequestError):
     """Some requests are invalid and nothing was submitted; ``errors`` lists every problem."""
 
-    def __init__(self, errors: Sequence[str], n_valid: int) -> None:
+    def __init__(self, errors: Sequence[str], n_valid: int, code: str = "invalid_request") -> None:
         self.errors = list(errors)
         self.n_valid = n_valid
         more = f"{len(self.errors)} invalid request(s), first: " if len(self.errors) > 1 else ""
         valid = "the valid one" if n_valid == 1 else f"the {n_valid} valid ones"
         hint = f" (submit with partial / --partial to queue {valid})" if n_valid else ""
-        super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}")
+        super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}", code=code)
 
 
 def submit(
@@ -84,11 +84,12 @@ def submit(
         ids = [r.id for r in good]
         for i in range(0, len(ids), 500):
             existing.update(conn.execute(_EXISTING, {"ids": ids[i : i + 500]}).scalars())
+        first_dup = not errs  # the first problem is an id already in the store: a conflict, not bad input
         if existing:
             errs.extend(f"{where[rid]}: request id {rid!r} already exists in the store" for rid in ids if rid in existing)
             good = [r for r in good if r.id not in existing]
         if errs and not partial:
-            raise SubmitError(errs, len(good))
+            raise SubmitError(errs, len(good), "duplicate_id" if first_dup and existing else "invalid_request")
         rows = [
             {
                 "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
@@ -105,7 +106,8 @@ def submit(
             try:
                 conn.execute(sa.insert(T_REQ), rows)
             except sa.exc.IntegrityError:
-                raise RequestError("a request id was submitted concurrently by another process; nothing submitted") from None
+                raise RequestError("a request id was submitted concurrently by another process; nothing submitted",
+                                   code="duplicate_id") from None
     return SubmitReport([r.id for r in good], errs)
 
 
@@ -124,4 +126,4 @@ def cancel(store: Store, request_id: str) -> None:
     if st is None:
         raise RequestError(f"no request {request_id!r}")
     hint = "; release the job instead" if st == "assigned" else ""
-    raise RequestError(f"request {request_id!r} is {st}, not pending{hint}")
+    raise RequestError(f"request {request_id!r} is {st}, not pending{hint}", code="not_pending")

@@ -35,7 +35,7 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
         r = conn.execute(sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True)
                          .where(T_REQ.c.id == job_id)).mappings().first()
     if r is None:
-        raise StateError(f"no request {job_id!r} in the store")
+        raise StateError(f"no request {job_id!r} in the store", code="not_found")
     if not r["gpus"]:
         raise StateError(f"request {job_id!r} is {r['status']}: it has no GPUs assigned")
     gpus = json.loads(r["gpus"])

@@ -22,7 +22,8 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.shape import Shape
 from bandpilot.errors import RequestError
-from bandpilot.queue.requests import Constraints, Request
+from bandpilot.dispatch.constraints import Constraints
+from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
 POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn")

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bandpilot.dispatch import strategies
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
@@ -45,7 +46,8 @@ from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random", "block")
+#: The strategies the simulator offers (oracles need the truth at placement time; EHA/PTS are ablations).
+ALGORITHMS = strategies.names(default_for="simulate")
 
 
 class SimulationError(BandPilotError):
