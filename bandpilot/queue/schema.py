@@ -41,7 +41,7 @@ REQUEST_STATUSES = ("pending", "assigned", "rejected", "released", "cancelled")
 GPU_STATES = ("free", "busy", "unavailable")
 #: Deferral / rejection reasons (the dispatcher's PlacementError reasons plus the queue's own).
 REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request", "dispatcher_error", "conflict",
-           "reserved", "protects_reservation")
+           "reserved", "protects_reservation", "preempted")
 
 
 metadata = sa.MetaData()

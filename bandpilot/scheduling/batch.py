@@ -36,6 +36,7 @@ from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
+from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
@@ -220,6 +221,7 @@ def run_batch(
     backfill: str = "greedy",
     max_reservations: int | None = None,
     locality: float | None = None,
+    preempt: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -236,6 +238,9 @@ def run_batch(
     dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
     gain more than this relative bandwidth - a placement lives for hours and a spread one meets
     more co-tenants than the ones running now.
+    ``preempt="on"`` (:mod:`bandpilot.scheduling.preemption`): a starving or higher-priority gang
+    that cannot start may evict preemptible jobs (victims back to pending, the gang assigned, one
+    savepoint); ``report.preempted`` lists what was evicted.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -250,6 +255,7 @@ def run_batch(
     except ValueError as exc:
         raise RequestError(str(exc)) from None
     check_backfill(backfill)
+    check_preempt(preempt)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
@@ -259,6 +265,7 @@ def run_batch(
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
     b.after_each = after_each
+    b.preempt = preempt
     if commit == "batch":
         b.in_one_transaction()
     else:
@@ -280,6 +287,8 @@ class _Batch:
         self.placer = Placer(self.mspec, dispatcher, algorithm)
         self.report = BatchReport(None, policy, commit, self.uri, self.version, now(), backfill=backfill)
         self.book: Book | None = None
+        self.preempt = "off"
+        self.preemptor: PreemptPostFilter | None = None
         self.after_each: Callable[[Outcome], None] | None = None
 
     # ---- the two commit modes ----------------------------------------------------------------
@@ -336,6 +345,10 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
+        if self.preempt == "on":
+            # asked first: a plan that starts the gang now beats a reservation for later
+            self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
+            self.placer.post_filters.insert(0, self.preemptor)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
@@ -391,6 +404,8 @@ class _Batch:
             sel = placer.place(req, hidden)
         except Deferred as d:  # nothing fits: the PostFilter plug-ins say what to record
             plan = placer.post_filter(req, d, hidden)
+            if isinstance(plan, PreemptPlan) and plan.victims:
+                return self.preempt_for(conn, p, plan, batch_id, out)
             out.status, out.reason, out.detail = d.status, plan.reason, plan.detail
             return out
         try:
@@ -402,6 +417,39 @@ class _Batch:
         if res == "skipped":
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
+        return self.started(req, sel, out)
+
+    def preempt_for(self, conn: sa.Connection, p: Pending, plan: PreemptPlan, batch_id: int, out: Outcome) -> Outcome:
+        """Carry a preemption plan out in one savepoint: evict, then assign the gang on the planned GPUs."""
+        req, ts = p.req, now()
+        try:
+            with conn.begin_nested():
+                evict(conn, plan, req, ts)
+                res = _write_assignment(conn, req, plan.selection, batch_id, ts, self.uri, self.version,
+                                        self.algorithm, self.demand)
+                if res != "assigned":
+                    raise EvictionConflict(f"request {req.id!r} is no longer pending")
+        except (EvictionConflict, _Conflict) as exc:
+            out.reason, out.detail = "conflict", f"preemption abandoned: {exc}"
+            self.placer.set_state(self.store.load_state(conn, self.mspec))
+            return out
+        st = self.placer.state
+        assert st is not None
+        for v in plan.victims:
+            st = st.without_job(v)
+        self.placer.set_state(st)
+        if self.book is not None:
+            self.book.evicted(plan.victims)
+        assert self.preemptor is not None
+        self.preemptor.evicted(plan.victims)
+        self.report.preempted.append({"request_id": req.id, "victims": list(plan.victims), "detail": plan.detail,
+                                      "lost_gpu_h": plan.cost_gpu_h, "at": ts})
+        out = self.started(req, plan.selection, out)
+        out.detail = plan.detail
+        return out
+
+    def started(self, req: Request, sel: Any, out: Outcome) -> Outcome:
+        placer = self.placer
         gpus = list(sel.gpus)
         pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, self.demand)
         placer.commit_to_state(req, gpus, pressed)

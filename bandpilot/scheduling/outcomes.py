@@ -50,6 +50,7 @@ class BatchReport:
     pending_before: int = 0
     backfill: str = "greedy"
     reservations: list[dict[str, Any]] = field(default_factory=list)
+    preempted: list[dict[str, Any]] = field(default_factory=list)  # plans carried out: gang, victims, detail
 
     def by_status(self, status: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == status]
@@ -82,6 +83,6 @@ class BatchReport:
             "model_uri": self.model_uri, "model_version": self.model_version,
             "started": iso(self.started_at), "duration_s": round(self.duration_s, 4),
             "pending_before": self.pending_before, "counts": self.counts(), "quotas": self.quotas,
-            "backfill": self.backfill, "reservations": self.reservations,
+            "backfill": self.backfill, "reservations": self.reservations, "preempted": self.preempted,
             "outcomes": [o.to_dict() for o in self.outcomes],
         }

@@ -145,6 +145,14 @@ class Book:
         self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand))
         self.free &= ~mask
 
+    def evicted(self, ids: Iterable[str]) -> None:
+        """Preempted jobs no longer run: their GPUs are free now."""
+        gone = set(ids)
+        for r in self.running:
+            if r.id in gone:
+                self.free |= r.mask
+        self.running = [r for r in self.running if r.id not in gone]
+
     # -- planning ---------------------------------------------------------------------------
     def _steps(self) -> list[float]:
         ends = {r.end for r in self.running if math.isfinite(r.end)}

@@ -1,0 +1,168 @@
+"""Issue 21, topology-aware preemption: a starving or higher-priority gang evicts the cheapest
+preemptible jobs that let it start, in one transaction, audited; never a non-preemptible job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from bandpilot import queue as q
+from bandpilot import scheduling as sched
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.errors import RequestError
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.queue.clock import use_clock
+from bandpilot.queue.schema import T_AUDIT, T_ESTIMATES
+from bandpilot.topology.cluster import load_cluster
+
+H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
+H = 3600.0
+
+
+@pytest.fixture(scope="module")
+def fab():
+    return make_fabric(load_cluster(H100))
+
+
+@pytest.fixture
+def store(tmp_path, fab):
+    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    s.init_cluster(fab.spec)
+    yield s
+    s.close()
+
+
+def _fill(store, fab, *, preemptible=(True, True, False)):
+    """P1 (16 GPUs), P2 (8) and N (8) fill the 32-GPU cluster at t=0; G (16 GPUs) arrives at t=1."""
+    def job(rid, k, pre):
+        ck = {"preemptible": True, "checkpoint_s": 60, "checkpoint_every_s": 600} if pre else {}
+        return {"id": rid, "k": k, "submitted": 0, "time_limit_s": 20 * H, **ck}
+
+    q.submit(store, [job("P1", 16, preemptible[0]), job("P2", 8, preemptible[1]), job("N", 8, preemptible[2])])
+    rep = sched.run_batch(store, Dispatcher(fab))
+    assert len(rep.assigned) == 3
+    q.submit(store, [{"id": "G", "k": 16, "submitted": 1, "time_limit_s": 2 * H}])
+
+
+def _raw(store):
+    with store.read() as conn:
+        return dict(conn.execute(sa.text("SELECT id, status FROM bp_requests")).all())
+
+
+def scenario_starving_gang_preempts(store, fab):
+    """Shared with test_queue_pg.py: the same plan on PostgreSQL."""
+    with use_clock(lambda: 0.0):
+        _fill(store, fab)
+    with use_clock(lambda: 5 * H + 300):  # G waited 5 h: starving; P1/P2 lost 300 s since their checkpoint
+        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+    out = {o.request_id: o for o in rep.outcomes}
+    assert out["G"].status == "assigned" and len(out["G"].gpus) == 16
+    assert rep.preempted and rep.preempted[0]["request_id"] == "G"
+    victims = rep.preempted[0]["victims"]
+    assert victims and "N" not in victims
+    st = _raw(store)
+    assert st["N"] == "assigned" and st["G"] == "assigned"
+    assert all(st[v] == "pending" for v in victims)
+    assert q.check_invariants(store) == []
+    detail = out["G"].detail
+    assert detail.startswith(f"evict {', '.join(victims)}; admit G on ") and "GB/s" in detail
+    with store.read() as conn:
+        audit = conn.execute(sa.select(T_AUDIT.c.action, T_AUDIT.c.target, T_AUDIT.c.detail)).all()
+        est = dict(conn.execute(sa.select(T_ESTIMATES.c.request_id, T_ESTIMATES.c.expected_s)).all())
+    assert [(a.action, a.target) for a in audit if a.action == "preempt"] == [("preempt", "G")]
+    assert json.loads(audit[-1].detail)["victims"] == victims
+    for v in victims:  # progress kept: 5 h of a 20 h limit checkpointed -> ~15 h left (+ restart)
+        assert 14.9 * H < est[v] < 15.1 * H
+    return victims
+
+
+def test_a_starving_gang_evicts_preemptible_jobs_and_starts(store, fab):
+    victims = scenario_starving_gang_preempts(store, fab)
+    assert victims in (["P1"], ["P2"]) or set(victims) <= {"P1", "P2"}
+
+
+def test_the_cheapest_victims_are_chosen(store, fab):
+    """P2 checkpointed just now (nothing lost), P1 lost 9 minutes: 8 GPUs from P2 + N's host cannot
+    work (N is not preemptible), so the 16 GPUs come from P1 alone or P2 + ... - the plan costs the least."""
+    with use_clock(lambda: 0.0):
+        _fill(store, fab)
+    with use_clock(lambda: 5 * H + 540):
+        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+    plan = rep.preempted[0]
+    # P1 alone frees 16 GPUs: 16 x (540 + 60) s; P2 cannot free 16 without N
+    assert plan["victims"] == ["P1"]
+    assert plan["lost_gpu_h"] == pytest.approx(16 * 600 / H)
+
+
+def test_never_evicts_non_preemptible_jobs(store, fab):
+    with use_clock(lambda: 0.0):
+        _fill(store, fab, preemptible=(False, False, False))
+    with use_clock(lambda: 5 * H):
+        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+    assert rep.preempted == [] and rep.assigned == []
+    assert _raw(store) == {"P1": "assigned", "P2": "assigned", "N": "assigned", "G": "pending"}
+    assert q.check_invariants(store) == []
+
+
+def test_no_preemption_when_off_or_not_starving_unless_higher_priority(store, fab):
+    with use_clock(lambda: 0.0):
+        _fill(store, fab)
+    with use_clock(lambda: 5 * H):
+        assert sched.run_batch(store, Dispatcher(fab)).preempted == []  # off by default in run_batch
+    with use_clock(lambda: 1 * H):  # waited 1 h, same priority: not starving
+        assert sched.run_batch(store, Dispatcher(fab), preempt="on").preempted == []
+        q.submit(store, [{"id": "U", "k": 8, "submitted": 3000, "priority": 5}])
+        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+    assert [p["request_id"] for p in rep.preempted] == ["U"]
+    assert q.check_invariants(store) == []
+    with pytest.raises(RequestError, match="preempt"):
+        sched.run_batch(store, Dispatcher(fab), preempt="maybe")
+
+
+_RUNNER = """
+import sys
+import time
+from bandpilot import queue as q, scheduling as sched
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.queue.clock import use_clock
+store = q.Store(sys.argv[1])
+print("START", flush=True)
+with use_clock(lambda: 5 * 3600.0):
+    # after_each sleeps inside the transaction, after the eviction: a window to kill -9 mid-preemption
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), preempt="on", after_each=lambda o: time.sleep(0.5))
+"""
+
+
+def test_kill9_mid_preemption_leaves_the_old_state(store, fab):
+    with use_clock(lambda: 0.0):
+        _fill(store, fab)
+        q.submit(store, [{"id": f"s{i}", "k": 1, "submitted": 5 + i} for i in range(6)])
+    before = _raw(store)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-c", _RUNNER, store.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "START", p.stderr.read()
+        time.sleep(2.0)
+        assert p.poll() is None, "batch finished before it could be killed"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdout.close()
+        p.stderr.close()
+    assert _raw(store) == before  # one transaction: no victim evicted, G still pending
+    assert q.check_invariants(store) == []
+    with use_clock(lambda: 5 * H):
+        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+    assert rep.preempted and q.check_invariants(store) == []
