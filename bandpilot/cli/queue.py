@@ -353,6 +353,7 @@ def dispatch_cmd(
     backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
+    preempt: str = typer.Option(getattr(rec, "PREEMPT", "off"), "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -366,6 +367,7 @@ def dispatch_cmd(
     if commit not in sched.COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
     sched.check_backfill(backfill)
+    sched.check_preempt(preempt)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -379,7 +381,7 @@ def dispatch_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, demand=demand, locality=locality)
+                          backfill=backfill, demand=demand, locality=locality, preempt=preempt)
     if as_json:
         _echo_json(rep.to_dict())
         return
@@ -399,3 +401,5 @@ def dispatch_cmd(
     )
     for r in rep.reservations:
         typer.echo(f"reservation {r['request_id']}: {q.describe_reservation(r)}")
+    for pl in rep.preempted:
+        typer.echo(f"preempted: {pl['detail']}")

@@ -7,9 +7,10 @@ from bandpilot.scheduling.batch import COMMIT_MODES, check_model, model_version_
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.policies import POLICIES, order_pending, utility_prior, utility_quotas
 from bandpilot.scheduling.reservations import BACKFILL_MODES, check_backfill
+from bandpilot.scheduling.preemption import PREEMPT_MODES, check_preempt
 from bandpilot.dispatch.demand import DEMAND_MODELS
 
 __all__ = [
-    "BACKFILL_MODES", "BatchReport", "COMMIT_MODES", "DEMAND_MODELS", "check_backfill", "Outcome", "POLICIES", "check_model", "model_version_of",
+    "BACKFILL_MODES", "BatchReport", "PREEMPT_MODES", "check_preempt", "COMMIT_MODES", "DEMAND_MODELS", "check_backfill", "Outcome", "POLICIES", "check_model", "model_version_of",
     "order_pending", "run_batch", "utility_prior", "utility_quotas",
 ]

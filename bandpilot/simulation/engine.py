@@ -16,8 +16,13 @@ the same demand model the queue stores each job's pressure under for the dispatc
 integrates exactly, piecewise. A placement at least as good as the reference runs in ``compute_s``.
 1-GPU jobs have no collective (``f`` is ignored).
 
-Simplifications, stated: jobs are gangs that run to completion (no preemption or elastic quotas,
-unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; a job without
+With ``preempt="on"`` a batch may evict preemptible jobs (:mod:`bandpilot.scheduling.preemption`):
+a victim keeps the progress of its last checkpoint (every ``checkpoint_every_s`` of wall time since
+its start; none without it - the progress lost is pro rata of this run's progress), pays
+``checkpoint_s`` of extra work on restart and queues again with its original submit time; its
+``preemptions`` and ``wasted_gpu_s`` (GPUs x (wall time lost + checkpoint_s)) are counted.
+
+Simplifications, stated: no elastic quotas (unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; a job without
 a ``time_limit_s`` in the trace gets its exact ``compute_s`` as its run-time estimate (sjf and
 reservations see the truth), one with a limit is planned with that limit (which may be far off).
 The store runs on the simulated clock (:func:`bandpilot.queue.clock.use_clock`).
@@ -40,6 +45,7 @@ from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
+from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
@@ -65,6 +71,7 @@ class SimConfig:
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
+    preempt: str = getattr(recommended, "PREEMPT", "off")  # off | on (bandpilot.scheduling.preemption)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -81,6 +88,8 @@ class SimConfig:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
         if not 0.0 <= self.locality < 1.0:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
+        if self.preempt not in PREEMPT_MODES:
+            raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -128,6 +137,8 @@ class _Run:
     rate: float = 0.0
     ratio: float = 1.0  # current B_achieved / B_ref
     reported: int = 1  # last epoch reported (the warm-up reported epochs 0 and 1)
+    started: float = 0.0  # when this run (after the last restart) began
+    p0: float = 0.0  # progress at that start
 
 
 @dataclass
@@ -184,6 +195,8 @@ class _Sim:
         self._to_submit: list[TraceJob] = []
         self._to_release: list[str] = []
         self._final_rows: list[dict[str, Any]] = []
+        self.jobs = {j.id: j for j in self.trace}
+        self._kept: dict[str, tuple[float, int]] = {}  # preempted: (progress kept, epochs reported)
 
     # -- store operations ------------------------------------------------------------------
     # The queue acts only at batches, so arrivals, releases and entropy reports since the last one
@@ -221,24 +234,59 @@ class _Sim:
     def _batch(self, t: float) -> int:
         self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
-                        demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality)
+                        demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality,
+                        preempt=self.cfg.preempt)
         self.batches += 1
+        for plan in rep.preempted:  # victims first: the gang took their GPUs
+            for vid in plan["victims"]:
+                self._evict(t, vid)
         for o in rep.outcomes:
             rec = self.recs[o.request_id]
             if o.status == "assigned":
                 mask = self.spec.to_mask(o.gpus)
                 self.busy |= mask
-                rec.start_s, rec.status = t, "running"
+                rec.start_s = t if rec.start_s is None else rec.start_s  # a restart keeps the first start
+                rec.status = "running"
                 rec.gpus = ",".join(o.gpus)
                 rec.n_hosts = int((mask != 0).sum())
                 rec.b_ref = self.truth.reference(rec.k)
-                self.running[rec.id] = _Run(rec, mask, curve_for(rec.id, self.cfg.seed))
+                p0, reported = self._kept.pop(rec.id, (0.0, 1))
+                self.running[rec.id] = _Run(rec, mask, curve_for(rec.id, self.cfg.seed), progress=p0,
+                                            reported=reported, started=t, p0=p0)
                 self.pending.discard(rec.id)
             elif o.status == "rejected":
                 rec.status = "rejected"
                 self.pending.discard(rec.id)
                 self.done += 1
         return len(rep.assigned)
+
+    def _next_starving(self, t: float) -> float:
+        """With preemption on, a batch when the next waiting request reaches the starvation bound
+        (nothing else may change for hours, and a batch only runs when something did)."""
+        if self.cfg.preempt != "on" or not self.pending:
+            return math.inf
+        due = [self.recs[j].submit_s + STARVE_S for j in self.pending]
+        later = [x for x in due if x > t + 1e-6]
+        if not later:
+            return math.inf
+        return math.ceil(min(later) / self.cfg.interval_s - 1e-9) * self.cfg.interval_s
+
+    def _evict(self, t: float, jid: str) -> None:
+        """A preempted job: back to the queue with the progress of its last checkpoint, plus the restart."""
+        r = self.running.pop(jid)
+        j, rec = self.jobs[jid], r.rec
+        ran = max(0.0, t - r.started)
+        every = j.checkpoint_every_s
+        lost = ran % every if every else ran
+        gained = max(0.0, r.progress - r.p0)
+        kept = r.progress - (gained * lost / ran if ran > 0 else gained)
+        restart = float(j.checkpoint_s or 0.0)
+        self._kept[jid] = (kept - restart / rec.compute_s, r.reported)
+        rec.preemptions += 1
+        rec.wasted_gpu_s += rec.k * (lost + restart)
+        rec.status = "pending"
+        self.busy &= ~r.mask
+        self.pending.add(jid)
 
     def _complete(self, t: float, ids: list[str]) -> None:
         for jid in ids:
@@ -304,7 +352,8 @@ class _Sim:
             t_tick = math.inf
             if dirty and self.pending:
                 t_tick = math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s
-            t_next = min(t_arr, t_done, t_tick)
+            t_starve = self._next_starving(t)
+            t_next = min(t_arr, t_done, t_tick, t_starve)
             if t_next == math.inf:  # requests wait, nothing runs or arrives, the last batch placed none
                 for jid in self.pending:
                     self.recs[jid].status = "stuck"
@@ -323,6 +372,8 @@ class _Sim:
             if batch:
                 self._to_submit += batch
                 self.pending.update(j.id for j in batch)
+                dirty = True
+            if t_starve <= t:  # a waiting gang turns starving: it may preempt now
                 dirty = True
             if self.pending and dirty and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9:
                 placed = self._batch(t)

@@ -54,7 +54,7 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "cluster": res.cluster, "gpus": res.n_gpus, "policy": res.config.policy, "algorithm": res.config.algorithm,
         "truth": res.truth, "model": res.model, "interval_s": res.config.interval_s, "epochs": res.config.epochs,
         "lambda": res.config.lam, "seed": res.config.seed, "demand": res.config.demand,
-        "backfill": res.config.backfill, "locality": res.config.locality,
+        "backfill": res.config.backfill, "locality": res.config.locality, "preempt": res.config.preempt,
         "jobs": len(res.jobs), "completed": len(done),
         "rejected": sum(j.status == "rejected" for j in res.jobs), "stuck": sum(j.status == "stuck" for j in res.jobs),
         "avg_jct_s": float(jct.mean()) if jct.size else math.nan, "p50_jct_s": _pct(jct, 50), "p95_jct_s": _pct(jct, 95),
