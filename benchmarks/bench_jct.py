@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
 RECOMMENDED = SimConfig()  # the simulator's default: what the queue runs without flags
+CONFIGS: list[str] = []  # --configs
 
 
 def truth_fabric():
@@ -64,8 +66,8 @@ def label(c: SimConfig) -> str:
 
 
 def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
-    out = ["| configuration | mean JCT (h) | p95 (h) | max (h) | queueing (h) | service (h) | GPU util | vs ref mean | vs ref p95 |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| configuration | mean JCT (h) | p95 (h) | max (h) | queueing (h) | service (h) | GPU util | preemptions | wasted GPU-h (% used) | vs ref mean | vs ref p95 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     m = lambda k, key: float(np.mean([r[key] for r in rows[k]]))  # noqa: E731
     for k in rows:
         rel = ""
@@ -74,7 +76,8 @@ def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
         else:
             rel = " | "
         out.append(f"| {k} | {m(k, 'avg_jct_s') / H:.2f} | {m(k, 'p95_jct_s') / H:.2f} | {m(k, 'max_jct_s') / H:.2f} | "
-                   f"{m(k, 'avg_queue_s') / H:.2f} | {m(k, 'avg_service_s') / H:.2f} | {m(k, 'gpu_utilization'):.2f} | {rel} |")
+                   f"{m(k, 'avg_queue_s') / H:.2f} | {m(k, 'avg_service_s') / H:.2f} | {m(k, 'gpu_utilization'):.2f} | "
+                   f"{m(k, 'preemptions'):.1f} | {m(k, 'wasted_gpu_hours'):.1f} ({100 * m(k, 'wasted_gpu_hours') / max(m(k, 'gpu_hours'), 1e-9):.2f} %) | {rel} |")
     return "\n".join(out)
 
 
@@ -86,15 +89,16 @@ def mixed(truth, seeds: int) -> str:
         "Slurm-like (FIFO + topo + EASY)": apply_preset(SimConfig(), "slurm", spec),
         f"recommended: {label(RECOMMENDED)}": RECOMMENDED,
         "fifo + bandpilot (locality 0.5) + easy": SimConfig(policy="fifo", backfill="easy", locality=0.5),
+        f"{label(RECOMMENDED)} + preempt": replace(RECOMMENDED, preempt="on"),
     }
+    if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like stays as the reference
+        cfgs = {k: v for k, v in cfgs.items() if k.startswith("Slurm-like") or any(c in k for c in CONFIGS)}
     blocks = []
     for demand in ("full", "comm"):
         rows: dict[str, list[dict]] = {}
         for s in range(seeds):
             jobs = mixed_workload(200, seed=s)
             for name, c in cfgs.items():
-                from dataclasses import replace
-
                 rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s, demand=demand)))
         blocks.append(f"demand model `{demand}` (means over {seeds} seeds; ref = Slurm-like)\n\n"
                       + table(rows, "Slurm-like (FIFO + topo + EASY)"))
@@ -113,6 +117,16 @@ def targets(rows: dict[str, list[dict]]) -> str:
         ("max JCT no worse than Slurm-like", m(rec, "max_jct_s") <= m(slurm, "max_jct_s"), m(rec, "max_jct_s") / m(slurm, "max_jct_s") - 1),
         ("every job completes", all(r["completed"] == r["jobs"] for r in rows[rec]), 0.0),
     ]
+    pre = next((k for k in rows if k.endswith("+ preempt")), None)
+    if pre is not None:
+        waste = m(pre, "wasted_gpu_hours") / max(m(pre, "gpu_hours"), 1e-9)
+        checks += [
+            ("with preemption: mean JCT >= 15 % below Slurm-like", m(pre, "avg_jct_s") <= 0.85 * m(slurm, "avg_jct_s"), m(pre, "avg_jct_s") / m(slurm, "avg_jct_s") - 1),
+            ("with preemption: p95 JCT >= 15 % below Slurm-like", m(pre, "p95_jct_s") <= 0.85 * m(slurm, "p95_jct_s"), m(pre, "p95_jct_s") / m(slurm, "p95_jct_s") - 1),
+            ("with preemption: max JCT no worse than Slurm-like", m(pre, "max_jct_s") <= m(slurm, "max_jct_s"), m(pre, "max_jct_s") / m(slurm, "max_jct_s") - 1),
+            ("with preemption: wasted GPU-hours <= 2 % of GPU-hours used", waste <= 0.02, waste),
+            ("with preemption: every job completes", all(r["completed"] == r["jobs"] for r in rows[pre]), 0.0),
+        ]
     return "\n".join(f"- {name}: {'met' if ok else 'MISSED'} ({d * 100:+.1f} %)" for name, ok, d in checks)
 
 
@@ -183,7 +197,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--only", default="mixed,fifo,seed001")
+    ap.add_argument("--configs", default="", help="mixed: only configurations whose name contains one of these (comma-separated)")
     args = ap.parse_args()
+    CONFIGS[:] = [c for c in args.configs.split(",") if c]
     truth, what = truth_fabric()
     print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
     for part in args.only.split(","):

@@ -20,7 +20,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.queue.clock import use_clock
-from bandpilot.queue.schema import T_AUDIT, T_ESTIMATES
+from bandpilot.queue.schema import T_AUDIT, T_ESTIMATES, T_REQ
 from bandpilot.topology.cluster import load_cluster
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
@@ -54,7 +54,7 @@ def _fill(store, fab, *, preemptible=(True, True, False)):
 
 def _raw(store):
     with store.read() as conn:
-        return dict(conn.execute(sa.text("SELECT id, status FROM bp_requests")).all())
+        return dict(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status)).all())
 
 
 def scenario_starving_gang_preempts(store, fab):

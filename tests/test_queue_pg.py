@@ -96,6 +96,12 @@ def test_pg_easy_backfill_reservations(store):
     scenario_easy(store, make_fabric(store.spec))
 
 
+def test_pg_preemption_in_one_transaction(store):
+    from test_preemption import scenario_starving_gang_preempts
+
+    scenario_starving_gang_preempts(store, make_fabric(store.spec))
+
+
 def test_pg_basic_flow(store):
     scenario_basic(store, Dispatcher(make_fabric(store.spec)))
 

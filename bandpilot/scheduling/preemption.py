@@ -7,7 +7,8 @@ candidate region - an NVLink domain on a domain cluster, a host otherwise, widen
 most promising domains/hosts when the gang is larger than one:
 
 * only ``preemptible`` running jobs, of lower priority (or equal, for a starving gang), that did
-  not start in this batch, are candidates - never anything else;
+  not start in this batch and did not start starving themselves (no eviction ping-pong), are
+  candidates - never anything else;
 * victims are taken cheapest first: GPU-hours lost since the victim's last checkpoint (from its
   start and ``checkpoint_every_s``; all its run when it never checkpoints) plus ``checkpoint_s``
   (one checkpoint + restart) times its GPUs;
@@ -95,7 +96,7 @@ class Candidate:
 
 _CANDIDATES = (
     sa.select(T_JOBS.c.id, T_REQ.c.k, T_REQ.c.priority, T_JOBS.c.started_at, T_REQ.c.tenant, T_REQ.c.time_limit_s,
-              T_REQ.c.checkpoint_s, T_REQ.c.checkpoint_every_s)
+              T_REQ.c.checkpoint_s, T_REQ.c.checkpoint_every_s, T_REQ.c.submitted_at)
     .join(T_REQ, T_REQ.c.id == T_JOBS.c.id)
     .where(T_JOBS.c.status == "active", T_REQ.c.preemptible.is_(True))
     .order_by(T_JOBS.c.id)
@@ -121,8 +122,9 @@ class PreemptPostFilter:
         self.now, self.starve_s, self.max_plans = now, starve_s, max_plans
         masks = {j.id: j.mask for j in state.jobs}
         self.cands: dict[str, Candidate] = {}
-        for jid, k, prio, started, tenant, limit, ckpt, every in rows:
-            if jid in masks:
+        for jid, k, prio, started, tenant, limit, ckpt, every, submitted in rows:
+            # a job that itself started starving is not bounced back (no eviction ping-pong)
+            if jid in masks and float(started) - float(submitted) < starve_s:
                 est = estimates.of(Request(jid, int(k), tenant, time_limit_s=limit))
                 self.cands[jid] = Candidate(jid, int(k), int(prio), float(started), masks[jid], float(ckpt or 0.0),
                                             float(every) if every else None, est)

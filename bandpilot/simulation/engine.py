@@ -114,6 +114,7 @@ class JobRecord:
     final_utility: float | None = None
     preemptions: int = 0
     wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
+    held_s: float = 0.0  # seconds it held its GPUs (all runs; less than service_s once preempted)
 
     @property
     def jct_s(self) -> float | None:
@@ -282,6 +283,7 @@ class _Sim:
         kept = r.progress - (gained * lost / ran if ran > 0 else gained)
         restart = float(j.checkpoint_s or 0.0)
         self._kept[jid] = (kept - restart / rec.compute_s, r.reported)
+        rec.held_s += t - r.started
         rec.preemptions += 1
         rec.wasted_gpu_s += rec.k * (lost + restart)
         rec.status = "pending"
@@ -296,6 +298,7 @@ class _Sim:
             self._to_release.append(jid)
             self.busy &= ~r.mask
             r.rec.end_s, r.rec.status = t, "done"
+            r.rec.held_s += t - r.started
             self.done += 1
 
     # -- rates and progress ---------------------------------------------------------------
