@@ -195,3 +195,12 @@ def test_simulated_preemption_restarts_victims_and_counts_the_waste(fab):
     for j in recs_on.values():  # a victim lost at most one checkpoint period + restart per eviction
         assert j.wasted_gpu_s <= j.preemptions * j.k * (1800 + 120) + 1e-6
     assert s_on["preempt"] == "on"
+
+
+def test_preempt_mode_is_checked_and_off_by_default():
+    from bandpilot.scheduling import recommended
+    from bandpilot.simulation.engine import SimConfig, SimulationError
+
+    assert SimConfig().preempt == recommended.PREEMPT == "off"  # measured: it does not fix the max-JCT miss
+    with pytest.raises(SimulationError, match="unknown preempt mode 'maybe'"):
+        SimConfig(preempt="maybe").check()

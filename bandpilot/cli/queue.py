@@ -353,7 +353,7 @@ def dispatch_cmd(
     backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
-    preempt: str = typer.Option(getattr(rec, "PREEMPT", "off"), "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,

@@ -31,7 +31,7 @@ def simulate_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
     backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
-    preempt: str = typer.Option(getattr(rec, "PREEMPT", "off"), "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),

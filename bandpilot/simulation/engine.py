@@ -71,7 +71,7 @@ class SimConfig:
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
-    preempt: str = getattr(recommended, "PREEMPT", "off")  # off | on (bandpilot.scheduling.preemption)
+    preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
 
     def check(self) -> None:
         if self.policy not in POLICIES:
