@@ -18,6 +18,8 @@ in every table. Nothing is written into the repository.
 3. ``seed001``: seed 001's 50-job workload: the utility policy vs FIFO (target: no longer loses).
 4. ``batch`` (only when asked): one batch with 1,000 pending requests and reservations on the
    emulated 1,152-GPU ``nvl72x16`` (target: <= 60 s).
+5. ``plan`` (only when asked): the preemption plug-in's time per call on the mixed workload
+   (target: one plan <= 1 s p99).
 """
 
 from __future__ import annotations
@@ -194,6 +196,34 @@ def batch_latency(truth, seeds: int) -> str:
     return "nvl72x16 (1,152 GPUs, emulated, perfect predictor), 576 GPUs busy, 1,000 pending (target: <= 60 s)\n\n" + "\n".join(out)
 
 
+def plan_latency(truth, seeds: int) -> str:
+    """Time of the preemption plug-in per call on the mixed workload (hrrn + EASY + preempt on)."""
+    import bandpilot.scheduling.preemption as pre
+
+    calls, plans = [], []
+    orig = pre.PreemptPostFilter.post_filter
+
+    def timed(self, u):
+        t0 = time.perf_counter()
+        r = orig(self, u)
+        dt = time.perf_counter() - t0
+        calls.append(dt)
+        if r is not None:
+            plans.append(dt)
+        return r
+
+    pre.PreemptPostFilter.post_filter = timed
+    try:
+        for s in range(seeds):
+            simulate(mixed_workload(200, seed=s), Dispatcher(truth, seed=s), truth, replace(RECOMMENDED, preempt="on", seed=s))
+    finally:
+        pre.PreemptPostFilter.post_filter = orig
+    a, b = np.array(calls) * 1e3, np.array(plans or [0.0]) * 1e3
+    return (f"preemption plug-in on {truth.spec.name} ({truth.spec.n_gpus} GPUs), {seeds} seeds: {len(a)} calls, "
+            f"p99 {np.percentile(a, 99):.1f} ms, max {a.max():.1f} ms; {len(plans)} plans, p99 {np.percentile(b, 99):.1f} ms, "
+            f"max {b.max():.1f} ms (target: one plan <= 1 s p99)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
@@ -205,7 +235,7 @@ def main() -> int:
     print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
     for part in args.only.split(","):
         t0 = time.perf_counter()
-        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001, "batch": batch_latency}[part](truth, args.seeds))
+        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001, "batch": batch_latency, "plan": plan_latency}[part](truth, args.seeds))
         print(f"\n({part}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
     return 0
 
