@@ -81,13 +81,16 @@ def submit_cmd(
     comm_fraction: Optional[float] = typer.Option(None, "--comm-fraction", help="Share of the run time in collectives [0, 1]."),
     preemptible: bool = typer.Option(False, "--preemptible", help="May be checkpointed and requeued."),
     checkpoint_s: Optional[float] = typer.Option(None, "--checkpoint-s", help="Cost of one checkpoint + restart, seconds."),
+    min_k: Optional[int] = typer.Option(None, "--min-k", help="Elastic: the fewest GPUs the job can run on (default k)."),
+    max_k: Optional[int] = typer.Option(None, "--max-k", help="Elastic: the most GPUs the job can use (default k)."),
+    k_step: Optional[int] = typer.Option(None, "--k-step", help="Elastic: sizes are min-k plus multiples of this."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Queue requests from a JSONL file (one object per line) or from the flags."""
     from bandpilot import queue as q
 
-    flags_used = k is not None or req_id is not None
+    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None
     if file is not None and flags_used:
         raise RequestError("give either a JSONL file or --k/--id flags, not both")
     if file is None and k is None:
@@ -120,7 +123,8 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         if utility is not None:
             doc["utility"] = utility
-        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s)):
+        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s),
+                       ("min_k", min_k), ("max_k", max_k), ("k_step", k_step)):
             if v is not None:
                 doc[key] = v
         if preemptible:

@@ -27,7 +27,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 _CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps", "whole_domains", "segment")
 #: Run-time and preemption fields (schema v6): planning hints, never trusted for correctness.
 RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints") + RUNTIME_KEYS
+#: Elastic range (schema v9): a data-parallel job may run on any size min_k, min_k + step, ..., max_k.
+ELASTIC_KEYS = ("min_k", "max_k", "k_step")
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints") + RUNTIME_KEYS + ELASTIC_KEYS
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -149,10 +151,35 @@ class Request:
     preemptible: bool = False
     checkpoint_s: float | None = None  # one checkpoint + restart, seconds
     checkpoint_every_s: float | None = None
+    #: Elastic range: the job starts at ``k`` when it can and the queue may resize it within
+    #: ``[min_k, max_k]`` in steps of ``k_step`` at epoch boundaries; None = fixed at ``k``.
+    min_k: int | None = None
+    max_k: int | None = None
+    k_step: int | None = None
+
+    @property
+    def lo(self) -> int:
+        return self.k if self.min_k is None else self.min_k
+
+    @property
+    def hi(self) -> int:
+        return self.k if self.max_k is None else self.max_k
+
+    @property
+    def step(self) -> int:
+        return self.k_step or 1
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    def sizes(self) -> list[int]:
+        """Every size the job may run at, smallest first."""
+        return list(range(self.lo, self.hi + 1, self.step))
 
     def runtime_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in RUNTIME_KEYS:
+        for key in RUNTIME_KEYS + ELASTIC_KEYS:
             v = getattr(self, key)
             if v is not None and v is not False:
                 out[key] = v
@@ -209,7 +236,30 @@ class Request:
         sub = doc.get("submitted", doc.get("submitted_at"))
         sub_t = _parse_time(sub, where) if sub is not None else None
         cons = Constraints.from_dict(doc.get("constraints"), where)
-        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where))
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where),
+                   **_elastic_fields(doc, k, where))
+
+
+def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, int | None]:
+    """``min_k <= k <= max_k``, each size reachable from ``min_k`` in steps of ``k_step``."""
+    out: dict[str, int | None] = {}
+    for key in ELASTIC_KEYS:
+        v = doc.get(key)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise RequestError(f"{where}: {key!r} must be an integer >= 1, got {v!r}")
+        out[key] = v
+    lo = k if out["min_k"] is None else out["min_k"]
+    hi = k if out["max_k"] is None else out["max_k"]
+    step = out["k_step"] or 1
+    if lo > k:
+        raise RequestError(f"{where}: 'min_k' {lo} is above k={k}")
+    if hi < k:
+        raise RequestError(f"{where}: 'max_k' {hi} is below k={k}")
+    if (k - lo) % step or (hi - lo) % step:
+        raise RequestError(f"{where}: k={k} and max_k={hi} must be min_k={lo} plus a multiple of k_step={step}")
+    return out
 
 
 def _positive(doc: Mapping[str, Any], key: str, where: str, upper: float | None = None) -> float | None:
@@ -252,6 +302,11 @@ def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
     w = f"{loc}request {req.id!r}"
     if req.k > spec.n_gpus:
         raise RequestError(f"{w}: k={req.k} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
+    if req.hi > spec.n_gpus:
+        raise RequestError(f"{w}: max_k={req.hi} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
+    seg = req.constraints.segment
+    if seg is not None and req.elastic and (req.lo % seg or req.step % seg):
+        raise RequestError(f"{w}: segment {seg} must divide min_k={req.lo} and k_step={req.step}")
     c = req.constraints
     hosts = range(spec.n_hosts)
     if c.allowed_hosts is not None:

@@ -1,0 +1,204 @@
+"""Elastic jobs (issue 22): the elastic range of a request, resize generations, per-epoch quotas,
+the simulator's epoch-time model and ``simulate --elastic``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bandpilot import queue as q
+from bandpilot.errors import RequestError, StateError
+from bandpilot.queue.generations import Resize, generation_history, resize
+from bandpilot.queue.schema import T_GEN
+from bandpilot.scheduling.batch import run_batch
+from bandpilot.topology.cluster import load_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "params" / "clusters" / "h100.yaml"
+
+
+def new_store(tmp_path, name: str = "q.db") -> q.Store:
+    s = q.Store(f"sqlite:///{tmp_path / name}")
+    s.init_cluster(load_cluster(H100))
+    return s
+
+
+# -- 1. the elastic range ---------------------------------------------------------------------
+def test_request_elastic_range_parses_and_round_trips():
+    r = q.Request.from_dict({"id": "e1", "k": 8, "min_k": 4, "max_k": 16, "k_step": 4})
+    assert (r.lo, r.hi, r.step, r.elastic) == (4, 16, 4, True)
+    assert r.sizes() == [4, 8, 12, 16]
+    assert q.Request.from_dict(r.to_dict()) == r
+    fixed = q.Request.from_dict({"id": "f1", "k": 8})
+    assert (fixed.lo, fixed.hi, fixed.elastic) == (8, 8, False)
+
+
+@pytest.mark.parametrize("doc, msg", [
+    ({"min_k": 9}, "'min_k' 9 is above k=8"),
+    ({"max_k": 4}, "'max_k' 4 is below k=8"),
+    ({"min_k": 0}, "'min_k' must be an integer >= 1"),
+    ({"max_k": "16"}, "'max_k' must be an integer >= 1"),
+    ({"min_k": 2, "max_k": 16, "k_step": 4}, "must be min_k=2 plus a multiple of k_step=4"),
+    ({"k_step": True}, "'k_step' must be an integer >= 1"),
+])
+def test_bad_elastic_range_is_one_line_error(doc, msg):
+    with pytest.raises(RequestError) as ei:
+        q.Request.from_dict({"id": "e1", "k": 8, **doc}, "f.jsonl:3")
+    text = str(ei.value)
+    assert msg in text and text.startswith("f.jsonl:3") and "\n" not in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(["k", "min_k", "max_k", "k_step"]),
+                       st.one_of(st.integers(-3, 40), st.floats(allow_nan=True), st.text(max_size=3), st.none(), st.booleans())))
+def test_fuzz_elastic_fields_never_crash(doc):
+    try:
+        r = q.Request.from_dict({"id": "z", **doc})
+    except RequestError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert r.lo <= r.k <= r.hi and (r.k - r.lo) % r.step == 0 and (r.hi - r.lo) % r.step == 0
+
+
+def test_store_keeps_the_range_and_rejects_max_k_over_cluster(tmp_path):
+    s = new_store(tmp_path)
+    try:
+        q.submit(s, [{"id": "e1", "k": 8, "min_k": 4, "max_k": 16, "k_step": 4}, {"id": "f1", "k": 2}])
+        rows = {r["id"]: r for r in q.list_requests(s)}
+        assert (rows["e1"]["min_k"], rows["e1"]["max_k"], rows["e1"]["k_step"]) == (4, 16, 4)
+        assert "min_k" not in rows["f1"]
+        with pytest.raises(q.SubmitError, match="max_k=64 exceeds the cluster size"):
+            q.submit(s, [{"id": "big", "k": 8, "max_k": 64}])
+        with s.read() as conn:
+            assert q.schema_version() >= 9 and 9 in set(conn.execute(sa.select(q.T_SCHEMA.c.version)).scalars())
+    finally:
+        s.close()
+
+
+def test_migration_9_upgrades_a_v7_store(tmp_path):
+    """A store written before v9 (no elastic columns, no generations table) opens and gains them."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = new_store(tmp_path, "old.db")
+    q.submit(s, [{"id": "a", "k": 2}])
+    s.close()
+    eng = sa.create_engine(url)
+    with eng.begin() as conn:
+        for col in ("min_k", "max_k", "k_step"):
+            conn.execute(sa.text(f"ALTER TABLE bp_requests DROP COLUMN {col}"))
+        conn.execute(sa.text("DROP TABLE bp_generations"))
+        conn.execute(sa.text("DELETE FROM bp_schema WHERE version = 9"))
+    eng.dispose()
+    s = q.Store(url)
+    try:
+        assert s.migrate() >= 9
+        q.submit(s, [{"id": "b", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2}])
+        rows = {r["id"]: r for r in q.list_requests(s)}
+        assert rows["a"]["k"] == 2 and rows["b"]["max_k"] == 8
+    finally:
+        s.close()
+
+
+def test_cli_submit_min_max_k(tmp_path, capsys):
+    from bandpilot.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    new_store(tmp_path, "cli.db").close()
+    assert main(["queue", "submit", "--id", "e1", "--k", "4", "--min-k", "2", "--max-k", "8", "--store", url]) == 0
+    capsys.readouterr()
+    assert main(["queue", "submit", "--id", "e2", "--k", "4", "--max-k", "2", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "'max_k' 2 is below k=4" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    s = q.Store(url)
+    try:
+        r = q.list_requests(s, request_id="e1")[0]
+        assert (r["min_k"], r["max_k"]) == (2, 8)
+    finally:
+        s.close()
+
+
+# -- 4. generations ---------------------------------------------------------------------------
+class _Lowest:
+    """Lowest free GPUs first, the emulator as predictor (fast and deterministic)."""
+
+    def __init__(self, spec):
+        from types import SimpleNamespace
+
+        from bandpilot.fabric.emulator import make_fabric
+
+        self.fabric = make_fabric(spec)
+        self.model = SimpleNamespace(spec=spec, model_version="lowest-1", uri="test:lowest")
+        self.spec = spec
+
+    def select(self, k, state, algorithm="bandpilot", *, constraints=None):
+        from types import SimpleNamespace
+
+        gpus = state.free_gpus[:k]
+        if len(gpus) < k:
+            from bandpilot.dispatch.dispatcher import PlacementError
+
+            raise PlacementError("insufficient_gpus", f"{k} > {state.n_free} free")
+        return SimpleNamespace(gpus=gpus, predicted_gbps=100.0, standalone_gbps=100.0, algorithm="lowest",
+                               search_ms=0.0, evaluations=1)
+
+
+def _running(tmp_path, reqs):
+    s = new_store(tmp_path)
+    q.submit(s, reqs)
+    run_batch(s, _Lowest(s.spec))
+    return s
+
+
+def test_resize_is_a_new_generation_shown_and_audited(tmp_path):
+    s = _running(tmp_path, [{"id": "e1", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2}, {"id": "f1", "k": 2}])
+    try:
+        a0 = q.assignment(s, "e1")
+        assert a0["generation"] == 0 and a0["k"] == 4 and (a0["min_k"], a0["max_k"]) == (2, 8)
+        free = q.current_state(s).free_gpus
+        grown = a0["gpus"] + free[:4]
+        out = resize(s, Resize("e1", tuple(grown), epoch=3))
+        assert out[0]["generation"] == 1 and out[0]["k"] == 8
+        a1 = q.assignment(s, "e1")
+        assert a1["generation"] == 1 and sorted(a1["gpus"]) == sorted(grown) and a1["k"] == 8
+        assert q.list_requests(s, request_id="e1")[0]["generation"] == 1
+        assert q.check_invariants(s) == []
+        resize(s, Resize("e1", tuple(grown[:2]), epoch=4))
+        hist = generation_history(s, "e1")
+        assert [(h["generation"], h["k"], h["reason"]) for h in hist] == [(1, 8, "grow"), (2, 2, "shrink")]
+        assert q.check_invariants(s) == []
+        assert len(q.current_state(s).free_gpus) == 32 - 2 - 2
+        assert [r["action"] for r in q.audit_log(s, action="resize")] == ["resize", "resize"]
+    finally:
+        s.close()
+
+
+def test_bad_resize_changes_nothing(tmp_path):
+    s = _running(tmp_path, [{"id": "e1", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2}, {"id": "f1", "k": 2}])
+    try:
+        before = q.export_state(s)
+        mine = q.assignment(s, "e1")["gpus"]
+        theirs = q.assignment(s, "f1")["gpus"]
+        with pytest.raises(StateError, match="are free"):  # taking another job's GPU
+            resize(s, [Resize("e1", tuple(mine + theirs))])
+        with pytest.raises(RequestError, match="outside its elastic range 2..8"):
+            resize(s, Resize("e1", tuple(mine[:3])))
+        with pytest.raises(RequestError, match="outside its elastic range 2..2"):
+            resize(s, Resize("f1", tuple(theirs[:1])))
+        # two resizes in one transaction: the second fails, the first is rolled back too
+        free = q.current_state(s).free_gpus
+        with pytest.raises(RequestError, match="'f1'"):
+            resize(s, [Resize("e1", tuple(mine + free[:2])), Resize("f1", tuple(theirs + free[2:3]))])
+        assert q.export_state(s) == before and q.assignment(s, "e1")["generation"] == 0
+        with s.read() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(T_GEN)).scalar_one() == 0
+        assert q.check_invariants(s) == []
+    finally:
+        s.close()
