@@ -100,10 +100,6 @@ class FailedAuth:
                 self._seen.popitem(last=False)
         return max(1, int(start + self.window - now + 1)) if n + 1 > self.limit else 0
 
-    def blocked(self, client: str) -> bool:
-        hit = self._seen.get(client)
-        return hit is not None and hit[1] >= self.limit and time.monotonic() - hit[0] <= self.window
-
 
 async def principal(request: Request, cred: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
     # async: a cached token costs no trip through the thread pool (the endpoint itself takes one)
