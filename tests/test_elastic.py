@@ -202,3 +202,133 @@ def test_bad_resize_changes_nothing(tmp_path):
         assert q.check_invariants(s) == []
     finally:
         s.close()
+
+
+# -- 3. quotas and GPU choice -----------------------------------------------------------------
+from bandpilot.scheduling.elastic import Candidate, elastic_quotas, grow_gpus, shrink_gpus  # noqa: E402
+
+
+def test_quotas_follow_utility_within_ranges():
+    c = [Candidate("a", 8, 2, 16, 2, 0.9, True), Candidate("b", 4, 1, 8, 1, 0.3, True),
+         Candidate("p", 4, 2, 8, 2, 0.6, False), Candidate("q", 16, 16, 16, 1, 1.0, False)]
+    qt = elastic_quotas(c, 20)
+    assert set(qt) == {"a", "b", "p"}  # q's 16 GPUs do not fit next to the others' minimum
+    assert sum(qt.values()) <= 20 and qt["a"] > qt["p"] > qt["b"]
+    assert all(x.lo <= qt[x.id] <= x.hi and (qt[x.id] - x.lo) % x.step == 0 for x in c if x.id in qt)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(0, 8), st.sampled_from([1, 2]), st.floats(0, 1), st.booleans()),
+                min_size=1, max_size=12), st.integers(0, 64))
+def test_fuzz_quotas_respect_budget_and_ranges(rows, g):
+    cands = [Candidate(f"j{i}", lo, lo, lo + span * step, step, u, run) for i, (lo, span, step, u, run) in enumerate(rows)]
+    if sum(c.lo for c in cands if c.running) > g:
+        with pytest.raises(RequestError):
+            elastic_quotas(cands, g)
+        return
+    qt = elastic_quotas(cands, g)
+    assert sum(qt.values()) <= g
+    assert all(c.id in qt for c in cands if c.running)
+    for c in cands:
+        if c.id in qt:
+            assert c.lo <= qt[c.id] <= c.hi and (qt[c.id] - c.lo) % c.step == 0
+
+
+def test_growth_prices_the_grown_set_and_blind_does_not():
+    from bandpilot.dispatch.state import State
+    from bandpilot.fabric.emulator import make_fabric
+
+    spec = load_cluster(H100)
+    fab = make_fabric(spec)
+    st_ = State.idle(spec)
+    # a 2-GPU job on host 0 while host 0's other GPUs are taken by a 1-GPU job each except GPU 7
+    host0 = spec.hosts[0].name
+    mine = spec.to_mask([f"{host0}:0", f"{host0}:1"])
+    st_ = State(spec, st_.free & ~mine, ())
+    for i in range(2, 7):
+        st_ = st_.with_job(f"o{i}", [f"{host0}:{i}"], 0.0)
+    grown, value = grow_gpus(fab, st_, mine, 2)
+    got = spec.from_mask(grown)
+    # bandwidth-aware: 2+2 across hosts beats the greedy 3+1 (cross-host bandwidth follows the smaller side)
+    hosts = {g.rpartition(":")[0] for g in got}
+    assert len(got) == 4 and all(sum(g.startswith(h + ":") for g in got) == 2 for h in hosts) and value is not None
+    blind, _ = grow_gpus(fab, st_, mine, 2, blind=True)
+    assert spec.from_mask(blind) == [f"{host0}:0", f"{host0}:1", f"{host0}:7", f"{spec.hosts[1].name}:0"]
+    # shrinking a 4+1 spread job drops the lone GPU on the other host
+    spread = spec.to_mask([f"{host0}:0", f"{host0}:1", f"{host0}:7", f"{spec.hosts[1].name}:0"])
+    small, _ = shrink_gpus(fab, st_, spread, 1)
+    assert spec.from_mask(small) == [f"{host0}:0", f"{host0}:1", f"{host0}:7"]
+
+
+# -- 2. the runtime model ---------------------------------------------------------------------
+from bandpilot.simulation.elastic import epoch_time  # noqa: E402
+
+
+def test_epoch_time_model():
+    # at its own size on the reference bandwidth: exactly its epoch time
+    assert epoch_time(100.0, 8, 8, 0.4, 0.9, 150.0, 150.0) == pytest.approx(100.0)
+    # half the bandwidth doubles the collective share only
+    assert epoch_time(100.0, 8, 8, 0.4, 0.9, 150.0, 75.0) == pytest.approx(60 + 80)
+    # twice the GPUs: compute / (2 x 0.9), collective scaled by ring traffic r(16)/r(8)
+    want = 60 / (2 * 0.9) + 40 * ((2 * 15 / 16) / (2 * 7 / 8)) * 150 / 100
+    assert epoch_time(100.0, 8, 16, 0.4, 0.9, 150.0, 100.0) == pytest.approx(want)
+    # one GPU: no collective; perfect scaling: linear
+    assert epoch_time(100.0, 8, 1, 0.4, 1.0, 150.0, 0.0) == pytest.approx(60 * 8)
+
+
+def test_trace_elastic_columns_parse_and_round_trip():
+    from bandpilot.simulation.trace import TraceError, format_trace, parse_trace
+
+    text = "id,submit_s,k,tenant,compute_s,comm_fraction,min_k,max_k,epochs,scaling\na,0,8,t,100,0.3,2,16,20,0.85\nb,1,2,t,50,0.1,,,,\n"
+    jobs = parse_trace(text, n_gpus=32)
+    assert (jobs[0].min_k, jobs[0].max_k, jobs[0].epochs, jobs[0].scaling) == (2, 16, 20, 0.85)
+    assert jobs[1].min_k is None and parse_trace(format_trace(jobs)) == jobs
+    with pytest.raises(TraceError, match=r"<trace>:2: max_k=64 is larger than the cluster"):
+        parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,max_k\na,0,8,t,100,0.3,64\n", n_gpus=32)
+    with pytest.raises(TraceError, match="min_k=9 is above k=8"):
+        parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,min_k\na,0,8,t,100,0.3,9\n")
+    with pytest.raises(TraceError, match=r"scaling 1.5 must be in \(0, 1\]"):
+        parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,scaling\na,0,8,t,100,0.3,1.5\n")
+
+
+# -- 5. the simulator with elastic quotas -----------------------------------------------------
+def _elastic_jobs(n=14, seed=0):
+    from dataclasses import replace
+
+    from bandpilot.simulation.workloads import seed001_workload
+
+    return [replace(j, min_k=max(1, j.k // 4), max_k=min(32, 2 * j.k), compute_s=j.compute_s / 20)
+            for j in seed001_workload(seed)[:n]]
+
+
+def test_elastic_simulation_resizes_and_keeps_invariants(monkeypatch):
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.simulation import elastic as sim_el
+    from bandpilot.simulation.elastic import simulate
+    from bandpilot.simulation.engine import SimConfig
+    from bandpilot.simulation.report import summarize
+
+    fab = make_fabric(load_cluster(H100))
+    checked = []
+    orig = sim_el.ElasticSim._batch
+
+    def checking(self, t):
+        n = orig(self, t)
+        bad = q.check_invariants(self.store)
+        checked.append(bad)
+        assert bad == [], bad
+        return n
+
+    monkeypatch.setattr(sim_el.ElasticSim, "_batch", checking)
+    jobs = _elastic_jobs()
+    on = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", elastic=True, interval_s=30)))
+    assert on["completed"] == len(jobs) and on["resizes"] > 0 and on["elastic"] is True and len(checked) > 3
+    off = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", interval_s=30)))
+    assert off["resizes"] == 0 and off["completed"] == len(jobs)
+    # elastic off ignores the ranges: the same as the trace without them
+    from dataclasses import replace
+
+    plain = summarize(simulate([replace(j, min_k=None, max_k=None) for j in jobs], Dispatcher(fab), fab,
+                               SimConfig(policy="utility", interval_s=30)))
+    assert plain["avg_jct_s"] == pytest.approx(off["avg_jct_s"])

@@ -26,6 +26,10 @@ from bandpilot.errors import BandPilotError
 
 REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
 OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
+#: Elastic columns (issue 22): the size range, epochs (resizes happen at their boundaries) and the
+#: compute scaling efficiency per doubling of GPUs (1 = perfectly linear).
+ELASTIC = ("min_k", "max_k", "epochs", "scaling")
+OPTIONAL = OPTIONAL + ELASTIC
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 
 
@@ -52,6 +56,10 @@ class TraceJob:
     preemptible: bool = False
     checkpoint_s: float | None = None
     checkpoint_every_s: float | None = None
+    min_k: int | None = None
+    max_k: int | None = None
+    epochs: int | None = None
+    scaling: float | None = None
 
 
 def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
@@ -145,6 +153,7 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
             if util is not None and util < 0:
                 errs.append(f"{where}: utility {doc['utility']} must be >= 0")
         rt = _runtime_cells(doc, where, errs)
+        rt.update(_elastic_cells(doc, k, n_gpus, where, errs))
         if len(errs) == n_err:
             seen[jid] = lineno
             last_t, last_line = float(t), lineno  # type: ignore[arg-type]
@@ -179,6 +188,32 @@ def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str
     return out
 
 
+def _elastic_cells(doc: dict[str, str], k: int | None, n_gpus: int | None, where: str, errs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {"min_k": None, "max_k": None, "epochs": None, "scaling": None}
+    for key in ("min_k", "max_k", "epochs"):
+        txt = doc.get(key, "")
+        if txt:
+            if re.fullmatch(r"\d+", txt) and int(txt) >= 1:
+                out[key] = int(txt)
+            else:
+                errs.append(f"{where}: {key} {txt!r} must be an integer >= 1")
+    if doc.get("scaling", ""):
+        v = _num(doc["scaling"], "scaling", where, errs)
+        if v is not None and not 0.0 < v <= 1.0:
+            errs.append(f"{where}: scaling {doc['scaling']} must be in (0, 1]")
+        elif v is not None:
+            out["scaling"] = v
+    if k is not None:
+        lo, hi = out["min_k"], out["max_k"]
+        if lo is not None and lo > k:  # type: ignore[operator]
+            errs.append(f"{where}: min_k={lo} is above k={k}")
+        if hi is not None and hi < k:  # type: ignore[operator]
+            errs.append(f"{where}: max_k={hi} is below k={k}")
+        if hi is not None and n_gpus is not None and hi > n_gpus:  # type: ignore[operator]
+            errs.append(f"{where}: max_k={hi} is larger than the cluster ({n_gpus} GPUs)")
+    return out
+
+
 def format_trace(jobs: Sequence[TraceJob]) -> str:
     cols = list(REQUIRED) + list(OPTIONAL)
     buf = io.StringIO()
@@ -188,7 +223,8 @@ def format_trace(jobs: Sequence[TraceJob]) -> str:
     for j in jobs:
         w.writerow([j.id, f"{j.submit_s:.3f}", j.k, j.tenant, f"{j.compute_s:.3f}", f"{j.comm_fraction:.4f}", j.priority,
                     opt(j.utility, "{:.4f}"), opt(j.time_limit_s), int(j.preemptible), opt(j.checkpoint_s),
-                    opt(j.checkpoint_every_s)])
+                    opt(j.checkpoint_every_s), opt(j.min_k, "{}"), opt(j.max_k, "{}"), opt(j.epochs, "{}"),
+                    opt(j.scaling, "{:.4f}")])
     return buf.getvalue()
 
 
