@@ -332,3 +332,20 @@ def test_elastic_simulation_resizes_and_keeps_invariants(monkeypatch):
     plain = summarize(simulate([replace(j, min_k=None, max_k=None) for j in jobs], Dispatcher(fab), fab,
                                SimConfig(policy="utility", interval_s=30)))
     assert plain["avg_jct_s"] == pytest.approx(off["avg_jct_s"])
+
+
+def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
+    from bandpilot.cli.main import main
+    from bandpilot.simulation.trace import write_trace
+
+    trace = write_trace(_elastic_jobs(8), tmp_path / "t.csv")
+    out = tmp_path / "out"
+    rc = main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), "--policy", "utility",
+               "--elastic", "on", "--out", str(out), "--no-log", "--no-figures"])
+    assert rc == 0, capsys.readouterr().err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["elastic"] is True and s["resizes"] >= 0 and s["completed"] == 8
+    assert "resizes" in capsys.readouterr().out
+    assert main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), "--elastic", "maybe",
+                 "--out", str(out), "--no-log"]) == 2
+    assert "--elastic must be on or off, got 'maybe'" in capsys.readouterr().err
