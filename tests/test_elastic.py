@@ -287,6 +287,8 @@ def test_trace_elastic_columns_parse_and_round_trip():
         parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,max_k\na,0,8,t,100,0.3,64\n", n_gpus=32)
     with pytest.raises(TraceError, match="min_k=9 is above k=8"):
         parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,min_k\na,0,8,t,100,0.3,9\n")
+    with pytest.raises(TraceError, match="must be min_k=2 plus a multiple of k_step=4"):
+        parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,min_k,k_step\na,0,8,t,100,0.3,2,4\n")
     with pytest.raises(TraceError, match=r"scaling 1.5 must be in \(0, 1\]"):
         parse_trace("id,submit_s,k,tenant,compute_s,comm_fraction,scaling\na,0,8,t,100,0.3,1.5\n")
 

@@ -207,7 +207,8 @@ class _Sim:
                                         checkpoint_every_s=j.checkpoint_every_s,
                                         # elastic off: every job is a fixed gang of its k
                                         min_k=j.min_k if self.cfg.elastic else None,
-                                        max_k=j.max_k if self.cfg.elastic else None) for j in batch])
+                                        max_k=j.max_k if self.cfg.elastic else None,
+                                        k_step=j.k_step if self.cfg.elastic else None) for j in batch])
             # a job without a time limit in the trace gets its exact compute time as the estimate
             # (the stated oracle); one with a limit is planned with that limit, errors and all
             oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}

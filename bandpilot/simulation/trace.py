@@ -28,7 +28,7 @@ REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
 OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
 #: Elastic columns (issue 22): the size range, epochs (resizes happen at their boundaries) and the
 #: compute scaling efficiency per doubling of GPUs (1 = perfectly linear).
-ELASTIC = ("min_k", "max_k", "epochs", "scaling")
+ELASTIC = ("min_k", "max_k", "epochs", "scaling", "k_step")
 OPTIONAL = OPTIONAL + ELASTIC
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 
@@ -60,6 +60,7 @@ class TraceJob:
     max_k: int | None = None
     epochs: int | None = None
     scaling: float | None = None
+    k_step: int | None = None
 
 
 def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
@@ -189,8 +190,8 @@ def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str
 
 
 def _elastic_cells(doc: dict[str, str], k: int | None, n_gpus: int | None, where: str, errs: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {"min_k": None, "max_k": None, "epochs": None, "scaling": None}
-    for key in ("min_k", "max_k", "epochs"):
+    out: dict[str, object] = {"min_k": None, "max_k": None, "epochs": None, "scaling": None, "k_step": None}
+    for key in ("min_k", "max_k", "epochs", "k_step"):
         txt = doc.get(key, "")
         if txt:
             if re.fullmatch(r"\d+", txt) and int(txt) >= 1:
@@ -211,6 +212,9 @@ def _elastic_cells(doc: dict[str, str], k: int | None, n_gpus: int | None, where
             errs.append(f"{where}: max_k={hi} is below k={k}")
         if hi is not None and n_gpus is not None and hi > n_gpus:  # type: ignore[operator]
             errs.append(f"{where}: max_k={hi} is larger than the cluster ({n_gpus} GPUs)")
+        step, lo_, hi_ = out["k_step"] or 1, lo if lo is not None else k, hi if hi is not None else k
+        if (k - lo_) % step or (hi_ - lo_) % step:  # type: ignore[operator]
+            errs.append(f"{where}: k={k} and max_k={hi_} must be min_k={lo_} plus a multiple of k_step={step}")
     return out
 
 
@@ -224,7 +228,7 @@ def format_trace(jobs: Sequence[TraceJob]) -> str:
         w.writerow([j.id, f"{j.submit_s:.3f}", j.k, j.tenant, f"{j.compute_s:.3f}", f"{j.comm_fraction:.4f}", j.priority,
                     opt(j.utility, "{:.4f}"), opt(j.time_limit_s), int(j.preemptible), opt(j.checkpoint_s),
                     opt(j.checkpoint_every_s), opt(j.min_k, "{}"), opt(j.max_k, "{}"), opt(j.epochs, "{}"),
-                    opt(j.scaling, "{:.4f}")])
+                    opt(j.scaling, "{:.4f}"), opt(j.k_step, "{}")])
     return buf.getvalue()
 
 
