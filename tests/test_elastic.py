@@ -351,3 +351,43 @@ def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
     assert main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), "--elastic", "maybe",
                  "--out", str(out), "--no-log"]) == 2
     assert "--elastic must be on or off, got 'maybe'" in capsys.readouterr().err
+
+
+def _resize_child(url: str, gpus: list[str], marker: str) -> None:
+    from types import SimpleNamespace
+
+    from bandpilot.queue import generations as g
+
+    def marked(x: float) -> None:  # inside the transaction, the old GPUs freed, the new ones not yet taken
+        Path(marker).write_text("in")
+        time.sleep(x)
+
+    g.time = SimpleNamespace(sleep=marked)
+    os.environ["BANDPILOT_TEST_RESIZE_SLEEP"] = "60"
+    resize(q.Store(url), Resize("e1", tuple(gpus)))
+
+
+def test_kill_9_mid_resize_leaves_the_old_generation(tmp_path):
+    s = _running(tmp_path, [{"id": "e1", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2}])
+    old = q.assignment(s, "e1")["gpus"]
+    new = old[:2] + q.current_state(s).free_gpus[:4]  # shrink two away, grow four on: both halves in flight
+    s.close()
+    ctx = mp.get_context("spawn")
+    marker = tmp_path / "in-resize"
+    p = ctx.Process(target=_resize_child, args=(f"sqlite:///{tmp_path / 'q.db'}", new, str(marker)))
+    p.start()
+    deadline = time.time() + 90
+    while not marker.exists() and time.time() < deadline and p.is_alive():
+        time.sleep(0.1)
+    assert marker.exists() and p.is_alive()
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    try:
+        a = q.assignment(s, "e1")
+        assert a["generation"] == 0 and a["gpus"] == old
+        assert q.check_invariants(s) == []
+        resize(s, Resize("e1", tuple(new)))  # and the store is usable: the resize goes through now
+        assert q.assignment(s, "e1")["generation"] == 1 and q.check_invariants(s) == []
+    finally:
+        s.close()

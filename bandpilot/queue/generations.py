@@ -12,6 +12,8 @@ Generation 0 is the batch's assignment (in ``bp_assignments`` only); generation 
 from __future__ import annotations
 
 import json
+import os
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +23,9 @@ from bandpilot.errors import RequestError, StateError
 from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_GEN, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
+
+#: Test hook: seconds to sleep between freeing the old GPUs and taking the new ones (``kill -9`` mid-resize).
+SLEEP_ENV = "BANDPILOT_TEST_RESIZE_SLEEP"
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str) -> dict[str, 
                          .values(state="free", job_id=None, updated_at=ts)).rowcount
         if n != len(gone):
             raise StateError(f"job {rz.job!r}: only {n} of the {len(gone)} GPUs it gives up were its own")
+    pause = float(os.environ.get(SLEEP_ENV, "0") or 0)
+    if pause:
+        time.sleep(pause)
     if added:
         n = conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(added), T_GPUS.c.state == "free")
                          .values(state="busy", job_id=rz.job, updated_at=ts)).rowcount
