@@ -11,8 +11,11 @@ caller's order (utility first) while their ``min_k`` still fits.
 *GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing adds one GPU at a time, the one whose
 grown set ``S ∪ {g}`` has the highest predicted bandwidth under the current co-tenants (the
 contention predictor, :class:`~bandpilot.dispatch.contention.ContentionPredictor`); shrinking
-removes the GPU whose removal leaves the highest prediction. ``blind=True`` is the baseline that
-ignores bandwidth: lowest free GPU ids first, highest held ids released first.
+removes the GPU whose removal leaves the highest prediction. A growth happens only if the job's
+predicted epoch time (:func:`grow_ratio`: its compute share over ``k`` plus its collective share at
+the predicted ``B(S ∪ new)``) drops by :data:`GROW_GAIN`; otherwise the largest smaller growth that
+does, or none (the GPUs stay free for the queue). ``blind=True`` is the baseline that ignores
+bandwidth: lowest free GPU ids first, highest held ids released first, every quota taken.
 
 :func:`rebalance` does one round against the store: quotas, shrinks, grows, admissions, all
 written in ONE transaction (:mod:`bandpilot.queue.generations` for resizes, the batch's guarded
@@ -234,13 +237,49 @@ def rebalance(
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False))
         rep.quotas = elastic_quotas(cands, n_play)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
-        _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs or {})
+        steps = {c.id: c.step for c in cands if c.running}
+        _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs or {}, steps)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, demand)
     return rep
 
 
-def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs) -> None:
+#: Communication fraction assumed for a job that declares none (growth pricing only).
+DEFAULT_COMM = 0.5
+#: A growth must cut the predicted epoch time by at least this much (it costs a restart).
+GROW_GAIN = 0.02
+
+
+def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float) -> float:
+    """The scheduler's predicted epoch time at ``k1`` GPUs on bandwidth ``b1`` relative to now
+    (``k0`` on ``b0``; ``f`` the job's collective share now): ``(1 - f) · k0 / k1 + f · r(k1) / r(k0) · b0 / b1``
+    with ``r(k) = 2 (k - 1) / k`` (ring all-reduce). Compute is taken to scale perfectly (optimistic
+    about growing); a 1-GPU job's ``f`` is read as its share at 2 GPUs on the predicted set."""
+    comp = (1.0 - f) * k0 / k1
+    if k1 < 2:
+        return comp
+    r1 = 2.0 * (k1 - 1) / k1
+    if k0 < 2:
+        return comp + f * r1
+    return comp + f * r1 / (2.0 * (k0 - 1) / k0) * b0 / max(b1, 1e-9)
+
+
+def _predict(model: Any, state: State, mask: np.ndarray) -> float:
+    return float(ContentionPredictor(model, state).predict(mask[None, :]).value[0])
+
+
+def _grow_priced(model, others, mask, cur, target, step, f) -> tuple[np.ndarray, float | None, int]:
+    """The largest growth up to ``target`` whose predicted epoch time beats the current one by
+    :data:`GROW_GAIN` (``B(S ∪ new)`` under contention); ``(mask, None, cur)`` if none does."""
+    b0 = _predict(model, others, mask) if cur > 1 else 0.0
+    for k in range(target, cur, -step):
+        grown, value = grow_gpus(model, others, mask, k - cur)
+        if grow_ratio(f, cur, b0, k, value or 0.0) < 1.0 - GROW_GAIN:
+            return grown, value, k
+    return mask, None, cur
+
+
+def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs, steps) -> None:
     spec = state.spec
     ts = now()
     jobs = {j.id: j for j in state.jobs}
@@ -254,8 +293,15 @@ def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs) -> N
         others = state.without_job(jid)
         if target < cur:
             mask, value = shrink_gpus(model, others, held[jid], cur - target, blind=blind)
+        elif blind:
+            mask, value = grow_gpus(model, others, held[jid], target - cur, blind=True)
         else:
-            mask, value = grow_gpus(model, others, held[jid], target - cur, blind=blind)
+            f = comm.get(jid)
+            mask, value, target = _grow_priced(model, others, held[jid], cur, target, steps.get(jid, 1),
+                                               DEFAULT_COMM if f is None else f)
+            rep.quotas[jid] = target
+            if target == cur:
+                continue
         gpus = spec.from_mask(mask)
         solo = float(model.predict_masks(mask[None, :])[0]) if target > 1 else 0.0
         pressed = solo * pressure_factor(comm.get(jid), demand)
@@ -264,23 +310,82 @@ def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs) -> N
 
 
 def _admit(conn, rep, state, reqs, dispatcher, algorithm, demand) -> None:
+    """Admissions at their quotas; then, in queue order, waiting requests on what is still free
+    (growths the model refused leave GPUs the quotas counted on), each at the largest size of its
+    range up to its requested k that fits."""
     ts = now()
     version = model_version_of(dispatcher)
     uri = getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
-    for rid, q in rep.quotas.items():
-        req = reqs.get(rid)
-        if req is None:
+    plan = [(rid, q) for rid, q in rep.quotas.items() if rid in reqs]
+    waiting = []
+    for rid, q in plan:
+        state, ok = _admit_one(conn, rep, state, reqs[rid], q, dispatcher, algorithm, demand, ts, uri, version)
+        if not ok:
+            waiting.append(rid)
+    for rid in [r for r in reqs if r not in rep.quotas]:
+        req = reqs[rid]
+        fit = [k for k in req.sizes() if k <= min(req.k, state.n_free)]
+        if not fit:
+            waiting.append(rid)
             continue
-        sized = replace(req, k=q)  # the job starts at its quota (its range allows it)
+        state, ok = _admit_one(conn, rep, state, req, fit[-1], dispatcher, algorithm, demand, ts, uri, version)
+        if not ok:
+            waiting.append(rid)
+    rep.waiting = waiting
+
+
+_BEST: dict[tuple[str, int], float] = {}
+
+
+def _best_gbps(dispatcher: Any, k: int) -> float:
+    """Predicted bandwidth of the best ``k``-GPU placement on the idle cluster (cached): the
+    reference the job's declared collective share refers to."""
+    spec = dispatcher.model.spec
+    key = (spec.fingerprint(), k)
+    if key not in _BEST:
+        _BEST[key] = float(dispatcher.select(k, State.idle(spec), "bandpilot").predicted_gbps or 0.0)
+    return _BEST[key]
+
+
+def _size_options(req: Request, q: int) -> list[int]:
+    """``q`` and a few smaller sizes of the range (halvings, and ``min_k``): a smaller gang on one
+    host may beat a larger one spread over fragments."""
+    sizes = [k for k in req.sizes() if k <= q]
+    out: list[int] = []
+    x = q
+    while sizes and x >= req.lo:
+        k = max(s for s in sizes if s <= x)
+        if k not in out:
+            out.append(k)
+        x //= 2
+    if req.lo in sizes and req.lo not in out:
+        out.append(req.lo)
+    return out
+
+
+def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, demand, ts, uri, version) -> tuple[State, bool]:
+    """Place ``req`` at the size of :func:`_size_options` with the lowest predicted epoch time
+    (:func:`grow_ratio` against its declared ``k`` on the best idle placement)."""
+    f = DEFAULT_COMM if req.comm_fraction is None else req.comm_fraction
+    best = None
+    for k in _size_options(req, q):
         try:
-            sel = dispatcher.select(q, state, algorithm, constraints=req.constraints.to_dict() or None)
-        except Exception as exc:  # noqa: BLE001 - a placement failure leaves it pending for the next round
+            sel = dispatcher.select(k, state, algorithm, constraints=req.constraints.to_dict() or None)
+        except Exception as exc:  # noqa: BLE001 - a placement failure: try the next size / next round
             if type(exc).__name__ != "PlacementError":
                 raise
-            rep.waiting.append(rid)
             continue
-        if _write_assignment(conn, sized, sel, None, ts, uri, version, algorithm, demand) != "assigned":
-            continue
-        pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
-        state = state.with_job(rid, list(sel.gpus), pressed)
-        rep.admitted[rid] = list(sel.gpus)
+        ref = req.k if req.k > 1 else 2
+        cost = grow_ratio(f, ref, _best_gbps(dispatcher, ref), k, float(sel.predicted_gbps or 0.0)) * (req.k / ref if req.k == 1 else 1)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, k, sel)
+    if best is None:
+        return state, False
+    _, q, sel = best
+    # the job starts at q (its range allows it): the assignment and job rows say q, the request keeps k
+    if _write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, demand) != "assigned":
+        return state, False
+    pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
+    rep.admitted[req.id] = list(sel.gpus)
+    rep.quotas[req.id] = q
+    return state.with_job(req.id, list(sel.gpus), pressed), True
