@@ -14,7 +14,10 @@ from typing import Any, List, Optional
 
 import typer
 
+from bandpilot.scheduling import recommended as rec
+
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError
 
@@ -346,14 +349,14 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
-    backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
-    locality: float = typer.Option(0.0, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
+    locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,

@@ -9,8 +9,10 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.cli.queue import JSON_OPT, STORE_OPT, _echo_json, _store, queue_app
 from bandpilot.errors import BandPilotError
+from bandpilot.scheduling import recommended as rec
 
 
 @app.command("simulate")
@@ -20,15 +22,15 @@ def simulate_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option("fifo", "--policy", "-p", help="fifo | priority | sjf | utility"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help="bandpilot | topo | default | random"),
+    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
     lam: float = typer.Option(0.5, "--lambda", help="Seed 001's utility balance between entropy level and progress."),
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
-    backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
-    locality: float = typer.Option(0.0, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
@@ -82,9 +84,9 @@ def simulate_cmd(
 
 @app.command("workload")
 def workload_cmd(
-    kind: str = typer.Argument(..., help="seed001 | poisson | philly | helios"),
+    kind: str = typer.Argument(..., help="seed001 | poisson | philly | helios | mixed"),
     out: Path = typer.Option(..., "--out", "-o", help="Trace CSV to write."),
-    n: int = typer.Option(500, "--jobs", "-n", min=1, help="Jobs (poisson, philly, helios)."),
+    n: int = typer.Option(500, "--jobs", "-n", min=1, help="Jobs (poisson, philly, helios, mixed)."),
     gpus: int = typer.Option(32, "--gpus", min=1, help="Cluster size the load refers to."),
     load: float = typer.Option(0.9, "--load", help="Offered load (philly, helios)."),
     rate: float = typer.Option(20.0, "--rate", help="Arrivals per hour (poisson)."),
@@ -98,10 +100,12 @@ def workload_cmd(
         jobs = w.seed001_workload(seed)
     elif kind == "poisson":
         jobs = w.poisson_workload(n, rate_per_h=rate, sizes={1: 0.3, 2: 0.25, 4: 0.25, 8: 0.15, 16: 0.05}, seed=seed, max_k=gpus)
+    elif kind == "mixed":
+        jobs = w.mixed_workload(n, n_gpus=gpus, load=load, seed=seed)
     elif kind in w.PUBLIC_SHAPES:
         jobs = w.public_trace_workload(kind, n, n_gpus=gpus, load=load, seed=seed)
     else:
-        raise BandPilotError(f"unknown workload {kind!r}: use seed001, poisson, {', '.join(w.PUBLIC_SHAPES)}")
+        raise BandPilotError(f"unknown workload {kind!r}: use seed001, poisson, mixed, {', '.join(w.PUBLIC_SHAPES)}")
     write_trace(jobs, out)
     typer.echo(f"wrote {len(jobs)} jobs to {out}")
 

@@ -25,6 +25,9 @@ PostgreSQL URL at scale:
                           epoch and why; generation 0 is the batch's assignment
 ========================  ==================================================================
 
+v8 adds the parallelism ``shape`` of a request and the ``ranks`` / ``placement`` (rank map, per-axis
+figures) of its assignment, nullable like v6's fields.
+
 v6 also adds the run-time and preemption fields of a request (``time_limit_s``,
 ``comm_fraction``, ``preemptible``, ``checkpoint_s``, ``checkpoint_every_s``), all nullable so a
 store written before them still opens and its requests read as "not given".
@@ -91,6 +94,8 @@ T_REQ = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     # v6 (added by ALTER on older stores, see _m6_runtime_fields):
     *(sa.Column(name, type_, nullable=True) for name, type_ in V6_REQUEST_COLUMNS),
+    # v8 (ALTER on older stores, _m8_shape): the parallelism shape as JSON, NULL = none given
+    sa.Column("shape", sa.Text, nullable=True),
     # v9 (added by ALTER on older stores, see _m9_elastic):
     *(sa.Column(name, type_, nullable=True) for name, type_ in V9_REQUEST_COLUMNS),
     sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
@@ -113,6 +118,9 @@ T_ASSIGN = sa.Table(
     sa.Column("search_ms", sa.Double, nullable=True),
     sa.Column("evaluations", sa.Integer, nullable=True),
     sa.Column("assigned_at", sa.Double, nullable=False),
+    # v8: a shaped request's rank map (GPU ids in rank order) and per-axis figures, as JSON
+    sa.Column("ranks", sa.Text, nullable=True),
+    sa.Column("placement", sa.Text, nullable=True),
 )
 T_JOBS = sa.Table(
     "bp_jobs",
@@ -313,6 +321,16 @@ def _m6_runtime_fields(conn: sa.Connection) -> None:
     T_RESERVE.create(conn, checkfirst=True)
 
 
+def _m8_shape(conn: sa.Connection) -> None:
+    # fresh stores got the columns from the table definitions in v1; older ones by ALTER
+    ops = alembic_ops(conn)
+    for table, cols in (("bp_requests", ("shape",)), ("bp_assignments", ("ranks", "placement"))):
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name in cols:
+            if name not in have:
+                ops.add_column(table, sa.Column(name, sa.Text, nullable=True))
+
+
 def _m9_elastic(conn: sa.Connection) -> None:
     have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
     ops = alembic_ops(conn)
@@ -334,7 +352,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (6, "run-time limits, communication fraction, preemptibility; reservations", _m6_runtime_fields),
     (7, "requests by tenant and status (per-tenant limits and ids)",
      lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
-    # 8 is reserved by another branch; Store.migrate fills gaps when it lands
+    (8, "parallelism shape of a request; rank map of its assignment", _m8_shape),
     (9, "elastic requests (min_k, max_k, k_step) and resize generations", _m9_elastic),
 ]
 

@@ -34,18 +34,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bandpilot.dispatch import strategies
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling import BACKFILL_MODES, POLICIES, run_batch
+from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random", "block")
+#: The strategies the simulator offers (oracles need the truth at placement time; EHA/PTS are ablations).
+ALGORITHMS = strategies.names(default_for="simulate")
 
 
 class SimulationError(BandPilotError):
@@ -54,15 +56,15 @@ class SimulationError(BandPilotError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    policy: str = "fifo"
+    policy: str = recommended.POLICY  # the queue's recommended configuration (scheduling.recommended)
     algorithm: str = "bandpilot"
     interval_s: float = 60.0  # dispatch interval (a batch at most every interval)
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
-    backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
-    locality: float = 0.0  # fewer hosts win unless spreading gains more (run_batch's locality)
+    backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
+    locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time

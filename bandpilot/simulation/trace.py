@@ -78,17 +78,7 @@ def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
 def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None, name: str | None = None) -> list[TraceJob]:
     """Parse and check a trace; ``n_gpus`` (the cluster size) rejects jobs that can never fit.
     Raises :class:`TraceError` listing every bad line."""
-    if isinstance(source, (str, Path)) and not (isinstance(source, str) and "\n" in source):
-        p = Path(source)
-        if not p.is_file():
-            raise TraceError([f"trace file not found: {source}"])
-        name = name or str(source)
-        text = p.read_text()
-    elif isinstance(source, str):
-        text = source
-    else:
-        text = "\n".join(source)
-    name = name or "<trace>"
+    text, name = _trace_text(source, name)
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
     errs: list[str] = []
@@ -102,14 +92,7 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
         cells = [c.strip() for c in row]
         where = f"{name}:{lineno}"
         if header is None:
-            header = cells
-            missing = [c for c in REQUIRED if c not in header]
-            unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
-            dup = sorted({c for c in header if header.count(c) > 1})
-            if missing or unknown or dup:
-                what = (f"missing column(s) {', '.join(missing)}" if missing else
-                        f"unknown column {unknown[0]!r}" if unknown else f"column {dup[0]!r} twice")
-                raise TraceError([f"{where}: header: {what} (expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}])"])
+            header = _check_header(cells, where)
             continue
         if len(cells) != len(header):
             errs.append(f"{where}: {len(cells)} fields, the header has {len(header)}")
@@ -127,32 +110,7 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
                 errs.append(f"{where}: submit_s {doc['submit_s']} is negative")
             elif t < last_t:
                 errs.append(f"{where}: submit_s {doc['submit_s']} is before line {last_line}'s {last_t:g} (times must be sorted)")
-        k_txt = doc["k"]
-        k = int(k_txt) if re.fullmatch(r"\d+", k_txt) else None
-        if k is None or k < 1:
-            errs.append(f"{where}: k {k_txt!r} must be an integer >= 1")
-        elif n_gpus is not None and k > n_gpus:
-            errs.append(f"{where}: k={k} is larger than the cluster ({n_gpus} GPUs)")
-        tenant = doc["tenant"]
-        if not tenant or len(tenant) > 200:
-            errs.append(f"{where}: tenant must be a non-empty name")
-        c = _num(doc["compute_s"], "compute_s", where, errs)
-        if c is not None and c <= 0:
-            errs.append(f"{where}: compute_s {doc['compute_s']} must be > 0")
-        f = _num(doc["comm_fraction"], "comm_fraction", where, errs)
-        if f is not None and not 0.0 <= f <= 1.0:
-            errs.append(f"{where}: comm_fraction {doc['comm_fraction']} is outside [0, 1]")
-        prio = 0
-        if doc.get("priority", ""):
-            if re.fullmatch(r"-?\d+", doc["priority"]):
-                prio = int(doc["priority"])
-            else:
-                errs.append(f"{where}: priority {doc['priority']!r} must be an integer")
-        util = None
-        if doc.get("utility", ""):
-            util = _num(doc["utility"], "utility", where, errs)
-            if util is not None and util < 0:
-                errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+        k, tenant, c, f, prio, util = _job_cells(doc, where, errs, n_gpus)
         rt = _runtime_cells(doc, where, errs)
         rt.update(_elastic_cells(doc, k, n_gpus, where, errs))
         if len(errs) == n_err:
@@ -168,6 +126,59 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
     if errs:
         raise TraceError(errs)
     return jobs
+
+
+def _trace_text(source: str | Path | Iterable[str], name: str | None) -> tuple[str, str]:
+    """A trace's text and the name its errors use: a file path, the CSV text itself, or lines."""
+    if isinstance(source, (str, Path)) and not (isinstance(source, str) and "\n" in source):
+        p = Path(source)
+        if not p.is_file():
+            raise TraceError([f"trace file not found: {source}"])
+        return p.read_text(), name or str(source)
+    text = source if isinstance(source, str) else "\n".join(source)
+    return text, name or "<trace>"
+
+
+def _check_header(cells: list[str], where: str) -> list[str]:
+    missing = [c for c in REQUIRED if c not in cells]
+    unknown = [c for c in cells if c not in REQUIRED + OPTIONAL]
+    dup = sorted({c for c in cells if cells.count(c) > 1})
+    if missing or unknown or dup:
+        what = (f"missing column(s) {', '.join(missing)}" if missing else
+                f"unknown column {unknown[0]!r}" if unknown else f"column {dup[0]!r} twice")
+        raise TraceError([f"{where}: header: {what} (expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}])"])
+    return cells
+
+
+def _job_cells(doc: dict[str, str], where: str, errs: list[str], n_gpus: int | None) -> tuple:
+    """k, tenant, compute_s, comm_fraction, priority, utility of one row (problems go to ``errs``)."""
+    k_txt = doc["k"]
+    k = int(k_txt) if re.fullmatch(r"\d+", k_txt) else None
+    if k is None or k < 1:
+        errs.append(f"{where}: k {k_txt!r} must be an integer >= 1")
+    elif n_gpus is not None and k > n_gpus:
+        errs.append(f"{where}: k={k} is larger than the cluster ({n_gpus} GPUs)")
+    tenant = doc["tenant"]
+    if not tenant or len(tenant) > 200:
+        errs.append(f"{where}: tenant must be a non-empty name")
+    c = _num(doc["compute_s"], "compute_s", where, errs)
+    if c is not None and c <= 0:
+        errs.append(f"{where}: compute_s {doc['compute_s']} must be > 0")
+    f = _num(doc["comm_fraction"], "comm_fraction", where, errs)
+    if f is not None and not 0.0 <= f <= 1.0:
+        errs.append(f"{where}: comm_fraction {doc['comm_fraction']} is outside [0, 1]")
+    prio = 0
+    if doc.get("priority", ""):
+        if re.fullmatch(r"-?\d+", doc["priority"]):
+            prio = int(doc["priority"])
+        else:
+            errs.append(f"{where}: priority {doc['priority']!r} must be an integer")
+    util = None
+    if doc.get("utility", ""):
+        util = _num(doc["utility"], "utility", where, errs)
+        if util is not None and util < 0:
+            errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+    return k, tenant, c, f, prio, util
 
 
 def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str, object]:

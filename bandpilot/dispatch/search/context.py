@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.contention import ContentionPredictor, Prediction, unique_rows
+from bandpilot.dispatch.contention import COLUMNS_FROM, ContentionPredictor, Prediction, unique_rows
+from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
 from bandpilot.dispatch.state import State
 from bandpilot.errors import PlacementError
@@ -79,14 +80,57 @@ def host_ids(spec: Any) -> tuple[np.ndarray, np.ndarray]:
     return got[1], got[2]
 
 
+#: stage-1 array id -> {(distinct row, free mask, contending masks): [subsets, counts, features,
+#: best per count, Pareto sets]} for hosts a contending job touches
+_EXPOSED: dict[int, dict[tuple, list]] = {}
+_EXPOSED_MAX = 65_536
+#: stage-1 array -> (the array, distinct-row id per host, best mask / value per (row, free mask, count))
+_TABLES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _subset_tables(stage1: np.ndarray, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each distinct stage-1 row and each free mask: the best-stage-1 subset of each size
+    (first in mask order on ties, -1 / -inf where none fits) - what a per-select scan of every
+    host's subsets computed, built once per model and reused by every search."""
+    hit = _TABLES.get(id(stage1))
+    if hit is not None and hit[0] is stage1:
+        return hit[1], hit[2], hit[3]
+    n = 1 << G
+    allm = np.arange(n, dtype=np.int64)
+    pc = popcount(allm)
+    vals = np.ascontiguousarray(stage1[:, :n], dtype=float)
+    uniq, srow = unique_rows(vals.view(np.int64))  # bitwise-equal rows (NaN-safe)
+    uniq = uniq.view(float)
+    R = uniq.shape[0]
+    bm = np.full((R, n, G + 1), -1, dtype=np.int64)
+    bv = np.full((R, n, G + 1), -np.inf)
+    rows = np.arange(R)
+    for m in range(n):
+        score = np.where(((allm & ~m) == 0)[None, :], uniq, -np.inf)
+        for c in range(G + 1):
+            sel = np.flatnonzero(pc == c)
+            sub = score[:, sel]
+            i = sub.argmax(axis=1)
+            bm[:, m, c] = sel[i]
+            bv[:, m, c] = sub[rows, i]
+    bm[~np.isfinite(bv)] = -1
+    while len(_TABLES) >= 4:
+        _EXPOSED.pop(next(iter(_TABLES)), None)
+        _TABLES.pop(next(iter(_TABLES)))
+    _TABLES[id(stage1)] = (stage1, srow, bm, bv)
+    _EXPOSED.pop(id(stage1), None)  # a new array under a recycled id
+    return srow, bm, bv
+
+
 class SearchContext:
     """Per-request precomputation shared by every algorithm.
 
     ``free`` is the (constraint-filtered) free mask; allocations never leave it.
     """
 
-    def __init__(self, model: Any, state: State, free: np.ndarray, k: int,
-                 predictor: ContentionPredictor | None = None) -> None:
+    def __init__(self, model: BandwidthModel, state: State, free: np.ndarray, k: int,
+                 predictor: ContentionPredictor | None = None, *, segment: int | None = None,
+                 tie: float | None = None, locality: float = 0.0) -> None:
         self.model = model
         self.state = state
         self.spec = state.spec
@@ -95,11 +139,11 @@ class SearchContext:
         self.H = self.spec.n_hosts
         self.G = int(self.spec.gpus_per_host.max())
         self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
-        self.segment: int | None = None  # NVLink-domain search: each domain's share a multiple of it
-        self.tie: float | None = None  # NVLink-domain search: fragmentation decides within this margin
+        self.segment = segment  # NVLink-domain search: each domain's share a multiple of it
+        self.tie = tie  # NVLink-domain search: fragmentation decides within this margin (None: the default)
         #: lifetime locality: a candidate on fewer hosts wins unless spreading gains more than this
         #: relative predicted bandwidth (a spread job meets more co-tenants over its run)
-        self.locality = 0.0
+        self.locality = locality
         stage1 = np.asarray(model.stage1, dtype=float)
         if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
             raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")
@@ -107,42 +151,45 @@ class SearchContext:
         self.fcount = popcount(self.free)
         self.n_free = int(self.fcount.sum())
         self._options: dict[tuple[int, int], np.ndarray] = {}
-        self._exposed_subs: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._exposed_subs: dict[int, list] = {}  # (subs, pcs, feats, counts, best, Pareto sets)
         self._build_tables()
         self._build_classes()
 
     # -- per-host best subsets ------------------------------------------------------------
     def _build_tables(self) -> None:
-        H, G = self.H, self.G
+        G = self.G
         allm = np.arange(1 << G, dtype=np.int64)
         pc = popcount(allm)
-        valid = (allm[None, :] & ~self.free[:, None]) == 0
-        score = np.where(valid, self.stage1[:, : 1 << G], -np.inf)
-        self.best_mask = np.full((H, G + 1), -1, dtype=np.int64)
-        self.best_val = np.full((H, G + 1), -np.inf)
-        rows = np.arange(H)
-        for c in range(G + 1):
-            sel = np.flatnonzero(pc == c)
-            sub = score[:, sel]
-            i = sub.argmax(axis=1)
-            self.best_mask[:, c] = sel[i]
-            self.best_val[:, c] = sub[rows, i]
-        bad = ~np.isfinite(self.best_val)
-        self.best_mask[bad] = -1
+        # Best subset per count of every host: a lookup (distinct stage-1 row, free mask) in a
+        # table built once per model (the search used to rescore H x 2^G subsets per select).
+        srow, bm_tab, bv_tab = _subset_tables(self.stage1, G)
+        free = self.free & ((1 << G) - 1)
+        self.best_mask = bm_tab[srow, free]
+        self.best_val = bv_tab[srow, free]
         self.exposed = self.pred.exposed & (self.fcount > 0)
         # Hosts a contending job touches: the subset also sets the stage-1 of the super
         # allocations there, so among the best stage-1 subsets of each size prefer the best
         # union stage-1s (worst, then sum); Exact uses the whole Pareto set (see options()).
+        # These depend on (stage-1 row, free mask, contending masks there) only: kept across
+        # selects (the running set changes one job at a time), Pareto sets included.
+        memo = _EXPOSED.setdefault(id(self.stage1), {})
         for h in np.flatnonzero(self.exposed):
-            subs = allm[valid[h]]
-            pcs = pc[subs]
             jm = self.pred.masks_at(int(h))
-            feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
-            order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
-            subs, pcs, feats = subs[order], pcs[order], feats[order]
-            first = np.flatnonzero(np.r_[True, np.diff(pcs) != 0])
-            self.best_mask[h, pcs[first]] = subs[first]
-            self._exposed_subs[int(h)] = (subs, pcs, feats)
+            key = (int(srow[h]), int(self.free[h]), jm.tobytes())
+            ent = memo.get(key)
+            if ent is None:
+                subs = allm[(allm & ~self.free[h]) == 0]
+                pcs = pc[subs]
+                feats = np.round(np.column_stack([self.stage1[h, subs], self.stage1[h, subs[:, None] | jm[None, :]]]), 9)
+                order = np.lexsort((subs, -feats[:, 1:].sum(axis=1), -feats[:, 1:].min(axis=1), -feats[:, 0], pcs))
+                subs, pcs, feats = subs[order], pcs[order], feats[order]
+                first = np.flatnonzero(np.r_[True, np.diff(pcs) != 0])
+                ent = [subs, pcs, feats, pcs[first], subs[first], None]
+                if len(memo) >= _EXPOSED_MAX:
+                    memo.clear()
+                memo[key] = ent
+            self.best_mask[h, ent[3]] = ent[4]
+            self._exposed_subs[int(h)] = ent
 
     def options(self, h: int, c: int) -> np.ndarray:
         """Subsets of size ``c`` worth trying on host ``h``: the best one, or on exposed hosts the
@@ -152,8 +199,10 @@ class SearchContext:
             return got
         if h not in self._exposed_subs:
             return self.best_mask[h, c : c + 1]
-        subs, pcs, feats = self._exposed_subs[h]
-        for cc, opts in pareto_options(feats, subs, pcs).items():
+        ent = self._exposed_subs[h]
+        if ent[5] is None:
+            ent[5] = pareto_options(ent[2], ent[0], ent[1])
+        for cc, opts in ent[5].items():
             self._options[(h, cc)] = opts
         return self._options.get((h, c), np.zeros(0, dtype=np.int64))
 
@@ -219,25 +268,38 @@ class SearchContext:
         out[r, h] = self.best_mask.ravel()[h * (self.G + 1) + counts[r, h]]
         return out
 
-    def choose(self, masks: np.ndarray, value: np.ndarray) -> int:
+    def choose(self, masks: np.ndarray, value: np.ndarray, cols: np.ndarray | None = None) -> int:
         """Index of the best candidate; near-ties (within :attr:`locality`) prefer fewer hosts, then the
-        tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order."""
+        tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order.
+        ``cols``: the rows are given on those host columns only."""
         vmax = float(value.max())
         near = np.flatnonzero(value >= vmax - max(_REL_TIE, self.locality) * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
         used = masks[near] != 0
         nh = used.sum(axis=1)
-        fit = (used * self.fcount[None, :]).sum(axis=1)
+        fc = self.fcount if cols is None else self.fcount[cols]
+        fit = (used * fc[None, :]).sum(axis=1)
         return int(near[np.lexsort((near, fit, nh))[0]])
 
-    def best_of(self, masks: np.ndarray, max_pairs: int = 8192) -> Found | None:
+    def best_of(self, masks: np.ndarray, max_pairs: int = 8192, cols: np.ndarray | None = None) -> Found | None:
+        """Best of candidate rows (``cols``: given on those sorted host columns; the result is a
+        full row). Wide clusters evaluate rows on the columns they touch: dense rows of 25,002
+        trays made one single-host search on 100,008 GPUs take seconds."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         if masks.shape[0] == 0:
             return None
-        p = self.evaluate(masks, max_pairs=max_pairs)
-        i = self.choose(masks, p.value)
-        return Found(masks[i].copy(), float(p.value[i]), float(p.standalone[i]), masks.shape[0])
+        if cols is None and masks.shape[1] >= COLUMNS_FROM:
+            cols = np.flatnonzero(masks.any(axis=0))
+            masks = masks[:, cols]
+        p = self.evaluate(masks, cols, max_pairs=max_pairs)
+        i = self.choose(masks, p.value, cols)
+        if cols is None:
+            mask = masks[i].copy()
+        else:
+            mask = np.zeros(self.H, dtype=np.int64)
+            mask[cols] = masks[i]
+        return Found(mask, float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 
     def pick(self, found: list[Found | None]) -> Found:
         found = [f for f in found if f is not None]
@@ -341,16 +403,28 @@ class SearchContext:
         return out
 
     # -- misc -----------------------------------------------------------------------------
-    def single_host_rows(self) -> np.ndarray:
-        """Best ``k``-subset of every host that fits ``k`` (one per host class)."""
+    def single_host_hosts(self) -> np.ndarray:
+        """Hosts that fit ``k``, one per host class (ascending)."""
         fit = np.flatnonzero(self.fcount >= self.k)
         if fit.size == 0:
-            return np.zeros((0, self.H), dtype=np.int64)
+            return fit
         _, first = np.unique(self.cls[fit], return_index=True)
-        hosts = fit[np.sort(first)]
+        return fit[np.sort(first)]
+
+    def single_host_rows(self) -> np.ndarray:
+        """Best ``k``-subset of every host that fits ``k`` (one per host class)."""
+        hosts = self.single_host_hosts()
         rows = np.zeros((hosts.size, self.H), dtype=np.int64)
         rows[np.arange(hosts.size), hosts] = self.best_mask[hosts, self.k]
         return rows
+
+    def best_single_host(self) -> Found | None:
+        """:meth:`best_of` the :meth:`single_host_rows`, given on their own hosts' columns (one
+        class per NVLink domain: 1,389 x 25,002 dense rows at 100,008 GPUs)."""
+        hosts = self.single_host_hosts()
+        if hosts.size == 0:
+            return None
+        return self.best_of(np.diag(self.best_mask[hosts, self.k]), cols=hosts)
 
     def host_rank(self) -> np.ndarray:
         """Hosts with free GPUs, most promising first: unexposed, most free, best stage-1."""

@@ -21,7 +21,7 @@ EHA_MAX_CANDIDATES = 1_024
 
 def single_host(ctx: SearchContext) -> Found:
     """Best single-host allocation (the ``single_host`` constraint)."""
-    got = ctx.best_of(ctx.single_host_rows())
+    got = ctx.best_single_host()
     if got is None:
         raise PlacementError("constraint_unmet", f"no single host has {ctx.k} free GPUs")
     return got
@@ -98,9 +98,9 @@ def _class_combos(ctx: SearchContext, m: int, cap: int) -> list[np.ndarray]:
 
 def eha(ctx: SearchContext) -> Found:
     """Equilibrium-driven Heuristic Algorithm (paper Sec. IV-D2)."""
-    rows = ctx.single_host_rows()
-    if rows.shape[0]:
-        return ctx.best_of(rows)
+    got = ctx.best_single_host()
+    if got is not None:
+        return got
     f_sorted = np.sort(ctx.fcount)[::-1]
     m = int(np.searchsorted(np.cumsum(f_sorted), ctx.k) + 1)
     counts = []

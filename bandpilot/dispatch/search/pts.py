@@ -24,7 +24,7 @@ def pts(ctx: SearchContext, start: np.ndarray | None = None, single_host_first: 
     H, G, k = ctx.H, ctx.G, ctx.k
     found: list[Found | None] = []
     if single_host_first:
-        found.append(ctx.best_of(ctx.single_host_rows()))
+        found.append(ctx.best_single_host())
     S = (ctx.free if start is None else np.asarray(start, dtype=np.int64)).copy()
     if int(popcount(S).sum()) < k:
         raise ValueError("PTS start set smaller than k")
