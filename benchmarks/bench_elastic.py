@@ -33,17 +33,19 @@ from bandpilot.simulation.report import summarize  # noqa: E402
 from bandpilot.simulation.workloads import seed001_workload  # noqa: E402
 
 H = 3600.0
+#: Fixed-gang baselines as the queue ran them before reservations (greedy backfill, no locality margin)
+PLAIN = SimConfig(backfill="greedy", locality=0.0)
 CONFIGS = {
-    "fifo (fixed gangs)": SimConfig(policy="fifo"),
-    "sjf (fixed gangs)": SimConfig(policy="sjf"),
-    "utility (fixed gangs)": SimConfig(policy="utility"),
+    "fifo (fixed gangs)": replace(PLAIN, policy="fifo"),
+    "sjf (fixed gangs)": replace(PLAIN, policy="sjf"),
+    "utility (fixed gangs)": replace(PLAIN, policy="utility"),
     "best non-elastic (hrrn + easy + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, step = min_k": SimConfig(policy="utility", elastic=True),
     "elastic + utility, step = min_k, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     # the other demand model (co-tenant pressure scaled by the communication fraction), both sides
-    "fifo (fixed gangs), demand comm": SimConfig(policy="fifo", demand="comm"),
+    "fifo (fixed gangs), demand comm": replace(PLAIN, policy="fifo", demand="comm"),
     "elastic + utility, demand comm": SimConfig(policy="utility", elastic=True, demand="comm"),
 }
 REF = "fifo (fixed gangs)"
