@@ -410,3 +410,37 @@ def test_growth_that_slows_the_job_is_refused():
     grown, value, k = _grow_priced(fab, st_, mine, 8, 16, 1, 0.05)
     assert k == 16 and value is not None and len(spec.from_mask(grown)) == 16
     assert grow_ratio(0.05, 8, 240.0, 16, value) < 0.98 and grow_ratio(0.5, 8, 240.0, 9, 38.0) > 1
+
+
+def test_api_submits_an_elastic_request_and_shows_its_generation(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from bandpilot.api import create_app
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.scheduling.elastic import rebalance
+
+    s = new_store(tmp_path)
+    try:
+        tok, _ = q.create_token(s, "alice")
+        h = {"Authorization": f"Bearer {tok}"}
+        with TestClient(create_app(s, sample_s=None)) as c:
+            r = c.post("/v1/requests", json={"id": "e1", "k": 4, "min_k": 2, "max_k": 16, "k_step": 2}, headers=h)
+            assert r.status_code == 201, r.text
+            bad = c.post("/v1/requests", json={"id": "e2", "k": 4, "max_k": 2}, headers=h)
+            assert bad.status_code == 422 and "'max_k' 2 is below k=4" in bad.json()["error"]
+            d = Dispatcher(make_fabric(s.spec))
+            rep = rebalance(s, d)  # admitted at its quota: alone in the queue, the whole range is in play
+            assert len(rep.admitted) == 1
+            shown = c.get("/v1/requests/e1", headers=h).json()
+            assert shown["generation"] == 0 and (shown["min_k"], shown["max_k"], shown["k_step"]) == (2, 16, 2)
+            sid = next(iter(rep.admitted))
+            q.submit(s, [{"id": "p1", "k": 28, "tenant": "bob", "utility": 5.0}])
+            rep2 = rebalance(s, d)  # the newcomer's 28-GPU gang fits only if the running job shrinks
+            assert rep2.resized and rep2.resized[0]["job"] == sid and "p1" in rep2.admitted
+            shown = c.get("/v1/requests/e1", headers=h).json()
+            launch = c.get("/v1/requests/e1/launch", headers=h).json()
+            assert shown["generation"] == 1 == launch["generation"] and launch["k"] == len(launch["gpus"]) == 4
+            assert q.check_invariants(s) == []
+    finally:
+        s.close()
