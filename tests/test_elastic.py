@@ -444,3 +444,25 @@ def test_api_submits_an_elastic_request_and_shows_its_generation(tmp_path):
             assert q.check_invariants(s) == []
     finally:
         s.close()
+
+
+def test_cli_rebalance_resizes_a_live_store(tmp_path, capsys, monkeypatch):
+    from bandpilot.cli import queue as cq
+    from bandpilot.cli.main import main
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+
+    s = new_store(tmp_path, "live.db")
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    monkeypatch.setattr(cq, "load_dispatcher", lambda uri: Dispatcher(make_fabric(s.spec)))
+    q.submit(s, [{"id": "e1", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2, "utility": 1.0}])
+    assert main(["queue", "rebalance", "--store", url]) == 0
+    assert "e1: started on" in capsys.readouterr().out
+    q.submit(s, [{"id": "g", "k": 28, "utility": 1.0}])
+    assert main(["queue", "rebalance", "e1", "--store", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["resized"][0]["job"] == "e1" and doc["resized"][0]["k"] == 4 and "g" in doc["admitted"]
+    assert q.assignment(s, "e1")["generation"] == 1 and q.check_invariants(s) == []
+    assert main(["queue", "rebalance", "--policy", "nope", "--store", url]) == 2
+    assert "unknown policy 'nope'" in capsys.readouterr().err
+    s.close()

@@ -248,6 +248,41 @@ def show_cmd(
     typer.echo(q.render(q.assignment(_store(store), job), fmt))
 
 
+@queue_app.command("rebalance")
+def rebalance_cmd(
+    jobs: Optional[List[str]] = typer.Argument(None, help="Running elastic jobs at an epoch boundary (default: all of them)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
+    policy: str = typer.Option("utility", "--policy", help="Admission order of the pending queue: fifo | priority | sjf | utility | hrrn"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy for admissions."),
+    demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for resized and new jobs: full | comm."),
+    blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Epoch-boundary round (seed 001's quotas): resize elastic jobs by utility and admit pending ones, one transaction."""
+    from bandpilot import scheduling as sched
+    from bandpilot.scheduling.elastic import rebalance
+
+    if policy not in sched.POLICIES:
+        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
+    if demand not in sched.DEMAND_MODELS:
+        raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
+    st = _store(store)
+    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
+    rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
+                    policy=policy)
+    doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting}
+    if as_json:
+        _echo_json(doc)
+        return
+    for r in rep.resized:
+        typer.echo(f"{r['job']}: {r['previous_k']} -> {r['k']} GPUs (generation {r['generation']})")
+    for rid, gpus in rep.admitted.items():
+        typer.echo(f"{rid}: started on {len(gpus)} GPUs")
+    typer.echo(f"{len(rep.resized)} resized, {len(rep.admitted)} admitted, {len(rep.waiting)} waiting")
+
+
 @queue_app.command("cancel")
 def cancel_cmd(requests: List[str] = typer.Argument(..., help="Pending request ids."), store: Optional[str] = STORE_OPT) -> None:
     """Withdraw pending requests."""
