@@ -466,3 +466,41 @@ def test_cli_rebalance_resizes_a_live_store(tmp_path, capsys, monkeypatch):
     assert main(["queue", "rebalance", "--policy", "nope", "--store", url]) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
     s.close()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["submit", "rebalance", "release", "report"]), st.integers(0, 10_000)),
+                min_size=3, max_size=12))
+def test_fuzz_rebalance_keeps_invariants(tmp_path_factory, ops):
+    """Random submits (fixed and elastic), epoch-boundary rounds, releases and entropy reports:
+    the store stays consistent and every job stays within its range."""
+    import random
+
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.scheduling.elastic import rebalance
+
+    s = new_store(tmp_path_factory.mktemp("fz"))
+    d = Dispatcher(make_fabric(s.spec))
+    n = 0
+    try:
+        for op, x in ops:
+            rnd = random.Random(x)
+            running = [r["id"] for r in q.list_requests(s, status="assigned")]
+            if op == "submit":
+                k = rnd.choice([1, 2, 4, 8, 16])
+                lo, hi = max(1, k // rnd.choice([1, 2, 4])), min(32, k * rnd.choice([1, 2]))
+                q.submit(s, [{"id": f"j{n}", "k": k, "min_k": lo, "max_k": hi, "utility": rnd.random()}])
+                n += 1
+            elif op == "rebalance":
+                at = [j for j in running if rnd.random() < 0.7]
+                rebalance(s, d, at_boundary=at, blind=rnd.random() < 0.3)
+            elif op == "release" and running:
+                q.release(s, rnd.choice(running))
+            elif op == "report" and running:
+                q.report_entropy(s, {"job": rnd.choice(running), "entropy": rnd.random()})
+            assert q.check_invariants(s) == []
+            for r in q.list_requests(s, status="assigned"):
+                assert r.get("min_k", r["k"]) <= len(r["gpus"]) <= r.get("max_k", r["k"])
+    finally:
+        s.close()
