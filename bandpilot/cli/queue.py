@@ -99,44 +99,15 @@ def submit_cmd(
     if file is None and k is None:
         raise RequestError("nothing to submit: give a JSONL file or --k")
     if file is not None:
-        if file == "-":
-            parsed = q.parse_jsonl(sys.stdin.read().splitlines(), name="<stdin>")
-        else:
-            parsed = q.parse_jsonl(Path(file))
-        requests: list[Any] = parsed.requests
-        errors = parsed.errors
-        name = "<stdin>" if file == "-" else file
-        labels: Optional[list[str]] = [f"{name}:{n}" for n in parsed.lines]
+        requests, errors, labels = _read_jsonl(file)
     else:
-        cons: dict[str, Any] = {}
-        if single_host:
-            cons["single_host"] = True
-        if single_domain:
-            cons["single_domain"] = True
-        if allowed_hosts:
-            cons["allowed_hosts"] = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
-        if allowed_gpus:
-            cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
-        if min_gbps is not None:
-            cons["min_gbps"] = min_gbps
-        if whole_domains:
-            cons["whole_domains"] = True
-        if segment is not None:
-            cons["segment"] = segment
+        cons = _flag_constraints(single_host, single_domain, whole_domains, segment, allowed_hosts, allowed_gpus, min_gbps)
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
-        if utility is not None:
-            doc["utility"] = utility
-        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s),
-                       ("min_k", min_k), ("max_k", max_k), ("k_step", k_step)):
-            if v is not None:
-                doc[key] = v
-        if preemptible:
-            doc["preemptible"] = True
-        if cons:
-            doc["constraints"] = cons
-        requests = [q.Request.from_dict(doc, "flags")]
-        errors = []
-        labels = ["flags"]
+        extra = (("utility", utility), ("time_limit_s", time_limit), ("comm_fraction", comm_fraction),
+                 ("checkpoint_s", checkpoint_s), ("min_k", min_k), ("max_k", max_k), ("k_step", k_step),
+                 ("preemptible", preemptible or None), ("constraints", cons or None))
+        doc.update({key: v for key, v in extra if v is not None})
+        requests, errors, labels = [q.Request.from_dict(doc, "flags")], [], ["flags"]
     st = _store(store)
     try:
         rep = q.submit(st, requests, partial=partial, errors=errors, labels=labels)
@@ -153,6 +124,39 @@ def submit_cmd(
         skipped = f", {len(rep.errors)} skipped" if rep.errors else ""
         ids = f": {', '.join(rep.submitted)}" if len(rep.submitted) <= 5 else ""
         typer.echo(f"submitted {len(rep.submitted)} request(s){skipped}{ids}")
+
+
+def _read_jsonl(file: str) -> tuple[list[Any], list[str], list[str]]:
+    """Requests, per-line errors and ``file:line`` labels of a JSONL file (``-`` = stdin)."""
+    from bandpilot import queue as q
+
+    if file == "-":
+        parsed = q.parse_jsonl(sys.stdin.read().splitlines(), name="<stdin>")
+    else:
+        parsed = q.parse_jsonl(Path(file))
+    name = "<stdin>" if file == "-" else file
+    return parsed.requests, parsed.errors, [f"{name}:{n}" for n in parsed.lines]
+
+
+def _flag_constraints(single_host: bool, single_domain: bool, whole_domains: bool, segment: Optional[int],
+                      allowed_hosts: Optional[str], allowed_gpus: Optional[str], min_gbps: Optional[float]) -> dict[str, Any]:
+    """The constraints object the submit flags describe (only what was given: stored JSON stays minimal)."""
+    cons: dict[str, Any] = {}
+    if single_host:
+        cons["single_host"] = True
+    if single_domain:
+        cons["single_domain"] = True
+    if allowed_hosts:
+        cons["allowed_hosts"] = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+    if allowed_gpus:
+        cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
+    if min_gbps is not None:
+        cons["min_gbps"] = min_gbps
+    if whole_domains:
+        cons["whole_domains"] = True
+    if segment is not None:
+        cons["segment"] = segment
+    return cons
 
 
 @queue_app.command("status")
