@@ -288,7 +288,7 @@ def test_store_migration_8_adds_shape_columns(tmp_path):
         conn.exec_driver_sql("DELETE FROM bp_schema WHERE version = 8")
     eng.dispose()
     again = q.Store(url)
-    assert again.migrate() == q.schema_version() == 8
+    assert again.migrate() == q.schema_version() >= 8  # later migrations ride along
     with again.read() as conn:
         cols = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
         acols = {c["name"] for c in sa.inspect(conn).get_columns("bp_assignments")}

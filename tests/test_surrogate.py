@@ -61,13 +61,38 @@ def test_predict_matches_predict_masks(trained, het):
     np.testing.assert_array_equal(sur.predict(allocs), sur.predict_masks(cross))
 
 
-def test_batching_and_padding_do_not_change_predictions(trained, het):
+def test_batching_and_padding_do_not_change_predictions(trained, het, monkeypatch):
+    import bandpilot.model.surrogate as surrogate_mod
+
+    monkeypatch.setattr(surrogate_mod, "MEMO_MAX_HOSTS", 0)  # the network itself, not remembered rows
     sur = trained.surrogate
     cross = random_cross_masks(het.spec, 200, seed=5)  # > 64 rows: exercises dedupe too
     batch = sur.predict_masks(np.concatenate([cross, cross[:50]]))
     single = np.array([sur.predict_masks(m[None, :])[0] for m in cross[:30]])
     np.testing.assert_allclose(batch[:30], single, rtol=1e-5)
     np.testing.assert_array_equal(batch[200:], batch[:50])
+
+
+def test_prediction_memo_is_exact_and_follows_weight_updates(trained, het):
+    """Rows are remembered across calls; an in-place weight update (``train`` fine-tunes
+    ``sur.net`` in place) or a mode change must not serve stale values."""
+    sur = trained.surrogate
+    cross = random_cross_masks(het.spec, 40, seed=9)
+    first = sur.predict_masks(cross)
+    np.testing.assert_array_equal(sur.predict_masks(cross[::-1])[::-1], first)
+    np.testing.assert_allclose(sur._predict_uncached(cross), sur._predict_model(cross), rtol=1e-6)
+    p = next(sur.net.parameters())
+    saved = p.detach().clone()
+    try:
+        with torch.no_grad():
+            p.mul_(1.5)
+        changed = sur.predict_masks(cross)
+        assert not np.allclose(changed, first)
+        np.testing.assert_allclose(sur._predict_uncached(cross), sur._predict_model(cross), rtol=1e-6)
+    finally:
+        with torch.no_grad():
+            p.copy_(saved)
+    np.testing.assert_allclose(sur.predict_masks(cross), first, rtol=1e-6)
 
 
 def test_permutation_invariance_over_hosts(trained, het):

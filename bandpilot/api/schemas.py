@@ -65,6 +65,9 @@ class SubmitBody(_Body):
                                           description="Cost of one checkpoint + restart, seconds.")
     checkpoint_every_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
                                                 description="Checkpoint period, seconds.")
+    min_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the fewest GPUs the job runs on (default k).")
+    max_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the most GPUs the job can use (default k).")
+    k_step: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: sizes are min_k plus multiples of this.")
     shape: Optional[Union[Annotated[Text, Field(max_length=400)], JSONObject]] = Field(
         None, description="Parallelism shape: 'tp=T,pp=P,dp=D[,ep=E]' or {tp, pp, dp, ep, traffic, compute_ms, model}; "
         "k must be tp*pp*dp. The assignment then carries the rank map (launch formats follow it).")

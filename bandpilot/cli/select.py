@@ -43,7 +43,6 @@ def select_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the selection as JSON.")] = False,
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
-    from bandpilot.dispatch.contention import ContentionPredictor
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.dispatch.state import State
 
@@ -65,30 +64,11 @@ def select_cmd(
         "whole_domains": whole_domains,
         "segment": segment,
     }
-    shp = None
-    if shape is not None:
-        from bandpilot.dispatch.shape import Shape, parse_traffic
-
-        doc = Shape.parse(shape, "--shape").to_dict()
-        if traffic is not None:
-            doc["traffic"] = parse_traffic(traffic, "--traffic")
-        if compute_ms is not None:
-            doc["compute_ms"] = compute_ms
-        shp = Shape.parse(doc, "--shape")
-    elif traffic is not None or compute_ms is not None:
-        raise RequestError("--traffic and --compute-ms need --shape")
+    shp = _shape(shape, traffic, compute_ms)
     sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints, shape=shp)
     out = sel.to_dict()
     if fabric is not None and model is not None:
-        st_f = State.from_dict(fabric.spec, st.to_dict())
-        out["true_gbps"] = round(float(ContentionPredictor(fabric, st_f).predict(sel.mask[None, :]).value[0]), 6)
-        if sel.placement is not None and shp is not None:
-            from bandpilot.dispatch.search.shape import from_ranks, score
-
-            truth = from_ranks(fabric.spec, sel.placement["ranks"])
-            score(ContentionPredictor(fabric, st_f), shp, [truth])
-            out["true_step_ms"] = round(float(truth.step_ms), 6)
-            out["true_axis_gbps"] = {a: round(float(v), 6) for a, v in truth.axis_gbps.items()}
+        out.update(_truth(fabric, st, sel, shp))
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -107,3 +87,36 @@ def select_cmd(
     for host in sel.hosts:
         idx = [g.rpartition(":")[2] for g in sel.gpus if g.rpartition(":")[0] == host]
         console.print(f"  {host}: {', '.join(idx)}")
+
+
+def _shape(shape: str | None, traffic: str | None, compute_ms: float | None):
+    """The --shape with its --traffic / --compute-ms, parsed once (None without --shape)."""
+    if shape is None:
+        if traffic is not None or compute_ms is not None:
+            raise RequestError("--traffic and --compute-ms need --shape")
+        return None
+    from bandpilot.dispatch.shape import Shape, parse_traffic
+
+    doc = Shape.parse(shape, "--shape").to_dict()
+    if traffic is not None:
+        doc["traffic"] = parse_traffic(traffic, "--traffic")
+    if compute_ms is not None:
+        doc["compute_ms"] = compute_ms
+    return Shape.parse(doc, "--shape")
+
+
+def _truth(fabric, st, sel, shp) -> dict:
+    """What the true fabric (--cluster) says of a model's selection: GB/s, and with a shape the step time."""
+    from bandpilot.dispatch.contention import ContentionPredictor
+    from bandpilot.dispatch.state import State
+
+    st_f = State.from_dict(fabric.spec, st.to_dict())
+    out = {"true_gbps": round(float(ContentionPredictor(fabric, st_f).predict(sel.mask[None, :]).value[0]), 6)}
+    if sel.placement is not None and shp is not None:
+        from bandpilot.dispatch.search.shape import from_ranks, score
+
+        truth = from_ranks(fabric.spec, sel.placement["ranks"])
+        score(ContentionPredictor(fabric, st_f), shp, [truth])
+        out["true_step_ms"] = round(float(truth.step_ms), 6)
+        out["true_axis_gbps"] = {a: round(float(v), 6) for a, v in truth.axis_gbps.items()}
+    return out

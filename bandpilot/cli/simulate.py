@@ -33,6 +33,9 @@ def simulate_cmd(
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
+    elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
+    blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
+    resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
@@ -60,7 +63,8 @@ def simulate_cmd(
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill, locality=locality, preempt=preempt)
+                    backfill=backfill, locality=locality, elastic=_on_off(elastic, "--elastic"), blind=blind_growth,
+                    resize_s=resize_s, preempt=preempt)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:
@@ -74,6 +78,7 @@ def simulate_cmd(
         f"{s['policy']}+{s['algorithm']}+{s['backfill']} on {s['cluster']} ({s['truth']}, demand {s['demand']}): {s['completed']}/{s['jobs']} jobs, "
         f"mean JCT {s['avg_jct_s'] / h:.2f} h, p95 {s['p95_jct_s'] / h:.2f} h, queueing {s['avg_queue_s'] / h:.2f} h, "
         f"GPU utilization {s['gpu_utilization']:.2f}, mean GBE {s['mean_gbe']:.3f}"
+        + (f", {s['resizes']} resizes" if s.get("elastic") else "")
     )
     typer.echo(f"report: {out / 'summary.json'}" + (f"  (MLflow run {s['mlflow_run_id']})" if "mlflow_run_id" in s else ""))
 
@@ -124,3 +129,10 @@ def report_cmd(
         _echo_json(res)
         return
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
+
+
+def _on_off(value: str, flag: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("on", "off"):
+        raise BandPilotError(f"{flag} must be on or off, got {value!r}")
+    return v == "on"

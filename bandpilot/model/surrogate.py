@@ -56,6 +56,12 @@ REPLAY_FILE = "replay.npz"
 
 
 # ------------------------------------------------------------------------------------------
+#: Prediction memo (:meth:`Surrogate._predict_model`): clusters up to this many hosts (a row is
+#: its key), at most this many bytes of keys.
+MEMO_MAX_HOSTS = 4096
+MEMO_BYTES = 64 * 1024 * 1024
+
+
 class Surrogate:
     """A trained ``B̂(S)``: ``predict`` / ``predict_masks`` (the dispatcher's hot path), save/load."""
 
@@ -140,6 +146,37 @@ class Surrogate:
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
     def _predict_model(self, masks: np.ndarray) -> np.ndarray:
+        """Model output for cross-host rows, remembered per row while the weights, the stage-1
+        tables and the mode stay the same: a scheduler or a simulation asks about the same rows
+        decision after decision (the running set changes one job at a time)."""
+        H = masks.shape[1]
+        if H > MEMO_MAX_HOSTS or masks.shape[0] == 0:
+            return self._predict_uncached(masks)
+        token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
+        memo = getattr(self, "_memo", None)
+        if memo is None or memo[0] != token:
+            memo = self._memo = (token, {})
+        table = memo[1]
+        rows = np.ascontiguousarray(masks, dtype=np.int64)
+        keys = [r.tobytes() for r in rows]
+        out = np.empty(rows.shape[0])
+        miss = []
+        for i, key in enumerate(keys):
+            v = table.get(key)
+            if v is None:
+                miss.append(i)
+            else:
+                out[i] = v
+        if miss:
+            vals = self._predict_uncached(rows[miss])
+            out[miss] = vals
+            if len(table) + len(miss) > MEMO_BYTES // (8 * H):
+                table.clear()
+            for i, v in zip(miss, vals.tolist()):
+                table[keys[i]] = v
+        return out
+
+    def _predict_uncached(self, masks: np.ndarray) -> np.ndarray:
         if self.kind == "hierarchical" and masks.shape[0] > 64:
             # Identical (count, intra) rows predict identically: dedupe before the forward pass.
             counts = np.bitwise_count(masks).astype(np.int64)

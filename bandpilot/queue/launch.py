@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from bandpilot.errors import RequestError, StateError
 from bandpilot.queue.clock import iso
+from bandpilot.queue.generations import current_generations, elastic_doc
 from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
 
@@ -34,6 +35,7 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
     with store.read() as conn:
         r = conn.execute(sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True)
                          .where(T_REQ.c.id == job_id)).mappings().first()
+        gen = current_generations(conn, [job_id]).get(job_id, 0)
     if r is None:
         raise StateError(f"no request {job_id!r} in the store", code="not_found")
     if not r["gpus"]:
@@ -56,8 +58,10 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
         extra["shape"] = json.loads(r["shape"])
     if r.get("placement"):
         extra.update(json.loads(r["placement"]))
-    return {**extra, "id": r["id"], "tenant": r["tenant"], "status": r["status"], "k": r["k"], "gpus": gpus, "hosts": hosts,
-            "predicted_gbps": r["predicted_gbps"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"])}
+    # k is the current generation's size (an elastic job's requested k may differ)
+    return {**extra, "id": r["id"], "tenant": r["tenant"], "status": r["status"], "k": len(gpus), "gpus": gpus, "hosts": hosts,
+            "predicted_gbps": r["predicted_gbps"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+            "generation": gen, **elastic_doc(r)}
 
 
 def render(a: dict[str, Any], fmt: str) -> str:

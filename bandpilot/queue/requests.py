@@ -27,7 +27,9 @@ from bandpilot.topology.cluster import ClusterSpec
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 #: Run-time and preemption fields (schema v6): planning hints, never trusted for correctness.
 RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape") + RUNTIME_KEYS
+#: Elastic range (schema v9): a data-parallel job may run on any size min_k, min_k + step, ..., max_k.
+ELASTIC_KEYS = ("min_k", "max_k", "k_step")
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape") + RUNTIME_KEYS + ELASTIC_KEYS
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -69,10 +71,35 @@ class Request:
     checkpoint_every_s: float | None = None
     #: parallelism shape (schema v8): the batch places each axis and stores the rank map
     shape: Shape | None = None
+    #: Elastic range: the job starts at ``k`` when it can and the queue may resize it within
+    #: ``[min_k, max_k]`` in steps of ``k_step`` at epoch boundaries; None = fixed at ``k``.
+    min_k: int | None = None
+    max_k: int | None = None
+    k_step: int | None = None
+
+    @property
+    def lo(self) -> int:
+        return self.k if self.min_k is None else self.min_k
+
+    @property
+    def hi(self) -> int:
+        return self.k if self.max_k is None else self.max_k
+
+    @property
+    def step(self) -> int:
+        return self.k_step or 1
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    def sizes(self) -> list[int]:
+        """Every size the job may run at, smallest first."""
+        return list(range(self.lo, self.hi + 1, self.step))
 
     def runtime_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in RUNTIME_KEYS:
+        for key in RUNTIME_KEYS + ELASTIC_KEYS:
             v = getattr(self, key)
             if v is not None and v is not False:
                 out[key] = v
@@ -138,7 +165,30 @@ class Request:
                 shape.check_k(k)
             except RequestError as exc:
                 raise RequestError(f"{where}: {exc}") from None
-        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where), shape=shape)
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where), shape=shape,
+                   **_elastic_fields(doc, k, where))
+
+
+def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, int | None]:
+    """``min_k <= k <= max_k``, each size reachable from ``min_k`` in steps of ``k_step``."""
+    out: dict[str, int | None] = {}
+    for key in ELASTIC_KEYS:
+        v = doc.get(key)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise RequestError(f"{where}: {key!r} must be an integer >= 1, got {v!r}")
+        out[key] = v
+    lo = k if out["min_k"] is None else out["min_k"]
+    hi = k if out["max_k"] is None else out["max_k"]
+    step = out["k_step"] or 1
+    if lo > k:
+        raise RequestError(f"{where}: 'min_k' {lo} is above k={k}")
+    if hi < k:
+        raise RequestError(f"{where}: 'max_k' {hi} is below k={k}")
+    if (k - lo) % step or (hi - lo) % step:
+        raise RequestError(f"{where}: k={k} and max_k={hi} must be min_k={lo} plus a multiple of k_step={step}")
+    return out
 
 
 def _positive(doc: Mapping[str, Any], key: str, where: str, upper: float | None = None) -> float | None:
@@ -179,6 +229,14 @@ def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
     names exist, the constraints leave at least ``k`` GPUs even on an idle cluster. Raises
     :class:`RequestError` (a ``PlacementError`` with reason ``invalid_request``)."""
     req.constraints.validate(spec, req.k, f"request {req.id!r}", f"{where}: " if where else "")
+    w = f"{where + ': ' if where else ''}request {req.id!r}"
+    if req.hi > spec.n_gpus:
+        raise RequestError(f"{w}: max_k={req.hi} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
+    if req.shape is not None and req.elastic:
+        raise RequestError(f"{w}: a 'shape' fixes k={req.k}; it cannot be combined with an elastic min_k/max_k range")
+    seg = req.constraints.segment
+    if seg is not None and req.elastic and (req.lo % seg or req.step % seg):
+        raise RequestError(f"{w}: segment {seg} must divide min_k={req.lo} and k_step={req.step}")
 
 
 @dataclass

@@ -72,6 +72,9 @@ class SimConfig:
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
+    elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
+    blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
+    resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -90,6 +93,8 @@ class SimConfig:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
         if self.preempt not in PREEMPT_MODES:
             raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
+        if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
+            raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -114,7 +119,8 @@ class JobRecord:
     final_utility: float | None = None
     preemptions: int = 0
     wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
-    held_s: float = 0.0  # seconds it held its GPUs (all runs; less than service_s once preempted)
+    resizes: int = 0  # elastic resizes (new assignment generations)
+    gpu_s: float = 0.0  # GPU-seconds held (elastic jobs change size; fixed ones hold k x service)
 
     @property
     def jct_s(self) -> float | None:
@@ -159,9 +165,10 @@ class SimResult:
 def simulate(
     jobs: Sequence[TraceJob], dispatcher: Any, truth_fabric: Any, config: SimConfig, *,
     store_dir: str | Path | None = None, truth_label: str = "emulator", model_label: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, runner: type | None = None,
 ) -> SimResult:
-    """Run the trace through a fresh temporary store; returns every job's times and the timeline."""
+    """Run the trace through a fresh temporary store; returns every job's times and the timeline.
+    ``runner``: the simulation class (:mod:`bandpilot.simulation.elastic` passes its own)."""
     config.check()
     spec = dispatcher.model.spec
     too_big = next((j for j in jobs if j.k > spec.n_gpus), None)
@@ -171,7 +178,9 @@ def simulate(
         store = Store(f"sqlite:///{Path(tmp) / 'queue.db'}")
         try:
             store.init_cluster(spec)
-            return _Sim(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
+            if config.elastic and runner is None:
+                raise SimulationError("elastic simulations run through bandpilot.simulation.elastic.simulate")
+            return (runner or _Sim)(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
         finally:
             store.close()
 
@@ -210,7 +219,11 @@ class _Sim:
             submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s,
                                         time_limit_s=j.time_limit_s, comm_fraction=j.comm_fraction,
                                         preemptible=j.preemptible, checkpoint_s=j.checkpoint_s,
-                                        checkpoint_every_s=j.checkpoint_every_s) for j in batch])
+                                        checkpoint_every_s=j.checkpoint_every_s,
+                                        # elastic off: every job is a fixed gang of its k
+                                        min_k=j.min_k if self.cfg.elastic else None,
+                                        max_k=j.max_k if self.cfg.elastic else None,
+                                        k_step=j.k_step if self.cfg.elastic else None) for j in batch])
             # a job without a time limit in the trace gets its exact compute time as the estimate
             # (the stated oracle); one with a limit is planned with that limit, errors and all
             oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}
@@ -283,7 +296,6 @@ class _Sim:
         kept = r.progress - (gained * lost / ran if ran > 0 else gained)
         restart = float(j.checkpoint_s or 0.0)
         self._kept[jid] = (kept - restart / rec.compute_s, r.reported)
-        rec.held_s += t - r.started
         rec.preemptions += 1
         rec.wasted_gpu_s += rec.k * (lost + restart)
         rec.status = "pending"
@@ -298,7 +310,6 @@ class _Sim:
             self._to_release.append(jid)
             self.busy &= ~r.mask
             r.rec.end_s, r.rec.status = t, "done"
-            r.rec.held_s += t - r.started
             self.done += 1
 
     # -- rates and progress ---------------------------------------------------------------
@@ -325,6 +336,16 @@ class _Sim:
         for r in self.running.values():
             r.progress = min(1.0, r.progress + r.rate * dt)
             r.rec.bw_time += min(1.0, r.ratio) * dt
+            r.rec.gpu_s += int(popcount(r.mask).sum()) * dt
+
+    # -- hooks (bandpilot.simulation.elastic overrides them) --------------------------------
+    def _wants_batch(self) -> bool:
+        """Is there anything a batch could do? Fixed gangs: only when requests wait."""
+        return bool(self.pending)
+
+    def _retick(self) -> bool:
+        """Should another batch follow at the next interval even if nothing changes?"""
+        return False
 
     def _sample(self, t: float) -> None:
         used = popcount(self.busy)
@@ -347,14 +368,17 @@ class _Sim:
         ai = 0
         t = 0.0
         dirty = False
+        last_batch = -math.inf
         self._sample(0.0)
         while self.done < n:
             t_arr = trace[ai].submit_s if ai < n else math.inf
             ends = {jid: t + (1.0 - r.progress) / r.rate for jid, r in self.running.items()}
             t_done = min(ends.values(), default=math.inf)
             t_tick = math.inf
-            if dirty and self.pending:
+            if dirty and self._wants_batch():
                 t_tick = math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s
+                if t_tick <= last_batch:
+                    t_tick += cfg.interval_s
             t_starve = self._next_starving(t)
             t_next = min(t_arr, t_done, t_tick, t_starve)
             if t_next == math.inf:  # requests wait, nothing runs or arrives, the last batch placed none
@@ -378,9 +402,11 @@ class _Sim:
                 dirty = True
             if t_starve <= t:  # a waiting gang turns starving: it may preempt now
                 dirty = True
-            if self.pending and dirty and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9:
+            if (dirty and t > last_batch and self._wants_batch()
+                    and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9):
                 placed = self._batch(t)
-                dirty = False
+                last_batch = t
+                dirty = self._retick()
                 changed = changed or placed > 0
             if changed:
                 self._rates()

@@ -64,7 +64,9 @@ def summarize(res: SimResult) -> dict[str, Any]:
         "gpu_utilization": util, "mean_fragmentation": frag,
         "mean_gbe": float(eff.mean()) if eff.size else 1.0,
         "batches": res.batches, "wall_s": res.wall_s,
-        "gpu_hours": float(sum(j.k * (j.held_s or j.service_s) for j in done)) / 3600.0,  # GPUs actually held
+        "gpu_hours": float(sum(j.gpu_s or j.k * j.service_s for j in done)) / 3600.0,
+        "elastic": res.config.elastic, "blind_growth": res.config.blind, "resize_s": res.config.resize_s,
+        "resizes": int(sum(j.resizes for j in res.jobs)),
         "max_wait_s": float(qd.max()) if qd.size else math.nan,
         "preemptions": int(sum(j.preemptions for j in res.jobs)),
         "wasted_gpu_hours": float(sum(j.wasted_gpu_s for j in res.jobs)) / 3600.0,
