@@ -14,12 +14,14 @@ Interface (a :class:`PostFilter` is any object with ``name`` and ``post_filter``
   the API, and optionally ``victims``: running jobs to evict so the request fits (preemption).
   A plug-in must not write: the batch loop owns the transaction and acts on the plan.
 
-Plug-ins, first to last: those added with :meth:`Placer.add_post_filter
+Plug-ins, first to last: under ``--preempt on`` the preemption plug-in
+(:class:`~bandpilot.scheduling.preemption.PreemptPostFilter`, asked first: a plan that starts the
+gang now beats a reservation for later), those added with :meth:`Placer.add_post_filter
 <bandpilot.scheduling.placer.Placer.add_post_filter>` (the backfill book's
-:class:`ReservationPostFilter` under ``--backfill easy|conservative``; preemption next), then the
-default :class:`RecordReason`, which always answers and records why nothing fit (the deferral's own
-reason and detail, as stored before this extension point existed). Victims are not executed yet:
-the preemption plug-in and its eviction step come together.
+:class:`ReservationPostFilter` under ``--backfill easy|conservative``), then the default
+:class:`RecordReason`, which always answers and records why nothing fit (the deferral's own reason
+and detail, as stored before this extension point existed). A plan with victims is carried out by
+the batch loop (:func:`~bandpilot.scheduling.preemption.evict` and the gang's assignment, one savepoint).
 """
 
 from __future__ import annotations
