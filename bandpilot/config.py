@@ -28,26 +28,66 @@ QUIET_ENV = {
 }
 
 
+#: Numeric variables: (type, default, smallest allowed). Checked where they are read, so a bad
+#: API setting stops `api serve` with the variable's name but not every other command.
+_NUMBERS: dict[str, tuple[type, float | None, float]] = {
+    "api_threads": (int, 12, 1),  # BANDPILOT_API_THREADS
+    "api_max_pending": (int, 100, 0),  # BANDPILOT_API_MAX_PENDING (pending requests per tenant)
+    "api_max_pending_gpus": (int, None, 0),  # BANDPILOT_API_MAX_PENDING_GPUS (their GPUs together; unset: no cap)
+    "dispatch_s": (float, 10.0, 0.0),  # BANDPILOT_DISPATCH_S (`api serve`: seconds between batches, 0 = off)
+}
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every ``BANDPILOT_*`` variable the library reads, parsed and checked in one place.
 
-    The table of names, defaults and meanings is in the README ("Configuration"). Fields are
-    ``None`` where the variable is unset and the default depends on the project (e.g. the store)."""
+    The table of names, defaults and meanings is in the README ("Scaling out"). Fields are ``None``
+    where the variable is unset and the default depends on the project (e.g. the store)."""
 
     home: Path | None = None  # BANDPILOT_HOME
     store: str | None = None  # BANDPILOT_STORE
     experiment: str | None = None  # BANDPILOT_EXPERIMENT
     mp_start: str | None = None  # BANDPILOT_MP_START
     task_runner: str | None = None  # BANDPILOT_TASK_RUNNER
-    api_threads: int = 12  # BANDPILOT_API_THREADS
     api_config: str | None = None  # BANDPILOT_API_CONFIG (set by `api serve` for its workers)
     data: Path | None = None  # BANDPILOT_DATA (benchmarks: the shared measurement tables)
-    test_batch_sleep: float = 0.0  # BANDPILOT_TEST_BATCH_SLEEP (tests: widen the batch loop's race window)
+    progress: str | None = None  # BANDPILOT_PROGRESS: bars | lines | off (default: bars on a terminal)
+    numbers: tuple[tuple[str, str], ...] = ()  # raw text of the set numeric variables (see _NUMBERS)
+
+    @property
+    def api_threads(self) -> int:
+        return int(self._number("api_threads"))  # type: ignore[arg-type]
+
+    @property
+    def api_max_pending(self) -> int:
+        return int(self._number("api_max_pending"))  # type: ignore[arg-type]
+
+    @property
+    def api_max_pending_gpus(self) -> int | None:
+        v = self._number("api_max_pending_gpus")
+        return None if v is None else int(v)
+
+    @property
+    def dispatch_s(self) -> float:
+        return float(self._number("dispatch_s"))  # type: ignore[arg-type]
+
+    def _number(self, key: str) -> float | None:
+        kind, default, least = _NUMBERS[key]
+        text = dict(self.numbers).get(key)
+        if text is None:
+            return default
+        try:
+            value = kind(text)
+        except ValueError:
+            raise SpecError(f"${ENV_NAMES[key]}: expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if not value >= least:  # NaN fails too
+            raise SpecError(f"${ENV_NAMES[key]}: must be at least {least:g}, got {text!r}")
+        return value
 
 
-#: Field -> variable name; the only place the names are spelled.
-ENV_NAMES = {f.name: "BANDPILOT_" + f.name.upper() for f in fields(Settings)}
+#: Setting -> variable name; the only place the names are spelled.
+ENV_NAMES = {name: "BANDPILOT_" + name.upper() for name in [*(f.name for f in fields(Settings) if f.name != "numbers"), *_NUMBERS]}
 
 
 def settings() -> Settings:
@@ -55,27 +95,21 @@ def settings() -> Settings:
 
     Parsed once per distinct set of values (cached on the raw strings), so a test's
     ``monkeypatch.setenv`` or a parent that sets a variable before starting a flow is seen without
-    a cache reset, and a bad value fails with the variable's name."""
+    a cache reset; a bad number fails with the variable's name where it is read."""
     return _parse(tuple(os.environ.get(v) or None for v in ENV_NAMES.values()))
 
 
 @lru_cache(maxsize=32)
 def _parse(raw: tuple[str | None, ...]) -> Settings:
-    env = dict(zip(ENV_NAMES, raw))
-    out: dict[str, object] = {k: v for k, v in env.items() if v is not None}
+    env = {k: v for k, v in zip(ENV_NAMES, raw) if v is not None}
+    out: dict[str, object] = {k: v for k, v in env.items() if k not in _NUMBERS}
     for key in ("home", "data"):
         if key in out:
             out[key] = Path(str(out[key])).expanduser().resolve()
-    for key, kind in (("api_threads", int), ("test_batch_sleep", float)):
+    for key in ("task_runner", "progress"):
         if key in out:
-            try:
-                out[key] = kind(str(out[key]))
-            except ValueError:
-                raise SpecError(f"${ENV_NAMES[key]}: expected a number, got {env[key]!r}") from None
-    if "api_threads" in out and int(out["api_threads"]) < 1:  # type: ignore[call-overload]
-        raise SpecError(f"${ENV_NAMES['api_threads']}: must be at least 1, got {env['api_threads']!r}")
-    if "task_runner" in out:
-        out["task_runner"] = str(out["task_runner"]).lower()
+            out[key] = str(out[key]).strip().lower()
+    out["numbers"] = tuple((k, v.strip()) for k, v in env.items() if k in _NUMBERS)
     return Settings(**out)  # type: ignore[arg-type]
 
 

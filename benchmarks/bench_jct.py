@@ -1,6 +1,6 @@
 """Jobs finish sooner (issue 21): reservations, backfill, lifetime locality and queue order, by JCT.
 
-    python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001]
+    python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001,batch]
 
 Truth: the measured h100-16m tables when ``../shared/data`` (or ``$BANDPILOT_DATA``) is present, else
 the emulated ``params/clusters/h100.yaml`` (labelled EMULATED). The dispatcher's model is the truth
@@ -16,6 +16,8 @@ in every table. Nothing is written into the repository.
    jobs, 2-16 GPUs, 0.5-4 h, comm 0.2-0.7, overloaded) and the mixed one, BandPilot (locality 0 and
    the default margin) vs topo, under both demand models. Target: never worse on mean and p95.
 3. ``seed001``: seed 001's 50-job workload: the utility policy vs FIFO (target: no longer loses).
+4. ``batch`` (only when asked): one batch with 1,000 pending requests and reservations on the
+   emulated 1,152-GPU ``nvl72x16`` (target: <= 60 s).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from bandpilot.simulation.workloads import mixed_workload, poisson_workload, see
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
-RECOMMENDED = SimConfig(policy="hrrn", backfill="easy", locality=0.5)  # candidate default
+RECOMMENDED = SimConfig()  # the simulator's default: what the queue runs without flags
 
 
 def truth_fabric():
@@ -48,7 +50,7 @@ def truth_fabric():
     for cand in (root, ROOT.parent / "shared" / "data"):
         d = cand / "measurements" / "h100-16m"
         if d.is_dir():
-            return make_fabric(load_cluster(d)), f"measured H100 tables (h100-16m), perfect predictor"
+            return make_fabric(load_cluster(d)), "measured H100 tables (h100-16m), perfect predictor"
     return make_fabric(load_cluster(ROOT / "params" / "clusters" / "h100.yaml")), \
         "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent), perfect predictor"
 
@@ -146,6 +148,37 @@ def seed001(truth, seeds: int) -> str:
     return f"seed 001's 50 jobs (means over {seeds} seeds; ref = fifo + bandpilot, greedy)\n\n" + table(rows, "fifo + bandpilot, greedy")
 
 
+def batch_latency(truth, seeds: int) -> str:
+    """One batch with 1,000 pending requests on the emulated nvl72x16 (1,152 GPUs), half the cluster
+    busy with jobs that have time limits, under greedy / easy / conservative backfill."""
+    import tempfile
+
+    from bandpilot import queue as q
+    from bandpilot import scheduling as sched
+    from bandpilot.queue.clock import use_clock
+
+    spec = load_cluster(ROOT / "params" / "clusters" / "nvl72x16.yaml")
+    fab = make_fabric(spec)
+    rng = np.random.default_rng(0)
+    out = ["| backfill | pending | assigned | reservations | batch wall (s) |", "|---|---|---|---|---|"]
+    for mode in ("greedy", "easy", "conservative"):
+        with tempfile.TemporaryDirectory() as tmp, use_clock(lambda: 1000.0):
+            store = q.Store(f"sqlite:///{tmp}/q.db")
+            store.init_cluster(spec)
+            busy = [{"id": f"run{i}", "k": 8, "time_limit_s": float(rng.uniform(600, 36000)), "submitted": 0} for i in range(72)]
+            q.submit(store, busy)
+            sched.run_batch(store, Dispatcher(fab), backfill="greedy", locality=0.5)
+            sizes = rng.choice([1, 2, 4, 8, 16, 32, 64, 128], size=1000, p=[.3, .15, .15, .15, .1, .08, .05, .02])
+            q.submit(store, [{"id": f"p{i}", "k": int(k), "time_limit_s": float(rng.uniform(300, 20000)), "submitted": 1 + i}
+                             for i, k in enumerate(sizes)])
+            t0 = time.perf_counter()
+            rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill=mode, locality=0.5)
+            wall = time.perf_counter() - t0
+            out.append(f"| {mode} | {rep.pending_before} | {len(rep.assigned)} | {len(rep.reservations)} | {wall:.1f} |")
+            store.close()
+    return "nvl72x16 (1,152 GPUs, emulated, perfect predictor), 576 GPUs busy, 1,000 pending (target: <= 60 s)\n\n" + "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
@@ -155,7 +188,7 @@ def main() -> int:
     print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
     for part in args.only.split(","):
         t0 = time.perf_counter()
-        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001}[part](truth, args.seeds))
+        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001, "batch": batch_latency}[part](truth, args.seeds))
         print(f"\n({part}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
     return 0
 

@@ -72,7 +72,7 @@ def table_50(seeds: int, threads: int) -> str:
     for s in range(seeds):
         jobs = seed001_workload(s)
         for p, a, lam in cells:
-            res = simulate(jobs, Dispatcher(model, seed=s), truth, SimConfig(policy=p, algorithm=a, lam=lam, seed=s))
+            res = simulate(jobs, Dispatcher(model, seed=s), truth, SimConfig(policy=p, algorithm=a, lam=lam, seed=s, backfill="greedy", locality=0.0))
             rows.setdefault((p, a, lam), []).append(summarize(res))
     wall = time.perf_counter() - t0
 
@@ -109,7 +109,7 @@ def scale(n_jobs: int) -> str:
     fab = make_fabric(spec)
     jobs = public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)
     t0 = time.perf_counter()
-    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="fifo", algorithm="bandpilot"))
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0))
     wall = time.perf_counter() - t0
     s = summarize(res)
     ok = "met" if wall <= 600 else "MISSED"
@@ -137,7 +137,7 @@ def scale_surrogate(n_jobs: int, threads: int) -> str:
     walls = {}
     for label, model in (("surrogate", res.surrogate), ("perfect predictor", fab)):
         t0 = time.perf_counter()
-        simulate(jobs, Dispatcher(model), fab, SimConfig(policy="fifo", algorithm="bandpilot"))
+        simulate(jobs, Dispatcher(model), fab, SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0))
         walls[label] = time.perf_counter() - t0
     s = walls["surrogate"]
     return (f"{n_jobs} of the same jobs with a trained surrogate (trained in {t_train:.0f} s): {s:.0f} s vs "

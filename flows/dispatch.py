@@ -32,12 +32,13 @@ def load_dispatcher_task(model_uri: str):
 
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str,
-                   backfill: str = "greedy", demand: str = "full") -> dict[str, Any]:
+                   backfill: str = "greedy", demand: str = "full", locality: float | None = None) -> dict[str, Any]:
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
-        rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand)
+        rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand,
+                              locality=locality)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")
@@ -65,11 +66,12 @@ def batch_markdown(rep: dict[str, Any]) -> str:
 def dispatch_flow(
     cluster: str,
     model_uri: str | None = None,
-    policy: str = "utility",
+    policy: str = "hrrn",
     store_url: str | None = None,
     limit: int | None = None,
-    backfill: str = "greedy",
+    backfill: str = "easy",
     demand: str = "full",
+    locality: float = 0.5,
 ) -> dict[str, Any]:
     """Assign the pending requests of ``cluster``'s queue with ``models:/bandpilot-<cluster>@champion``."""
     prepare()
@@ -84,7 +86,7 @@ def dispatch_flow(
         log.info("no batch on %s: %s", cluster, idle)
         return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
-    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand)
+    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")
     counts = {s: sum(1 for o in rep.get("outcomes", []) if o.get("status") == s) for s in ("assigned", "deferred", "rejected")}
     log.info("batch on %s: %s", cluster, counts)

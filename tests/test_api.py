@@ -311,3 +311,16 @@ def test_a_revocation_made_elsewhere_takes_effect_within_the_token_ttl(tmp_path)
         q.revoke(store, tenant="bob")
         assert c.get("/v1/whoami", headers={"Authorization": f"Bearer {t2}"}).status_code == 401
     store.close()
+
+
+def test_submit_with_shape_launch_carries_rank_map(world):
+    c, h, a = world.client, world.h, world.alice
+    r = c.post("/v1/requests", json={"id": "mp", "k": 8, "shape": "tp=4,dp=2"}, headers=h(a))
+    assert r.status_code == 201, r.text
+    assert c.post("/v1/requests", json={"id": "mp2", "k": 8, "shape": {"tp": 3}}, headers=h(a)).status_code in (400, 422)
+    assert c.post("/v1/requests", json={"id": "mp3", "k": 8, "shape": 5}, headers=h(a)).status_code == 422
+    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)))
+    doc = c.get("/v1/requests/mp/launch?format=json", headers=h(a)).json()
+    assert len(doc["ranks"]) == 8 and doc["shape"]["tp"] == 4 and set(doc["axis_gbps"]) == {"tp", "dp"}
+    tr = c.get("/v1/requests/mp/launch?format=torchrun", headers=h(a))
+    assert tr.status_code == 200 and "--node-rank=0" in tr.text

@@ -150,6 +150,7 @@ def test_cli_train_fits_everything_and_bad_folds_register_nothing(het_ds, tmp_pa
     assert "Cross-validated, out-of-fold" in mv.description and "Test (" not in mv.description
     assert str(tmp_path) not in mv.description and ", ds)" in mv.description
     assert run.data.tags["bandpilot.dataset_path"] == "ds"
+    assert not any(k.startswith("test_") for k in run.data.metrics)  # the CV figures once, as cv_*
 
     rc = main(["train", "--data", str(d), "--params", str(params), "--folds", "100000"])
     err = capsys.readouterr().err

@@ -219,6 +219,7 @@ def _tiny_surrogate(fabric):
     return Surrogate(fabric.spec, fabric.stage1, net)
 
 
+@pytest.mark.slow  # 65 s measured (load ~12 on 2 cores): the CLI evaluation with MLflow
 def test_cli_evaluate_writes_report_and_logs_to_mlflow(het, tmp_path, mlflow_uri, capsys):
     import mlflow
 

@@ -31,6 +31,7 @@ from bandpilot.queue import schema as q_schema
 from bandpilot.scheduling.batch import load_pending
 from bandpilot.scheduling.policies import Pending
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
+from bandpilot.dispatch.constraints import Constraints
 from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import ModelError, RequestError, StateError
 from bandpilot.fabric.emulator import make_fabric
@@ -66,8 +67,8 @@ class GreedyDispatcher:
         self.calls: list[tuple[int, State, dict]] = []
 
     def select(self, k, state, algorithm="bandpilot", *, constraints=None):
-        self.calls.append((k, state, dict(constraints or {})))
-        c = constraints or {}
+        c = Constraints.parse(constraints).to_dict()
+        self.calls.append((k, state, c))
         spec = self.spec
         if k > state.n_free:
             raise PlacementError("insufficient_gpus", f"{k} > {state.n_free} free")
@@ -149,7 +150,7 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
     assert rows["r9"]["attempts"] == 2
 
 
-# Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy
+# Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy sleep
 RUNNER = r"""
 import sys
 from bandpilot.topology.cluster import load_cluster
@@ -157,19 +158,20 @@ from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.queue import Store
 from bandpilot.scheduling import run_batch
-url, schema, spec_path, commit, policy = sys.argv[1:6]
+import time
+url, schema, spec_path, commit, policy, sleep = sys.argv[1:7]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
 print("START", flush=True)
-rep = run_batch(store, d, policy=policy, commit=commit)
+rep = run_batch(store, d, policy=policy, commit=commit, after_each=lambda o: time.sleep(float(sleep)))
 print("DONE " + " ".join(o.request_id for o in rep.assigned), flush=True)
 """
 
 
 def spawn_batch(url: str, commit: str, sleep: float, schema: str = "", policy: str = "fifo") -> subprocess.Popen:
-    env = dict(os.environ, **{sched.SLEEP_ENV: str(sleep), "PYTHONPATH": str(ROOT)})
-    return subprocess.Popen(
-        [sys.executable, "-c", RUNNER, url, schema, str(H100), commit, policy],
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(  # after_each sleeps after every request: a window to kill -9 mid-batch
+        [sys.executable, "-c", RUNNER, url, schema, str(H100), commit, policy, str(sleep)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT),
     )
 

@@ -90,6 +90,12 @@ def test_pg_schema_isolation_and_migrations(pg_url, schema):
         x.close()
 
 
+def test_pg_easy_backfill_reservations(store):
+    from test_reservations import scenario_easy
+
+    scenario_easy(store, make_fabric(store.spec))
+
+
 def test_pg_basic_flow(store):
     scenario_basic(store, Dispatcher(make_fabric(store.spec)))
 

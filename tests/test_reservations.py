@@ -66,6 +66,11 @@ def test_greedy_lets_small_jobs_take_what_the_gang_needs(store, fab):
 
 
 def test_easy_reserves_for_the_blocked_gang_and_backfills_only_what_cannot_delay_it(store, fab):
+    scenario_easy(store, fab)
+
+
+def scenario_easy(store, fab):
+    """Shared with test_queue_pg.py: the same plan on PostgreSQL."""
     clock = Clock()
     d = Dispatcher(fab)
     with use_clock(clock):
@@ -250,3 +255,52 @@ def test_locality_prefers_fewer_hosts_only_within_its_margin(fab):
         q_store = q.Store("sqlite://")
         q_store.init_cluster(spec)
         sched.run_batch(q_store, d0, locality=-1)
+
+
+_RUNNER = """
+import sys
+import time
+from bandpilot import queue as q, scheduling as sched
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.queue.clock import use_clock
+store = q.Store(sys.argv[1])
+print("START", flush=True)
+with use_clock(lambda: 20.0):
+    # after_each sleeps inside the transaction: a window to kill -9 mid-batch
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), backfill="easy", after_each=lambda o: time.sleep(0.3))
+"""
+
+
+def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    clock = Clock()
+    with use_clock(clock):
+        _setup(store, fab, clock)
+        sched.run_batch(store, Dispatcher(fab), backfill="easy")  # B reserved, D started
+        q.submit(store, [{"id": f"s{i}", "k": 1, "time_limit_s": 100, "submitted": 5 + i} for i in range(6)])
+    before = q.status(store)["reservations"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-c", _RUNNER, store.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "START", p.stderr.read()
+        time.sleep(1.5)
+        assert p.poll() is None, "batch finished before it could be killed"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdout.close()
+        p.stderr.close()
+    assert q.status(store)["reservations"] == before  # one transaction: the old plan, whole
+    assert q.check_invariants(store) == []
+    with use_clock(lambda: 20.0):
+        rep = sched.run_batch(store, Dispatcher(fab), backfill="easy")
+    assert [r["request_id"] for r in rep.reservations] == ["B"] and q.check_invariants(store) == []

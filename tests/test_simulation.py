@@ -216,6 +216,7 @@ def test_contention_slows_cross_host_jobs_and_progress_is_piecewise(fab, spec):
     assert alone.service_s <= a.service_s + 1e-6
 
 
+@pytest.mark.slow  # 81 s measured (load ~12 on 2 cores): every policy x algorithm end to end
 def test_all_policies_and_algorithms_complete_a_small_trace(fab):
     jobs = poisson_workload(30, rate_per_h=60, sizes={1: 2, 2: 2, 4: 2, 8: 1, 16: 1}, median_s=900, seed=5, max_k=32)
     out = {}

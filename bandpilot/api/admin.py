@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from bandpilot.api.fastjson import JSONResponse
 from fastapi import APIRouter, Depends, Query, Request

@@ -4,7 +4,6 @@ fragmentation sampler. ``create_app(store)`` works on any :class:`Store` (SQLite
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -13,6 +12,7 @@ from typing import Any, AsyncIterator
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
+from bandpilot.config import settings
 from bandpilot.api import admin, cluster, problems, requests
 from bandpilot.api.auth import FailedAuth, TokenCache
 from bandpilot.api.fastjson import JSONResponse
@@ -60,14 +60,9 @@ def dashboard_html() -> str:
     return resources.files("bandpilot.api").joinpath("static/dashboard.html").read_text(encoding="utf-8")
 
 
-def _env_int(name: str, default: int | None) -> int | None:
-    v = os.environ.get(name)
-    return int(v) if v else default
-
-
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
                token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
-               model_uri: str | None = None, policy: str = "utility", max_pending: int | None = None,
+               model_uri: str | None = None, policy: str = "hrrn", max_pending: int | None = None,
                max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
                auth_window_s: float = 60.0) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
@@ -88,8 +83,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
 
         # Request threads: each holds a store connection for one short transaction; more threads than
         # that only fight over the GIL (anyio's default is 40).
-        anyio.to_thread.current_default_thread_limiter().total_tokens = threads or int(
-            os.environ.get("BANDPILOT_API_THREADS", "12"))
+        anyio.to_thread.current_default_thread_limiter().total_tokens = threads or settings().api_threads
         sampler.start()
         batches.start()
         try:
@@ -108,8 +102,8 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     app.state.batches = batches
     app.state.auth_failures = FailedAuth(limit=auth_failures, window_s=auth_window_s)
     app.state.limits = TenantLimits(
-        max_pending=_env_int("BANDPILOT_API_MAX_PENDING", 100) if max_pending is None else max_pending,
-        max_pending_gpus=_env_int("BANDPILOT_API_MAX_PENDING_GPUS", None) if max_pending_gpus is None else max_pending_gpus,
+        max_pending=settings().api_max_pending if max_pending is None else max_pending,
+        max_pending_gpus=settings().api_max_pending_gpus if max_pending_gpus is None else max_pending_gpus,
         retry_after_s=retry_after_s)
     problems.install(app)
     for r in (requests.router, cluster.router, admin.router):

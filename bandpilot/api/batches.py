@@ -26,7 +26,7 @@ class BatchLoop:
     """A daemon thread running one batch every ``every`` seconds (None or 0: off)."""
 
     def __init__(self, store: Store, every: float | None, *, model_uri: str | None = None,
-                 policy: str = "utility") -> None:
+                 policy: str = "hrrn") -> None:
         self.store, self.every, self.model_uri, self.policy = store, every or None, model_uri, policy
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -58,6 +58,7 @@ class BatchLoop:
 
     def tick(self) -> dict[str, Any] | None:
         """One step: a batch when something could be placed; returns its report (None: no batch)."""
+        from bandpilot.scheduling import recommended
         from bandpilot.scheduling.batch import run_batch
 
         try:
@@ -70,7 +71,8 @@ class BatchLoop:
                 return None
             uri = self.uri()
             self.status["model"] = uri
-            rep = run_batch(self.store, self._dispatcher(uri), policy=self.policy, model_uri=uri).to_dict()
+            rep = run_batch(self.store, self._dispatcher(uri), policy=self.policy, model_uri=uri,
+                            backfill=recommended.BACKFILL, locality=recommended.LOCALITY).to_dict()
         except BandPilotError as exc:  # no champion yet, a busy store: say so, try again next tick
             if self.status["error"] != str(exc):
                 log.warning("batch loop: %s", exc)

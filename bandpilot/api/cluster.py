@@ -5,7 +5,7 @@ Tenants see where every GPU is and whether it is busy, but only their own jobs' 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from bandpilot.api.fastjson import JSONResponse
 from fastapi import APIRouter, Depends, Query, Request

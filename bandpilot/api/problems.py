@@ -1,5 +1,5 @@
 """Every error is one JSON object ``{"error": "...", "status": N}``: the library's one-line messages
-mapped to HTTP status codes, FastAPI's validation lists folded into one line."""
+with the HTTP status their ``code`` maps to (one table), FastAPI's validation lists folded into one line."""
 
 from __future__ import annotations
 
@@ -10,28 +10,32 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bandpilot.errors import BandPilotError, RequestError, StateError
-from bandpilot.queue.intake import SubmitError
-from bandpilot.queue.store import StoreError
+from bandpilot.errors import BandPilotError
 
 
 def problem(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
 
+#: The one table from an error's ``code`` (:attr:`BandPilotError.code`) to its HTTP status; any
+#: other code is a 400.
+STATUS_BY_CODE = {
+    "invalid_request": 422,  # RequestError, PlacementError (a request that cannot be served as asked)
+    "insufficient_gpus": 422,
+    "constraint_unmet": 422,
+    "duplicate_id": 409,  # the id exists (or was submitted concurrently)
+    "not_pending": 409,  # cancel of a request that is no longer pending
+    "conflict": 409,  # StateError: the state does not allow it
+    "not_found": 404,  # the job, request, GPU or host named does not exist
+    "quota_exceeded": 429,
+    "store_busy": 503,
+    "store_error": 500,
+}
+
+
 def status_for(exc: BaseException) -> int:
-    """Which HTTP status a library error means."""
-    msg = str(exc)
-    if isinstance(exc, StoreError):
-        return 503 if "busy" in msg else 500
-    if isinstance(exc, SubmitError):
-        return 409 if "already exists" in msg or "concurrently" in msg else 422
-    if isinstance(exc, StateError):
-        missing = (msg.startswith("no ") and "(request " not in msg) or "unknown GPU, host or domain" in msg
-        return 404 if missing else 409
-    if isinstance(exc, RequestError):
-        return 409 if "not pending" in msg else 422
-    return 400
+    """Which HTTP status a library error means: its code, through :data:`STATUS_BY_CODE`."""
+    return STATUS_BY_CODE.get(getattr(exc, "code", ""), 400)
 
 
 def _validation_line(exc: RequestValidationError) -> tuple[int, str]:

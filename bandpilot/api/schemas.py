@@ -5,9 +5,13 @@ control characters and every number range-checked here, before anything reaches 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from bandpilot.dispatch.constraints import Constraints
+from bandpilot.errors import RequestError
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 #: Request ids a tenant may choose: no '/' (a path segment must name it) and no control characters.
@@ -61,6 +65,23 @@ class SubmitBody(_Body):
                                           description="Cost of one checkpoint + restart, seconds.")
     checkpoint_every_s: Optional[float] = Field(None, gt=0, le=1e9, allow_inf_nan=False,
                                                 description="Checkpoint period, seconds.")
+    min_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the fewest GPUs the job runs on (default k).")
+    max_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the most GPUs the job can use (default k).")
+    k_step: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: sizes are min_k plus multiples of this.")
+    shape: Optional[Union[Annotated[Text, Field(max_length=400)], JSONObject]] = Field(
+        None, description="Parallelism shape: 'tp=T,pp=P,dp=D[,ep=E]' or {tp, pp, dp, ep, traffic, compute_ms, model}; "
+        "k must be tp*pp*dp. The assignment then carries the rank map (launch formats follow it).")
+
+    @field_validator("constraints")
+    @classmethod
+    def _constraints(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """Parsed by the one :class:`Constraints` parser (a bad one is a 422 naming it), stored normalised."""
+        if v is None:
+            return None
+        try:
+            return Constraints.parse(v).to_dict()
+        except RequestError as exc:
+            raise PydanticCustomError("invalid_constraints", str(exc).removeprefix("constraints: ")) from None
 
 
 class ReleaseBody(_Body):

@@ -11,7 +11,9 @@ import signal
 import sys
 from typing import Any
 
-_ENV = "BANDPILOT_API_CONFIG"  # how worker processes get the store and options
+from bandpilot.config import ENV_NAMES
+
+_ENV = ENV_NAMES["api_config"]  # how worker processes get the store and options
 #: uvicorn's httptools protocol with JSON errors for what it cannot parse (bandpilot.api.protocol)
 PROTOCOL = "bandpilot.api.protocol:JSONErrorsProtocol"
 POOL = 20  # PostgreSQL connections per process: about half of uvicorn's 40 request threads
@@ -31,7 +33,7 @@ def app_from_env() -> Any:
 def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
           graceful_s: float = 8.0, sample_s: float | None = 60.0, token_ttl: float = 5.0,
           log_level: str = "warning", dispatch_s: float | None = None, model_uri: str | None = None,
-          policy: str = "utility") -> None:
+          policy: str = "hrrn") -> None:
     import uvicorn
 
     from bandpilot.api.app import create_app

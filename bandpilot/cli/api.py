@@ -40,7 +40,7 @@ def api_cmd(
                                      help="Run a batch this often when something pending fits (0: off, "
                                           "when `bandpilot serve` or `dispatch --batch` assigns instead)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model for the batches (default: models:/bandpilot-CLUSTER@champion)."),
-    policy: str = typer.Option("utility", "--policy", help="Queue policy of the batches: fifo, priority, sjf or utility."),
+    policy: str = typer.Option("hrrn", "--policy", help="Queue policy of the batches: fifo, priority, sjf, utility or hrrn (default: the recommended configuration; batches use EASY backfill and locality 0.5)."),
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C;
     pending requests are assigned every --dispatch-s seconds with the cluster's champion model."""

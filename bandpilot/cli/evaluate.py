@@ -13,6 +13,7 @@ import typer
 
 import bandpilot.cli.main as _main
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.errors import BandPilotError, SpecError
 
 
@@ -48,7 +49,7 @@ def evaluate_cmd(
     seed: Optional[int] = typer.Option(None, "--seed", help="Scenario seed."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", min=0, help="Worker processes (0: min(2, CPUs); 1: in-process)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report directory (default: reports/evaluate/<cluster>-<model>-<time>)."),
-    algorithms: Optional[str] = typer.Option(None, "--algorithms", help="Comma list (default: all): bandpilot,eha,pts,ideal,topo,default,random."),
+    algorithms: Optional[str] = typer.Option(None, "--algorithms", help="Comma list (default: " + ",".join(strategies.names(default_for="evaluate")) + ")."),
     ks: Optional[str] = typer.Option(None, "--ks", help="Request sizes, e.g. 1-8,16 (default: 1..N)."),
     scenarios: Optional[Path] = typer.Option(None, "--scenarios", help="Replay scenarios.jsonl of an earlier run exactly."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log metrics + report to MLflow (the model version's run)."),

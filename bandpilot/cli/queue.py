@@ -14,7 +14,10 @@ from typing import Any, List, Optional
 
 import typer
 
+from bandpilot.scheduling import recommended as rec
+
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError
 
@@ -81,55 +84,30 @@ def submit_cmd(
     comm_fraction: Optional[float] = typer.Option(None, "--comm-fraction", help="Share of the run time in collectives [0, 1]."),
     preemptible: bool = typer.Option(False, "--preemptible", help="May be checkpointed and requeued."),
     checkpoint_s: Optional[float] = typer.Option(None, "--checkpoint-s", help="Cost of one checkpoint + restart, seconds."),
+    min_k: Optional[int] = typer.Option(None, "--min-k", help="Elastic: the fewest GPUs the job can run on (default k)."),
+    max_k: Optional[int] = typer.Option(None, "--max-k", help="Elastic: the most GPUs the job can use (default k)."),
+    k_step: Optional[int] = typer.Option(None, "--k-step", help="Elastic: sizes are min-k plus multiples of this."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Queue requests from a JSONL file (one object per line) or from the flags."""
     from bandpilot import queue as q
 
-    flags_used = k is not None or req_id is not None
+    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None
     if file is not None and flags_used:
         raise RequestError("give either a JSONL file or --k/--id flags, not both")
     if file is None and k is None:
         raise RequestError("nothing to submit: give a JSONL file or --k")
     if file is not None:
-        if file == "-":
-            parsed = q.parse_jsonl(sys.stdin.read().splitlines(), name="<stdin>")
-        else:
-            parsed = q.parse_jsonl(Path(file))
-        requests: list[Any] = parsed.requests
-        errors = parsed.errors
-        name = "<stdin>" if file == "-" else file
-        labels: Optional[list[str]] = [f"{name}:{n}" for n in parsed.lines]
+        requests, errors, labels = _read_jsonl(file)
     else:
-        cons: dict[str, Any] = {}
-        if single_host:
-            cons["single_host"] = True
-        if single_domain:
-            cons["single_domain"] = True
-        if allowed_hosts:
-            cons["allowed_hosts"] = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
-        if allowed_gpus:
-            cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
-        if min_gbps is not None:
-            cons["min_gbps"] = min_gbps
-        if whole_domains:
-            cons["whole_domains"] = True
-        if segment is not None:
-            cons["segment"] = segment
+        cons = _flag_constraints(single_host, single_domain, whole_domains, segment, allowed_hosts, allowed_gpus, min_gbps)
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
-        if utility is not None:
-            doc["utility"] = utility
-        for key, v in (("time_limit_s", time_limit), ("comm_fraction", comm_fraction), ("checkpoint_s", checkpoint_s)):
-            if v is not None:
-                doc[key] = v
-        if preemptible:
-            doc["preemptible"] = True
-        if cons:
-            doc["constraints"] = cons
-        requests = [q.Request.from_dict(doc, "flags")]
-        errors = []
-        labels = ["flags"]
+        extra = (("utility", utility), ("time_limit_s", time_limit), ("comm_fraction", comm_fraction),
+                 ("checkpoint_s", checkpoint_s), ("min_k", min_k), ("max_k", max_k), ("k_step", k_step),
+                 ("preemptible", preemptible or None), ("constraints", cons or None))
+        doc.update({key: v for key, v in extra if v is not None})
+        requests, errors, labels = [q.Request.from_dict(doc, "flags")], [], ["flags"]
     st = _store(store)
     try:
         rep = q.submit(st, requests, partial=partial, errors=errors, labels=labels)
@@ -146,6 +124,39 @@ def submit_cmd(
         skipped = f", {len(rep.errors)} skipped" if rep.errors else ""
         ids = f": {', '.join(rep.submitted)}" if len(rep.submitted) <= 5 else ""
         typer.echo(f"submitted {len(rep.submitted)} request(s){skipped}{ids}")
+
+
+def _read_jsonl(file: str) -> tuple[list[Any], list[str], list[str]]:
+    """Requests, per-line errors and ``file:line`` labels of a JSONL file (``-`` = stdin)."""
+    from bandpilot import queue as q
+
+    if file == "-":
+        parsed = q.parse_jsonl(sys.stdin.read().splitlines(), name="<stdin>")
+    else:
+        parsed = q.parse_jsonl(Path(file))
+    name = "<stdin>" if file == "-" else file
+    return parsed.requests, parsed.errors, [f"{name}:{n}" for n in parsed.lines]
+
+
+def _flag_constraints(single_host: bool, single_domain: bool, whole_domains: bool, segment: Optional[int],
+                      allowed_hosts: Optional[str], allowed_gpus: Optional[str], min_gbps: Optional[float]) -> dict[str, Any]:
+    """The constraints object the submit flags describe (only what was given: stored JSON stays minimal)."""
+    cons: dict[str, Any] = {}
+    if single_host:
+        cons["single_host"] = True
+    if single_domain:
+        cons["single_domain"] = True
+    if allowed_hosts:
+        cons["allowed_hosts"] = [h.strip() for h in allowed_hosts.split(",") if h.strip()]
+    if allowed_gpus:
+        cons["allowed_gpus"] = [g.strip() for g in allowed_gpus.split(",") if g.strip()]
+    if min_gbps is not None:
+        cons["min_gbps"] = min_gbps
+    if whole_domains:
+        cons["whole_domains"] = True
+    if segment is not None:
+        cons["segment"] = segment
+    return cons
 
 
 @queue_app.command("status")
@@ -239,6 +250,41 @@ def show_cmd(
 
         raise RequestError(f"unknown format {fmt!r}: use one of {', '.join(q.FORMATS)}")
     typer.echo(q.render(q.assignment(_store(store), job), fmt))
+
+
+@queue_app.command("rebalance")
+def rebalance_cmd(
+    jobs: Optional[List[str]] = typer.Argument(None, help="Running elastic jobs at an epoch boundary (default: all of them)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
+    policy: str = typer.Option("utility", "--policy", help="Admission order of the pending queue: fifo | priority | sjf | utility | hrrn"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy for admissions."),
+    demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for resized and new jobs: full | comm."),
+    blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
+    store: Optional[str] = STORE_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Epoch-boundary round (seed 001's quotas): resize elastic jobs by utility and admit pending ones, one transaction."""
+    from bandpilot import scheduling as sched
+    from bandpilot.scheduling.elastic import rebalance
+
+    if policy not in sched.POLICIES:
+        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
+    if demand not in sched.DEMAND_MODELS:
+        raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
+    st = _store(store)
+    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
+    rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
+                    policy=policy)
+    doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting}
+    if as_json:
+        _echo_json(doc)
+        return
+    for r in rep.resized:
+        typer.echo(f"{r['job']}: {r['previous_k']} -> {r['k']} GPUs (generation {r['generation']})")
+    for rid, gpus in rep.admitted.items():
+        typer.echo(f"{rid}: started on {len(gpus)} GPUs")
+    typer.echo(f"{len(rep.resized)} resized, {len(rep.admitted)} admitted, {len(rep.waiting)} waiting")
 
 
 @queue_app.command("cancel")
@@ -342,14 +388,14 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option("fifo", "--policy", help="fifo | priority | sjf | utility"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher search algorithm."),
-    backfill: str = typer.Option("greedy", "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
-    locality: float = typer.Option(0.0, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
+    locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,

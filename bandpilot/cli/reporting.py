@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from bandpilot.config import settings
 from bandpilot import progress
 from bandpilot.io import write_text_atomic
 
@@ -190,7 +191,7 @@ def make_reporter(stream: TextIO | None = None, *, history: Path | None | str = 
     = ``bars`` | ``lines`` | ``off`` overrides."""
     stream = stream or sys.stderr
     hist = default_history() if history == "default" else history
-    mode = (os.environ.get("BANDPILOT_PROGRESS") or "").strip().lower()
+    mode = (settings().progress or "").strip().lower()
     if mode in ("off", "0", "none", "false"):
         return None
     tty = bool(getattr(stream, "isatty", lambda: False)())

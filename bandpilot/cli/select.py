@@ -15,6 +15,7 @@ import typer
 
 from bandpilot.cli.common import console
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.errors import RequestError
 
 
@@ -24,8 +25,9 @@ def select_cmd(
     state: Annotated[Path, typer.Option("--state", "-s", help='Cluster state JSON with "free" (GPU ids) and "jobs" lists (the format of `cluster state --json`).')],
     model: Annotated[str | None, typer.Option("--model", "-m", help="Model URI (models:/name@alias, runs:/..., path).")] = None,
     cluster: Annotated[Path | None, typer.Option("--cluster", "-c", help="Cluster spec (YAML or measurement dir).")] = None,
-    algorithm: Annotated[str, typer.Option("--algorithm", "-a",
-                                           help="bandpilot, eha, pts, topo, default, random, block, ideal, exact.")] = "bandpilot",
+    algorithm: Annotated[str | None, typer.Option("--algorithm", "-a",
+                                                  help=strategies.help_text() + " (default bandpilot); with --shape: "
+                                                  "shape (default), blind, segment, bandpilot.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed (random baseline).")] = 0,
     single_host: Annotated[bool, typer.Option("--single-host", help="All K GPUs on one host.")] = False,
     allowed_hosts: Annotated[str | None, typer.Option("--allowed-hosts", help="Comma-separated host names.")] = None,
@@ -33,10 +35,14 @@ def select_cmd(
     single_domain: Annotated[bool, typer.Option("--single-domain", help="All K GPUs in one domain.")] = False,
     whole_domains: Annotated[bool, typer.Option("--whole-domains", help="Only wholly free domains.")] = False,
     segment: Annotated[int | None, typer.Option("--segment", help="GPUs per segment kept in one NVLink domain.")] = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="Parallelism shape tp=T,pp=P,dp=D[,ep=E][,model=PRESET] "
+                                              "(K = T*P*D): place each axis and print the rank map.")] = None,
+    traffic: Annotated[str | None, typer.Option("--traffic", help="Bytes per step per GPU on each axis, e.g. "
+                                                "tp=4GiB,dp=1.5e9 (default: from the shape's preset model).")] = None,
+    compute_ms: Annotated[float | None, typer.Option("--compute-ms", help="Compute time per step (ms) for the step time.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the selection as JSON.")] = False,
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
-    from bandpilot.dispatch.contention import ContentionPredictor
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.dispatch.state import State
 
@@ -58,11 +64,11 @@ def select_cmd(
         "whole_domains": whole_domains,
         "segment": segment,
     }
-    sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints)
+    shp = _shape(shape, traffic, compute_ms)
+    sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints, shape=shp)
     out = sel.to_dict()
     if fabric is not None and model is not None:
-        st_f = State.from_dict(fabric.spec, st.to_dict())
-        out["true_gbps"] = round(float(ContentionPredictor(fabric, st_f).predict(sel.mask[None, :]).value[0]), 6)
+        out.update(_truth(fabric, st, sel, shp))
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -72,6 +78,45 @@ def select_cmd(
         + (f", true {out['true_gbps']:.2f}" if "true_gbps" in out else "")
         + f" - {sel.search_ms:.1f} ms, {sel.evaluations} evaluations"
     )
+    if sel.placement is not None:
+        pl = sel.placement
+        axes = ", ".join(f"{a} {v:.1f} GB/s ({pl['comm_ms'][a]:.1f} ms)" for a, v in pl["axis_gbps"].items())
+        console.print(f"  shape {shp}: step {pl['step_ms']:.1f} ms = compute {pl['compute_ms']:.1f} ms + {axes}")
+        console.print(f"  ranks: {' '.join(pl['ranks'])}")
+        return
     for host in sel.hosts:
         idx = [g.rpartition(":")[2] for g in sel.gpus if g.rpartition(":")[0] == host]
         console.print(f"  {host}: {', '.join(idx)}")
+
+
+def _shape(shape: str | None, traffic: str | None, compute_ms: float | None):
+    """The --shape with its --traffic / --compute-ms, parsed once (None without --shape)."""
+    if shape is None:
+        if traffic is not None or compute_ms is not None:
+            raise RequestError("--traffic and --compute-ms need --shape")
+        return None
+    from bandpilot.dispatch.shape import Shape, parse_traffic
+
+    doc = Shape.parse(shape, "--shape").to_dict()
+    if traffic is not None:
+        doc["traffic"] = parse_traffic(traffic, "--traffic")
+    if compute_ms is not None:
+        doc["compute_ms"] = compute_ms
+    return Shape.parse(doc, "--shape")
+
+
+def _truth(fabric, st, sel, shp) -> dict:
+    """What the true fabric (--cluster) says of a model's selection: GB/s, and with a shape the step time."""
+    from bandpilot.dispatch.contention import ContentionPredictor
+    from bandpilot.dispatch.state import State
+
+    st_f = State.from_dict(fabric.spec, st.to_dict())
+    out = {"true_gbps": round(float(ContentionPredictor(fabric, st_f).predict(sel.mask[None, :]).value[0]), 6)}
+    if sel.placement is not None and shp is not None:
+        from bandpilot.dispatch.search.shape import from_ranks, score
+
+        truth = from_ranks(fabric.spec, sel.placement["ranks"])
+        score(ContentionPredictor(fabric, st_f), shp, [truth])
+        out["true_step_ms"] = round(float(truth.step_ms), 6)
+        out["true_axis_gbps"] = {a: round(float(v), 6) for a, v in truth.axis_gbps.items()}
+    return out

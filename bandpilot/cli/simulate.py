@@ -9,8 +9,10 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
+from bandpilot.dispatch import strategies
 from bandpilot.cli.queue import JSON_OPT, STORE_OPT, _echo_json, _store, queue_app
 from bandpilot.errors import BandPilotError
+from bandpilot.scheduling import recommended as rec
 
 
 @app.command("simulate")
@@ -20,16 +22,19 @@ def simulate_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option("fifo", "--policy", "-p", help="fifo | priority | sjf | utility"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help="bandpilot | topo | default | random"),
+    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn"),
+    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
     lam: float = typer.Option(0.5, "--lambda", help="Seed 001's utility balance between entropy level and progress."),
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
-    backfill: str = typer.Option("greedy", "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
-    locality: float = typer.Option(0.0, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
+    elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
+    blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
+    resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
@@ -57,7 +62,8 @@ def simulate_cmd(
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill, locality=locality)
+                    backfill=backfill, locality=locality, elastic=_on_off(elastic, "--elastic"), blind=blind_growth,
+                    resize_s=resize_s)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:
@@ -71,15 +77,16 @@ def simulate_cmd(
         f"{s['policy']}+{s['algorithm']}+{s['backfill']} on {s['cluster']} ({s['truth']}, demand {s['demand']}): {s['completed']}/{s['jobs']} jobs, "
         f"mean JCT {s['avg_jct_s'] / h:.2f} h, p95 {s['p95_jct_s'] / h:.2f} h, queueing {s['avg_queue_s'] / h:.2f} h, "
         f"GPU utilization {s['gpu_utilization']:.2f}, mean GBE {s['mean_gbe']:.3f}"
+        + (f", {s['resizes']} resizes" if s.get("elastic") else "")
     )
     typer.echo(f"report: {out / 'summary.json'}" + (f"  (MLflow run {s['mlflow_run_id']})" if "mlflow_run_id" in s else ""))
 
 
 @app.command("workload")
 def workload_cmd(
-    kind: str = typer.Argument(..., help="seed001 | poisson | philly | helios"),
+    kind: str = typer.Argument(..., help="seed001 | poisson | philly | helios | mixed"),
     out: Path = typer.Option(..., "--out", "-o", help="Trace CSV to write."),
-    n: int = typer.Option(500, "--jobs", "-n", min=1, help="Jobs (poisson, philly, helios)."),
+    n: int = typer.Option(500, "--jobs", "-n", min=1, help="Jobs (poisson, philly, helios, mixed)."),
     gpus: int = typer.Option(32, "--gpus", min=1, help="Cluster size the load refers to."),
     load: float = typer.Option(0.9, "--load", help="Offered load (philly, helios)."),
     rate: float = typer.Option(20.0, "--rate", help="Arrivals per hour (poisson)."),
@@ -93,10 +100,12 @@ def workload_cmd(
         jobs = w.seed001_workload(seed)
     elif kind == "poisson":
         jobs = w.poisson_workload(n, rate_per_h=rate, sizes={1: 0.3, 2: 0.25, 4: 0.25, 8: 0.15, 16: 0.05}, seed=seed, max_k=gpus)
+    elif kind == "mixed":
+        jobs = w.mixed_workload(n, n_gpus=gpus, load=load, seed=seed)
     elif kind in w.PUBLIC_SHAPES:
         jobs = w.public_trace_workload(kind, n, n_gpus=gpus, load=load, seed=seed)
     else:
-        raise BandPilotError(f"unknown workload {kind!r}: use seed001, poisson, {', '.join(w.PUBLIC_SHAPES)}")
+        raise BandPilotError(f"unknown workload {kind!r}: use seed001, poisson, mixed, {', '.join(w.PUBLIC_SHAPES)}")
     write_trace(jobs, out)
     typer.echo(f"wrote {len(jobs)} jobs to {out}")
 
@@ -119,3 +128,10 @@ def report_cmd(
         _echo_json(res)
         return
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
+
+
+def _on_off(value: str, flag: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("on", "off"):
+        raise BandPilotError(f"{flag} must be on or off, got {value!r}")
+    return v == "on"

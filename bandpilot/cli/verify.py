@@ -60,7 +60,6 @@ def verify_cmd(
     """
     from bandpilot.health import verify as hv
     from bandpilot.model.surrogate import Surrogate
-    from bandpilot.topology.cluster import load_cluster
 
     host_list = [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
     st = None
@@ -80,37 +79,53 @@ def verify_cmd(
     if runner not in ("emulator", "ssh"):
         raise RequestError(f"--runner must be emulator or ssh, got {runner!r}")
     sur = Surrogate.load(model)
-    if measurements is not None:
-        rep = hv.verify_measurements(sur, measurements, hosts=host_list)
-    else:
-        spec = load_cluster(cluster) if cluster is not None else sur.spec
-        if dry_run:
-            for line in hv.dry_run_lines(spec, host_list, model=sur):
-                typer.echo(line)
-            return
-        fabric = None
-        if inject is not None:
-            if runner != "emulator":
-                raise RequestError("--inject injects faults into the emulator: use --runner emulator")
-            from bandpilot.fabric.emulator import make_fabric
-            from bandpilot.fabric.faults import FaultyFabric, load_faults
-
-            fabric = FaultyFabric(make_fabric(spec), load_faults(inject, spec))
-        rep = hv.verify_probes(sur, spec, runner=runner, fabric=fabric, hosts=host_list)
+    rep = _probe(sur, cluster, runner, inject, measurements, dry_run, host_list)
+    if rep is None:  # --dry-run printed the plan
+        return
     if st is not None:
-        from bandpilot.errors import StateError
-        from bandpilot.queue import apply_verdicts, record_observations
-
-        if st.spec.fingerprint() != sur.spec.fingerprint():
-            raise StateError(f"store {st.safe_url} is for cluster {st.spec.name!r}, the verify for {sur.spec.name!r}")
-        g = apply_verdicts(st, rep.to_json()["hosts"], rep.source)
-        record_observations(st, rep.runs, source="verify")
-        typer.echo(f"gate: drained {len(g['drained'])}, on release {len(g['pending'])}, undrained {len(g['undrained'])}",
-                   err=True)
+        _gate(st, sur, rep)
     if out is not None:
         rep.write(out)
     typer.echo(hv.report_json(rep) if as_json else rep.markdown())
     raise typer.Exit(rep.exit_code)
+
+
+
+def _probe(sur, cluster: Path | None, runner: str, inject: Path | None, measurements: Path | None, dry_run: bool,
+           host_list: list[str] | None):
+    """The verify report of existing measurements or of new probe runs; None after printing a dry run."""
+    from bandpilot.health import verify as hv
+    from bandpilot.topology.cluster import load_cluster
+
+    if measurements is not None:
+        return hv.verify_measurements(sur, measurements, hosts=host_list)
+    spec = load_cluster(cluster) if cluster is not None else sur.spec
+    if dry_run:
+        for line in hv.dry_run_lines(spec, host_list, model=sur):
+            typer.echo(line)
+        return None
+    fabric = None
+    if inject is not None:
+        if runner != "emulator":
+            raise RequestError("--inject injects faults into the emulator: use --runner emulator")
+        from bandpilot.fabric.emulator import make_fabric
+        from bandpilot.fabric.faults import FaultyFabric, load_faults
+
+        fabric = FaultyFabric(make_fabric(spec), load_faults(inject, spec))
+    return hv.verify_probes(sur, spec, runner=runner, fabric=fabric, hosts=host_list)
+
+
+def _gate(st, sur, rep) -> None:
+    """Record the verdicts in the queue store and drain the suspects (``--gate``)."""
+    from bandpilot.errors import StateError
+    from bandpilot.queue import apply_verdicts, record_observations
+
+    if st.spec.fingerprint() != sur.spec.fingerprint():
+        raise StateError(f"store {st.safe_url} is for cluster {st.spec.name!r}, the verify for {sur.spec.name!r}")
+    g = apply_verdicts(st, rep.to_json()["hosts"], rep.source)
+    record_observations(st, rep.runs, source="verify")
+    typer.echo(f"gate: drained {len(g['drained'])}, on release {len(g['pending'])}, undrained {len(g['undrained'])}",
+               err=True)
 
 
 def _pairwise(directory: Path, model: str | None, message_bytes: int | None, min_drop: float, st, out: Path | None,

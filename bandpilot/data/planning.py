@@ -183,72 +183,79 @@ def plan(
     if repeats < 1:
         raise SpecError(f"repeats must be >= 1, got {repeats}")
     sz = check_sizes(sizes, spec.message_bytes)
-    out: list[PlannedMeasurement] = []
     base: list[tuple[tuple[int, ...], str, tuple[int, ...] | None]] = []
     if intra:
         zeros = (0,) * spec.n_hosts
         for h, host in enumerate(spec.hosts):
             for mask in range(1, 1 << host.n_gpus):
                 base.append((zeros[:h] + (mask,) + zeros[h + 1 :], f"1h:{bin(mask).count('1')}", (h,)))
-    rng = np.random.default_rng(seed)
-    seen: set[tuple[int, ...]] = set()
-    levels = list(range(2, spec.n_hosts + 1))
-    sizes_desc = sorted((h.n_gpus for h in spec.hosts), reverse=True)
-    n_levels = len(levels)
-    level_patterns = {k: _patterns(k, sizes_desc[:k]) for k in levels}
+    base += _CrossSample(spec, np.random.default_rng(seed)).draw(cross_host_samples)
+    return [planned_measurement(spec, masks, sz, stratum, r, used) for masks, stratum, used in base for r in range(repeats)]
 
-    def random_pattern(k: int) -> tuple[int, ...]:
-        hosts = rng.choice(spec.n_hosts, size=k, replace=False)
-        return tuple(sorted((int(rng.integers(1, spec.hosts[h].n_gpus + 1)) for h in hosts), reverse=True))
 
-    exhausted: set[tuple[int, ...]] = set()  # patterns with no new allocation left (as far as we can tell)
+class _CrossSample:
+    """The stratified cross-host sample of :func:`plan`: even over the number of hosts, then over
+    each level's count patterns, each realised on random hosts and GPUs; no allocation twice."""
 
-    def add(k: int, pat: tuple[int, ...]) -> bool:
-        if pat in exhausted:
+    def __init__(self, spec: ClusterSpec, rng: np.random.Generator) -> None:
+        self.spec = spec
+        self.rng = rng
+        self.rows: list[tuple[tuple[int, ...], str, None]] = []
+        self.seen: set[tuple[int, ...]] = set()
+        self.exhausted: set[tuple[int, ...]] = set()  # patterns with no new allocation left (as far as we can tell)
+        self.levels = list(range(2, spec.n_hosts + 1))
+        sizes_desc = sorted((h.n_gpus for h in spec.hosts), reverse=True)
+        self.level_patterns = {k: _patterns(k, sizes_desc[:k]) for k in self.levels}
+
+    def random_pattern(self, k: int) -> tuple[int, ...]:
+        hosts = self.rng.choice(self.spec.n_hosts, size=k, replace=False)
+        return tuple(sorted((int(self.rng.integers(1, self.spec.hosts[h].n_gpus + 1)) for h in hosts), reverse=True))
+
+    def add(self, k: int, pat: tuple[int, ...]) -> bool:
+        if pat in self.exhausted:
             return False
         for _attempt in range(30):
-            masks = _assign(pat, spec, rng)
+            masks = _assign(pat, self.spec, self.rng)
             if masks is None:
                 break
             key = tuple(int(x) for x in masks)
-            if key not in seen:
-                seen.add(key)
-                base.append((key, f"{k}h:" + "+".join(map(str, pat)), None))
+            if key not in self.seen:
+                self.seen.add(key)
+                self.rows.append((key, f"{k}h:" + "+".join(map(str, pat)), None))
                 return True
-        exhausted.add(pat)
+        self.exhausted.add(pat)
         return False
 
-    for li, k in enumerate(levels):
-        quota = (li + 1) * cross_host_samples // n_levels - li * cross_host_samples // n_levels if n_levels else 0
-        if quota <= 0:
-            continue
-        pats = level_patterns[k]
-        if pats is not None:
-            if not pats:
+    def draw(self, n: int) -> list[tuple[tuple[int, ...], str, None]]:
+        levels, n_levels = self.levels, len(self.levels)
+        for li, k in enumerate(levels):
+            quota = (li + 1) * n // n_levels - li * n // n_levels if n_levels else 0
+            if quota <= 0:
                 continue
-            chosen: list[tuple[int, ...]] = []
-            full, rem = divmod(quota, len(pats))
-            chosen += [p for p in pats for _ in range(full)]
-            chosen += [pats[i] for i in sorted(rng.choice(len(pats), size=rem, replace=False))]
-        else:
-            chosen = [random_pattern(k) for _ in range(quota)]
-        for pat in chosen:
-            add(k, pat)
-    # Small strata run out of distinct allocations (e.g. 4+4 on two 4-GPU hosts): top up the
-    # sample from random strata so it reaches the requested size whenever the cluster allows it.
-    misses = 0
-    while levels and len(seen) < cross_host_samples and misses < 200:
-        k = levels[int(rng.integers(len(levels)))]
-        pats = level_patterns[k]
-        if pats is not None and not pats:
-            misses += 1
-            continue
-        ok = add(k, pats[int(rng.integers(len(pats)))] if pats is not None else random_pattern(k))
-        misses = 0 if ok else misses + 1
-    for masks, stratum, used in base:
-        for r in range(repeats):
-            out.append(planned_measurement(spec, masks, sz, stratum, r, used))
-    return out
+            pats = self.level_patterns[k]
+            if pats is not None:
+                if not pats:
+                    continue
+                chosen: list[tuple[int, ...]] = []
+                full, rem = divmod(quota, len(pats))
+                chosen += [p for p in pats for _ in range(full)]
+                chosen += [pats[i] for i in sorted(self.rng.choice(len(pats), size=rem, replace=False))]
+            else:
+                chosen = [self.random_pattern(k) for _ in range(quota)]
+            for pat in chosen:
+                self.add(k, pat)
+        # Small strata run out of distinct allocations (e.g. 4+4 on two 4-GPU hosts): top up the
+        # sample from random strata so it reaches the requested size whenever the cluster allows it.
+        misses = 0
+        while levels and len(self.seen) < n and misses < 200:
+            k = levels[int(self.rng.integers(len(levels)))]
+            pats = self.level_patterns[k]
+            if pats is not None and not pats:
+                misses += 1
+                continue
+            ok = self.add(k, pats[int(self.rng.integers(len(pats)))] if pats is not None else self.random_pattern(k))
+            misses = 0 if ok else misses + 1
+        return self.rows
 
 
 def planned(spec: ClusterSpec, masks: Sequence[int], stratum: str, repeat: int = 0) -> PlannedMeasurement:

@@ -16,6 +16,7 @@ Layout under ``out_dir``::
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -159,6 +160,26 @@ def run(
     runner_name = runner if isinstance(runner, str) else getattr(runner, "__name__", type(runner).__name__)
     cdir = cluster_dir(out_dir, spec)
     old = _prepare_dir(cdir, spec, resume)
+    entries, todo, skipped = _pending(todo_plan, old, cdir, spec, resume, binary, mpirun)
+    manifest = _Manifest(cdir / MANIFEST_FILE, entries)
+    manifest.save(force=True)
+    one = functools.partial(_measure, execute, cdir, spec, spec.fingerprint())
+    prepare = getattr(execute, "prepare", None)
+    if callable(prepare) and todo:
+        prepare(todo)
+    failures, measured = _execute(spec, todo, jobs, progress, one, entries, manifest, runner_name)
+    report = ProfileReport(cluster=spec.name, dataset_dir=cdir, planned=len(todo_plan), measured=measured,
+                           skipped=skipped, failed=len(failures), elapsed=0.0, failures=failures)
+    if do_ingest and any(e.get("status") == "done" for e in entries.values()):
+        report.ingest = ingest(cdir, cdir)
+    report.elapsed = time.perf_counter() - t0
+    return report
+
+
+def _pending(todo_plan: list[PlannedMeasurement], old: dict[str, dict], cdir: Path, spec: ClusterSpec, resume: bool,
+             binary: str | None, mpirun: str) -> tuple[dict[str, dict], list[PlannedMeasurement], int]:
+    """The manifest entries (earlier ones kept), the measurements still to run, and how many were
+    skipped: with ``resume`` a measurement whose log exists and is done (or valid) is not re-run."""
     entries: dict[str, dict] = {}
     todo: list[PlannedMeasurement] = []
     skipped = 0
@@ -183,29 +204,35 @@ def run(
         todo.append(m)
     for ident, e in old.items():  # measurements of earlier plans stay (repeats are data too)
         entries.setdefault(ident, e)
-    manifest = _Manifest(cdir / MANIFEST_FILE, entries)
-    manifest.save(force=True)
+    return entries, todo, skipped
 
+
+def _measure(execute: Callable[[PlannedMeasurement], str], cdir: Path, spec: ClusterSpec, fingerprint: str,
+             m: PlannedMeasurement) -> tuple[float, float]:
+    """One run: its output checked, then written (a bad output is kept as ``.failed`` for a post-mortem)."""
+    t = time.perf_counter()
+    text = execute(m)
+    log = cdir / m.log
+    entry = m.entry("done")
+    try:
+        _, bw = check_log(text, log, entry, spec)
+    except DataError:
+        _atomic_write(cdir / f"{m.log}.failed", text)  # keep the output for a post-mortem
+        raise
+    _atomic_write(log, text)
+    remember_checked_log(log, entry, spec, bw, fingerprint)
+    stale = cdir / f"{m.log}.failed"
+    if stale.exists():  # an earlier attempt's post-mortem
+        stale.unlink(missing_ok=True)
+    return bw, time.perf_counter() - t
+
+
+def _execute(spec: ClusterSpec, todo: list[PlannedMeasurement], jobs: int | None, progress: bool, one: Callable,
+             entries: dict[str, dict], manifest: "_Manifest", runner_name: str) -> tuple[list[tuple[str, str]], int]:
+    """Run ``todo`` (one by one, or ``jobs`` at a time on idle hosts), recording each outcome in the
+    manifest as it lands; returns the failures and the number measured."""
     failures: list[tuple[str, str]] = []
     measured = 0
-    fingerprint = spec.fingerprint()
-
-    def one(m: PlannedMeasurement) -> tuple[float, float]:
-        t = time.perf_counter()
-        text = execute(m)
-        log = cdir / m.log
-        entry = m.entry("done")
-        try:
-            _, bw = check_log(text, log, entry, spec)
-        except DataError:
-            _atomic_write(cdir / f"{m.log}.failed", text)  # keep the output for a post-mortem
-            raise
-        _atomic_write(log, text)
-        remember_checked_log(log, entry, spec, bw, fingerprint)
-        stale = cdir / f"{m.log}.failed"
-        if stale.exists():  # an earlier attempt's post-mortem
-            stale.unlink(missing_ok=True)
-        return bw, time.perf_counter() - t
 
     def done(m: PlannedMeasurement, fut: Future | None, value: Any = None, error: BaseException | None = None) -> None:
         nonlocal measured
@@ -230,10 +257,6 @@ def run(
         st.advance()
         manifest.save()
 
-    prepare = getattr(execute, "prepare", None)
-    if callable(prepare) and todo:
-        prepare(todo)
-
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(todo), desc=f"profile {spec.name}", unit="run", disable=not progress or not todo,
@@ -255,20 +278,7 @@ def run(
     finally:
         bar.close()
         manifest.save(force=True)
-    report = ProfileReport(
-        cluster=spec.name,
-        dataset_dir=cdir,
-        planned=len(todo_plan),
-        measured=measured,
-        skipped=skipped,
-        failed=len(failures),
-        elapsed=0.0,
-        failures=failures,
-    )
-    if do_ingest and any(e.get("status") == "done" for e in entries.values()):
-        report.ingest = ingest(cdir, cdir)
-    report.elapsed = time.perf_counter() - t0
-    return report
+    return failures, measured
 
 
 def _schedule(todo: list[PlannedMeasurement], jobs: int, work: Callable, done: Callable) -> None:

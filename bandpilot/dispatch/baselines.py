@@ -91,20 +91,19 @@ def topo_select(spec: ClusterSpec, free: np.ndarray, k: int) -> np.ndarray:
     else:
         order = hosts[np.lexsort((hosts, -f))]  # fullest first
         left = k
-        used: list[int] = []
+        used = np.zeros(spec.n_hosts, dtype=bool)
         for h in order:
             if f[h] == 0 or left == 0:
                 break
             # last host: best fit for the remainder among the hosts not used yet
-            rest = [x for x in order if x not in used and f[x] >= left]
-            if rest:
-                tight = min(rest, key=lambda x: (f[x], x))
-                counts[tight] = left
+            rest = np.flatnonzero(~used & (f >= left))
+            if rest.size:
+                counts[rest[np.lexsort((rest, f[rest]))[0]]] = left
                 left = 0
                 break
             counts[h] = f[h]
             left -= int(f[h])
-            used.append(int(h))
+            used[h] = True
     out = np.zeros(spec.n_hosts, dtype=np.int64)
     for h in np.flatnonzero(counts):
         out[h] = compact_subset(spec.hosts[h].topology, int(free[h]), int(counts[h]))

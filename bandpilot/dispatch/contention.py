@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.units import UnitIndex, unit_index
 
@@ -108,7 +109,7 @@ class Prediction:
 class ContentionPredictor:
     """``B̂(S, τ)`` for one cluster snapshot; call :meth:`predict` with ``(n, n_hosts)`` masks."""
 
-    def __init__(self, model: Any, state: State) -> None:
+    def __init__(self, model: BandwidthModel, state: State) -> None:
         self.model = model
         self.spec = state.spec
         self.state = state

@@ -77,7 +77,7 @@ class State:
         """The state after a job ends (its GPUs return to the free pool)."""
         keep = [j for j in self.jobs if j.id != job_id]
         if len(keep) == len(self.jobs):
-            raise StateError(f"no active job {job_id!r}")
+            raise StateError(f"no active job {job_id!r}", code="not_found")
         gone = next(j for j in self.jobs if j.id == job_id)
         return State(self.spec, self.free | gone.mask, tuple(keep))
 

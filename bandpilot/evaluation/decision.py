@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from bandpilot.config import portable
+from bandpilot.dispatch import strategies
 from bandpilot.errors import BandPilotError, SpecError
 from bandpilot.evaluation.params import PROFILES, check_algorithms, check_profiles, load_params
 
@@ -34,7 +35,7 @@ PREVIOUS = "previous"
 TAG_PREFIX = "bandpilot.promotion."  # stored tag keys: unchanged since 0.1
 #: What the gate runs by default: the gated dispatcher, the oracle and the baselines (the EHA/PTS
 #: ablation is for ``bandpilot evaluate``; PTS is the slowest search and does not decide anything).
-GATE_ALGORITHMS = ("bandpilot", "ideal", "topo", "default", "random")
+GATE_ALGORITHMS = strategies.names(default_for="gate")
 
 
 class PromotionError(BandPilotError):

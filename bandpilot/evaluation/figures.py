@@ -30,42 +30,53 @@ def make_figures(res: Any, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs: dict[str, Path] = {}
-    gk = res.gbe_by_k()
-    algs = res.algorithms
-    profs = res.profiles
+    for key, name, draw in (("gbe_vs_k", "fig6_gbe_vs_k.png", _fig_gbe_vs_k), ("loss", "fig7_loss.png", _fig_loss),
+                            ("ablation", "fig9_ablation.png", _fig_ablation), ("latency", "fig8_latency.png", _fig_latency)):
+        fig = draw(plt, res)
+        if fig is None:
+            continue
+        fig.tight_layout()
+        figs[key] = out / name
+        fig.savefig(figs[key], dpi=110)
+        plt.close(fig)
+    return figs
 
-    def curve(ax: Any, p: str, names: Sequence[str], zoom: bool = False) -> None:
-        sub = gk.loc[p]
-        names = [a for a in names if a in sub.columns]
-        for a in names:
-            ax.plot(sub.index, sub[a], label=LABELS[a], color=_COLORS[a], marker=_MARKERS.get(a), ms=3, lw=1.2)
-        ax.set_xlabel("request size k (GPUs)")
-        ax.set_ylabel("mean GBE (%)")
-        ax.grid(alpha=0.3)
-        lo = float(np.nanmin(sub[names].values)) if names else 0.0
-        if zoom:  # BandPilot vs Ideal-BP: the gap is model error, usually a fraction of a point
-            ax.set_ylim(bottom=max(0.0, math.floor(lo) - 1.0), top=100.5)
-        else:
-            ax.set_ylim(bottom=max(0.0, min(40.0, lo - 5)), top=102)
 
-    # Fig. 6: per profile, BandPilot vs baselines and BandPilot vs Ideal-BP
+def _curve(ax: Any, gk: Any, p: str, names: Sequence[str], zoom: bool = False) -> None:
+    """Mean GBE against k for ``names`` under profile ``p``."""
+    sub = gk.loc[p]
+    names = [a for a in names if a in sub.columns]
+    for a in names:
+        ax.plot(sub.index, sub[a], label=LABELS[a], color=_COLORS[a], marker=_MARKERS.get(a), ms=3, lw=1.2)
+    ax.set_xlabel("request size k (GPUs)")
+    ax.set_ylabel("mean GBE (%)")
+    ax.grid(alpha=0.3)
+    lo = float(np.nanmin(sub[names].values)) if names else 0.0
+    if zoom:  # BandPilot vs Ideal-BP: the gap is model error, usually a fraction of a point
+        ax.set_ylim(bottom=max(0.0, math.floor(lo) - 1.0), top=100.5)
+    else:
+        ax.set_ylim(bottom=max(0.0, min(40.0, lo - 5)), top=102)
+
+
+def _fig_gbe_vs_k(plt: Any, res: Any) -> Any:
+    """Fig. 6: per profile, BandPilot vs baselines and BandPilot vs Ideal-BP."""
+    gk, algs, profs = res.gbe_by_k(), res.algorithms, res.profiles
     base = [a for a in ("bandpilot", "topo", "default", "random") if a in algs]
     ideal = [a for a in ("bandpilot", "ideal") if a in algs]
     fig, axes = plt.subplots(len(profs), 2, figsize=(11, 3.2 * len(profs)), squeeze=False)
     for i, p in enumerate(profs):
-        curve(axes[i][0], p, base)
+        _curve(axes[i][0], gk, p, base)
         axes[i][0].set_title(f"{res.cluster}, τ = {p}: vs baselines")
-        curve(axes[i][1], p, ideal, zoom=True)
+        _curve(axes[i][1], gk, p, ideal, zoom=True)
         axes[i][1].set_title(f"{res.cluster}, τ = {p}: vs Ideal-BP")
         axes[i][0].legend(fontsize=8, loc="lower left")
         axes[i][1].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    figs["gbe_vs_k"] = out / "fig6_gbe_vs_k.png"
-    fig.savefig(figs["gbe_vs_k"], dpi=110)
-    plt.close(fig)
+    return fig
 
-    # Fig. 7: bandwidth loss bars
-    loss = res.loss_table()
+
+def _fig_loss(plt: Any, res: Any) -> Any:
+    """Fig. 7: bandwidth loss bars."""
+    loss, profs = res.loss_table(), res.profiles
     fig, ax = plt.subplots(figsize=(min(10, 2.6 + 2.4 * len(profs)), 3.6))
     w = 0.8 / max(len(loss.index), 1)
     x = np.arange(len(profs))
@@ -76,26 +87,26 @@ def make_figures(res: Any, out_dir: str | Path) -> dict[str, Path]:
     ax.set_title(f"{res.cluster}: bandwidth loss to contention")
     ax.legend(fontsize=8, ncol=2)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    figs["loss"] = out / "fig7_loss.png"
-    fig.savefig(figs["loss"], dpi=110)
-    plt.close(fig)
+    return fig
 
-    # Fig. 9: hybrid-search ablation
-    abl = [a for a in ("eha", "pts", "bandpilot") if a in algs]
-    if len(abl) >= 2:
-        fig, axes = plt.subplots(1, len(profs), figsize=(4.2 * len(profs), 3.4), squeeze=False)
-        for i, p in enumerate(profs):
-            curve(axes[0][i], p, abl)
-            axes[0][i].set_title(f"{res.cluster}, τ = {p}: EHA / PTS / hybrid")
-            axes[0][i].legend(fontsize=8, loc="lower left")
-        fig.tight_layout()
-        figs["ablation"] = out / "fig9_ablation.png"
-        fig.savefig(figs["ablation"], dpi=110)
-        plt.close(fig)
 
-    # Fig. 8: latency
-    f = res.rows
+def _fig_ablation(plt: Any, res: Any) -> Any:
+    """Fig. 9: hybrid-search ablation (only when at least two of EHA, PTS, BandPilot ran)."""
+    abl = [a for a in ("eha", "pts", "bandpilot") if a in res.algorithms]
+    if len(abl) < 2:
+        return None
+    gk, profs = res.gbe_by_k(), res.profiles
+    fig, axes = plt.subplots(1, len(profs), figsize=(4.2 * len(profs), 3.4), squeeze=False)
+    for i, p in enumerate(profs):
+        _curve(axes[0][i], gk, p, abl)
+        axes[0][i].set_title(f"{res.cluster}, τ = {p}: EHA / PTS / hybrid")
+        axes[0][i].legend(fontsize=8, loc="lower left")
+    return fig
+
+
+def _fig_latency(plt: Any, res: Any) -> Any:
+    """Fig. 8: search latency by k, and prediction vs search logic per request."""
+    f, algs = res.rows, res.algorithms
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     ax = axes[0]
     for a in [*algs, "exact"]:
@@ -123,8 +134,4 @@ def make_figures(res: Any, out_dir: str | Path) -> dict[str, Path]:
         ax.set_title(f"{res.cluster}: search time breakdown")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    figs["latency"] = out / "fig8_latency.png"
-    fig.savefig(figs["latency"], dpi=110)
-    plt.close(fig)
-    return figs
+    return fig

@@ -369,8 +369,8 @@ def _log_run(run_id: str, dec: PromotionDecision, cand: EvaluationResult, out: P
     ts = int(time.time() * 1000)
     metrics = {k: v for k, v in cand.metrics().items() if math.isfinite(float(v))}
     metrics["promotion_passed"] = 1.0 if dec.passed else 0.0
-    if dec.candidate.mape is not None:
-        metrics["holdout_mape"] = float(dec.candidate.mape)
+    if dec.candidate.mape is not None and dec.candidate.mape_source == "held-out":
+        metrics["holdout_mape"] = float(dec.candidate.mape)  # a cross-validated MAPE is the run's cv_mape already
     ms = [Metric(k, float(v), ts, 0) for k, v in metrics.items()]
     for i in range(0, len(ms), 900):
         client.log_batch(run_id, metrics=ms[i : i + 900])

@@ -6,25 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from bandpilot.dispatch import strategies
 from bandpilot.errors import BandPilotError, SpecError
 
 PROFILES = ("idle", "moderate", "heavy")
-#: Every algorithm an evaluation can run, in report order.
-ALGORITHMS = ("bandpilot", "eha", "pts", "ideal", "topo", "default", "random")
-LABELS = {
-    "bandpilot": "BandPilot",
-    "eha": "EHA",
-    "pts": "PTS",
-    "ideal": "Ideal-BP",
-    "topo": "Topo",
-    "default": "Default",
-    "random": "Random",
-    "exact": "Exact",
-}
-#: Algorithms that ignore the traffic profile: one selection per scenario, scored under each profile.
-PROFILE_BLIND = frozenset({"topo", "default", "random"})
+#: Every algorithm an evaluation can run, in report order (the strategies registered for ``evaluate``).
+ALGORITHMS = strategies.names(default_for="evaluate")
+LABELS = {name: strategies.label(name) for name in strategies.names()}
+#: Algorithms that ignore the traffic profile (the baselines): one selection per scenario, scored under each profile.
+PROFILE_BLIND = frozenset(strategies.names(strategies.BASELINE))
 #: Algorithms that search with the TRUE bandwidth (the truth fabric) instead of the evaluated model.
-ORACLE = frozenset({"ideal", "exact"})
+ORACLE = frozenset(strategies.names(strategies.ORACLE))
 
 
 class EvaluationError(BandPilotError):

@@ -213,6 +213,43 @@ def _pair_stats(topo: Topology, table: np.ndarray) -> dict[str, list[float]]:
     return out
 
 
+def _intra_start(stats: dict[str, list[float]], classes: list[str], kinds: set[str], same: list[float], p2p: bool,
+                 top: float, n_eff: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """The intra fit's parameters (log space): names, closed-form start from the pair bandwidths,
+    and the box the pattern search stays in."""
+    pcie_pairs = [v for c in classes if c != "NV" for v in stats[c]]
+    names: list[str] = []
+    start: list[float] = []
+    for c in classes:
+        names.append(f"link.{c}")
+        start.append(float(np.median(stats[c])))
+    if "port" in kinds:
+        names.append("pcie")
+        start.append(max(pcie_pairs))
+    if "up" in kinds:
+        names.append("uplink")
+        start.append(2 * float(np.median(same)) if (same and not p2p) else 2 * max(pcie_pairs))
+    if "sys" in kinds:
+        names.append("sys")
+        start.append(float(np.median(stats.get("SYS", pcie_pairs))))
+    names += ["cap", "sharpness", "hop_penalty"]
+    start += [1.2 * top, 8.0, 0.3]
+    names += [f"eff{k}" for k in range(3, 3 + n_eff)]
+    start += [1.0] * n_eff
+    x0 = np.log(np.array(start))
+    lo, hi = x0 - math.log(4.0), x0 + math.log(4.0)
+    for i, name in enumerate(names):
+        if name.startswith("eff"):
+            lo[i], hi[i] = math.log(0.5), math.log(1.5)
+        elif name == "sharpness":
+            lo[i], hi[i] = math.log(2.0), math.log(40.0)
+        elif name == "hop_penalty":
+            lo[i], hi[i] = math.log(0.01), math.log(3.0)
+        elif name == "cap":
+            lo[i], hi[i] = math.log(0.8 * top), math.log(3.0 * top)
+    return names, x0, lo, hi
+
+
 def _fit_gpu(gpu: str, tables: list[tuple[str, str, Topology, np.ndarray]]) -> tuple[dict[str, Any], list[TableFit]]:
     topo = tables[0][2]
     if any(t[2] != topo for t in tables):
@@ -233,38 +270,8 @@ def _fit_gpu(gpu: str, tables: list[tuple[str, str, Topology, np.ndarray]]) -> t
         raise DataError(f"GPU type {gpu!r}: intra table has non-positive bandwidth for a subset of >= 2 GPUs")
     truth_rank = np.stack([_rank(t) for t in truth])
     classes = sorted(c for c in stats)
-    pcie_pairs = [v for c in classes if c != "NV" for v in stats[c]]
-    top = float(truth.max())
-    names: list[str] = []
-    start: list[float] = []
-    for c in classes:
-        names.append(f"link.{c}")
-        start.append(float(np.median(stats[c])))
-    if "port" in model.kinds:
-        names.append("pcie")
-        start.append(max(pcie_pairs))
-    if "up" in model.kinds:
-        names.append("uplink")
-        start.append(2 * float(np.median(same)) if (same and not p2p) else 2 * max(pcie_pairs))
-    if "sys" in model.kinds:
-        names.append("sys")
-        start.append(float(np.median(stats.get("SYS", pcie_pairs))))
-    names += ["cap", "sharpness", "hop_penalty"]
-    start += [1.2 * top, 8.0, 0.3]
     n_eff = min(topo.n, 8) - 2
-    names += [f"eff{k}" for k in range(3, 3 + n_eff)]
-    start += [1.0] * n_eff
-    x0 = np.log(np.array(start))
-    lo, hi = x0 - math.log(4.0), x0 + math.log(4.0)
-    for i, name in enumerate(names):
-        if name.startswith("eff"):
-            lo[i], hi[i] = math.log(0.5), math.log(1.5)
-        elif name == "sharpness":
-            lo[i], hi[i] = math.log(2.0), math.log(40.0)
-        elif name == "hop_penalty":
-            lo[i], hi[i] = math.log(0.01), math.log(3.0)
-        elif name == "cap":
-            lo[i], hi[i] = math.log(0.8 * top), math.log(3.0 * top)
+    names, x0, lo, hi = _intra_start(stats, classes, model.kinds, same, p2p, float(truth.max()), n_eff)
 
     def unpack(x: np.ndarray, digits: int | None = None) -> dict[str, Any]:
         v = np.exp(x)

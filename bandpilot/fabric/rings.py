@@ -106,6 +106,79 @@ def _ring_orders(k: int, full: bool) -> np.ndarray:
     return np.array([np.arange(k), *extra])
 
 
+def _pair_loads(topo: Topology, p2p: bool) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """Per undirected GPU pair: the (resource, load) contributions of one ring hop over it, as a
+    (pairs, resources) matrix; the pair index of every (i, j); the resources in index order."""
+    n = topo.n
+    sock = _socket_of(topo)
+    grp = switch_group_of(topo)
+    group_size = np.bincount(grp)
+    res: dict[tuple, int] = {}
+
+    def rid(key: tuple) -> int:
+        return res.setdefault(key, len(res))
+
+    pair_id = -np.ones((n, n), dtype=np.int64)
+    contrib: list[dict[int, float]] = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            pair_id[i, j] = pair_id[j, i] = len(contrib)
+            c: dict[int, float] = {}
+            if topo.links[i][j] == "NV" and topo.nvlinks[i][j] > 0:
+                c[rid(("nv", i, j))] = 1.0
+            else:
+                c[rid(("pair", i, j))] = 1.0
+                for w in (i, j):
+                    c[rid(("port", w))] = c.get(rid(("port", w)), 0.0) + 1.0
+                if not p2p or grp[i] != grp[j]:
+                    for w in (i, j):
+                        if group_size[grp[w]] < 2:
+                            continue  # a lone GPU's uplink is its port
+                        key = rid(("up", grp[w]))
+                        c[key] = c.get(key, 0.0) + 1.0
+                if sock[i] != sock[j]:
+                    c[rid(("sys",))] = 1.0
+            contrib.append(c)
+    n_res = len(res)
+    n_pairs = len(contrib)
+    E = np.zeros((max(n_pairs, 1), max(n_res, 1)))
+    for p, c in enumerate(contrib):
+        for r, v in c.items():
+            E[p, r] = v
+    resources = [k for k, _ in sorted(res.items(), key=lambda kv: kv[1])]
+    return pair_id, E[:n_pairs, :n_res], resources
+
+
+def _ring_loads(n: int, pair_id: np.ndarray, E: np.ndarray) -> tuple[list, list, list, list, list]:
+    """Subsets grouped by size (then ascending); per size, every subset gets the same ring orders:
+    all rings for hosts up to _FULL_ENUMERATION GPUs, a few seeded ones above. Returns per size
+    block: the subsets, and the rings' sparse loads (ring, resource, load) and subset of each ring."""
+    n_res = E.shape[1]
+    all_masks = np.arange(1 << n, dtype=np.int64)
+    pc = np.bitwise_count(all_masks)
+    bits = (all_masks[:, None] >> np.arange(n)) & 1
+    mask_blocks, ent_cyc, ent_res, ent_load, cyc_sub = [], [], [], [], []
+    n_subs = n_rings = 0
+    for k in range(2, n + 1):
+        sub = all_masks[pc == k]
+        nodes = np.nonzero(bits[sub])[1].reshape(sub.size, k)  # ascending GPU indices per subset
+        orders = _ring_orders(k, full=n <= _FULL_ENUMERATION)
+        ring = nodes[:, orders]  # (subsets, rings, k)
+        pids = pair_id[ring, np.roll(ring, -1, axis=2)]
+        step = max(1, 500_000 // (orders.size * n_res))  # bound the (subsets, rings, k, res) temporary
+        for lo in range(0, sub.size, step):
+            loads = E[pids[lo : lo + step]].sum(axis=2).reshape(-1, n_res)  # (subsets * rings, resources)
+            rows, cols = np.nonzero(loads)
+            ent_cyc.append(rows + n_rings)
+            ent_res.append(cols)
+            ent_load.append(loads[rows, cols])
+            n_rings += loads.shape[0]
+        cyc_sub.append(np.repeat(np.arange(n_subs, n_subs + sub.size), len(orders)))
+        mask_blocks.append(sub)
+        n_subs += sub.size
+    return mask_blocks, ent_cyc, ent_res, ent_load, cyc_sub
+
+
 class RingModel:
     """Every ring of every subset of one topology, as sparse resource loads (built once, cached).
 
@@ -118,69 +191,9 @@ class RingModel:
         n = topo.n
         self.topology = topo
         self.p2p = p2p
-        sock = _socket_of(topo)
-        grp = switch_group_of(topo)
-        group_size = np.bincount(grp)
-        res: dict[tuple, int] = {}
-
-        def rid(key: tuple) -> int:
-            return res.setdefault(key, len(res))
-
-        # Per undirected pair: the (resource, load) contributions of one hop over it.
-        pair_id = -np.ones((n, n), dtype=np.int64)
-        contrib: list[dict[int, float]] = []
-        for i in range(n):
-            for j in range(i + 1, n):
-                pair_id[i, j] = pair_id[j, i] = len(contrib)
-                c: dict[int, float] = {}
-                if topo.links[i][j] == "NV" and topo.nvlinks[i][j] > 0:
-                    c[rid(("nv", i, j))] = 1.0
-                else:
-                    c[rid(("pair", i, j))] = 1.0
-                    for w in (i, j):
-                        c[rid(("port", w))] = c.get(rid(("port", w)), 0.0) + 1.0
-                    if not p2p or grp[i] != grp[j]:
-                        for w in (i, j):
-                            if group_size[grp[w]] < 2:
-                                continue  # a lone GPU's uplink is its port
-                            key = rid(("up", grp[w]))
-                            c[key] = c.get(key, 0.0) + 1.0
-                    if sock[i] != sock[j]:
-                        c[rid(("sys",))] = 1.0
-                contrib.append(c)
-        n_res = len(res)
-        n_pairs = len(contrib)
-        E = np.zeros((max(n_pairs, 1), max(n_res, 1)))
-        for p, c in enumerate(contrib):
-            for r, v in c.items():
-                E[p, r] = v
-        self.resources: list[tuple] = [k for k, _ in sorted(res.items(), key=lambda kv: kv[1])]
-
-        # Subsets grouped by size (then ascending); per size, every subset gets the same ring
-        # orders: all rings for hosts up to _FULL_ENUMERATION GPUs, a few seeded ones above.
-        E = E[:n_pairs, :n_res]
-        all_masks = np.arange(1 << n, dtype=np.int64)
-        pc = np.bitwise_count(all_masks)
-        bits = (all_masks[:, None] >> np.arange(n)) & 1
-        mask_blocks, ent_cyc, ent_res, ent_load, cyc_sub = [], [], [], [], []
-        n_subs = n_rings = 0
-        for k in range(2, n + 1):
-            sub = all_masks[pc == k]
-            nodes = np.nonzero(bits[sub])[1].reshape(sub.size, k)  # ascending GPU indices per subset
-            orders = _ring_orders(k, full=n <= _FULL_ENUMERATION)
-            ring = nodes[:, orders]  # (subsets, rings, k)
-            pids = pair_id[ring, np.roll(ring, -1, axis=2)]
-            step = max(1, 500_000 // (orders.size * n_res))  # bound the (subsets, rings, k, res) temporary
-            for lo in range(0, sub.size, step):
-                loads = E[pids[lo : lo + step]].sum(axis=2).reshape(-1, n_res)  # (subsets * rings, resources)
-                rows, cols = np.nonzero(loads)
-                ent_cyc.append(rows + n_rings)
-                ent_res.append(cols)
-                ent_load.append(loads[rows, cols])
-                n_rings += loads.shape[0]
-            cyc_sub.append(np.repeat(np.arange(n_subs, n_subs + sub.size), len(orders)))
-            mask_blocks.append(sub)
-            n_subs += sub.size
+        pair_id, E, self.resources = _pair_loads(topo, p2p)
+        n_res = len(self.resources)
+        mask_blocks, ent_cyc, ent_res, ent_load, cyc_sub = _ring_loads(n, pair_id, E)
         masks = np.concatenate(mask_blocks) if mask_blocks else np.zeros(0, dtype=np.int64)
         sizes = np.bitwise_count(masks).astype(np.int64)
         n_res_ext = n_res + 1  # + the sentinel

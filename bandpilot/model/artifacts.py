@@ -68,7 +68,10 @@ def resolve(uri: str) -> tuple[str | None, str | None, str | None]:
     """``models:/NAME@alias`` | ``models:/NAME/VERSION`` | ``runs:/ID/...`` -> (name, version, run_id)."""
     uri = str(uri)
     if uri.startswith(("models:/", "runs:/")):
-        find_registry()
+        try:
+            find_registry()
+        except ModelError as exc:  # name what the caller asked for, not only where we looked
+            raise ModelError(f"{uri}: {exc}") from None
     m = _URI.match(uri)
     if m:
         name, alias, version = m.group("name"), m.group("alias"), m.group("version")

@@ -62,6 +62,24 @@ def holdout_patterns(pattern: np.ndarray, fraction: float, seed: int = 0) -> np.
     return np.flatnonzero(np.isin(inverse.ravel(), take))
 
 
+def _out_of_fold(spec: Any, stage1: np.ndarray, pool: Any, rest: np.ndarray, folds: list[np.ndarray], p: TrainParams,
+                 say: Callable[[str], None], advance: Callable[[], Any]) -> tuple[np.ndarray, list[dict[str, float]]]:
+    """Each fold's predictions by a surrogate fit on the other folds, and each fold's figures."""
+    oof = np.full(rest.size, np.nan)
+    per_fold: list[dict[str, float]] = []
+    for i, f in enumerate(folds):
+        say(f"fold {i + 1}/{len(folds)}: train {rest.size - f.size}, test {f.size} allocations")
+        tr_idx = rest[np.setdiff1d(np.arange(rest.size), f)]
+        fit_idx, val_idx = val_split(pool, tr_idx, p)
+        sur_i, *_ = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
+        te = pool.take(rest[f])
+        oof[f] = sur_i.predict_masks(te.masks)
+        ev = evaluate_predictions(te.busbw, oof[f])
+        per_fold.append({k: float(ev[k]) for k in ("r2", "mape", "max_err", "spearman")} | {"n": float(f.size)})
+        advance()
+    return oof, per_fold
+
+
 def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, out_dir: str | Path | None = None,
         plots: bool = True, progress: Callable[[str], None] | None = None) -> TrainResult:
     """The production fit: a surrogate trained on every cross-host measurement (minus the holdout),
@@ -85,20 +103,8 @@ def fit(ds: "Dataset", params: TrainParams | dict[str, Any] | None = None, *, ou
     test_idx = holdout_patterns(pool.pattern, p.holdout, p.seed) if p.holdout > 0 else np.zeros(0, np.int64)
     rest = np.setdiff1d(np.arange(len(pool)), test_idx)
     folds = pattern_folds(pool.pattern[rest], p.folds, p.seed)
-
-    oof = np.full(rest.size, np.nan)
-    per_fold: list[dict[str, float]] = []
     with stage(f"train {spec.name}", total=len(folds) + 1, unit="fits") as st:  # the folds, then the final fit
-        for i, f in enumerate(folds):
-            say(f"fold {i + 1}/{len(folds)}: train {rest.size - f.size}, test {f.size} allocations")
-            tr_idx = rest[np.setdiff1d(np.arange(rest.size), f)]
-            fit_idx, val_idx = val_split(pool, tr_idx, p)
-            sur_i, *_ = fit_pool(spec, stage1, pool.take(fit_idx), pool.take(val_idx), p)
-            te = pool.take(rest[f])
-            oof[f] = sur_i.predict_masks(te.masks)
-            ev = evaluate_predictions(te.busbw, oof[f])
-            per_fold.append({k: float(ev[k]) for k in ("r2", "mape", "max_err", "spearman")} | {"n": float(f.size)})
-            st.advance()
+        oof, per_fold = _out_of_fold(spec, stage1, pool, rest, folds, p, say, st.advance)
         cv_pool = pool.take(rest)
         cv = evaluate_predictions(cv_pool.busbw, oof, cv_pool.pattern, cv_pool.n_hosts)
 

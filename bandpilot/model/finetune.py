@@ -52,13 +52,7 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
     te, tr = pool.take(np.sort(perm[:n_test])), pool.take(np.sort(perm[n_test:]))
     net = copy.deepcopy(sur.net)
     tuned = Surrogate(sur.spec, stage1, net, kind=sur.kind, meta=dict(sur.meta), replay=sur.replay, name=sur.name)
-    replay_m, replay_y = sur.replay if sur.replay is not None else (np.zeros((0, sur.spec.n_hosts), np.int64), np.zeros(0))
-    rkeep = (replay_y > 0) & (np.bitwise_count(replay_m).astype(bool).sum(axis=1) >= 2) if len(replay_y) else np.zeros(0, bool)
-    replay_m, replay_y = replay_m[rkeep], replay_y[rkeep]
-    # Replayed rows for allocations re-measured in the new data give way to the new value.
-    new_keys = {r.tobytes() for r in tr.masks}
-    fresh = np.array([r.tobytes() not in new_keys for r in replay_m], dtype=bool) if len(replay_y) else np.zeros(0, bool)
-    replay_m, replay_y = replay_m[fresh], replay_y[fresh]
+    replay_m, replay_y = _replay_rows(sur, tr.masks)
     before_replay = evaluate_predictions(replay_y, sur.predict_masks(replay_m)) if len(replay_y) else {}
     before_new = evaluate_predictions(te.busbw, sur.predict_masks(te.masks)) if len(te) else {}
     masks = np.concatenate([tr.masks, replay_m])
@@ -75,30 +69,12 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
     eval_set = te if len(te) else tr
     yhat = tuned.predict_masks(eval_set.masks)
     ev = evaluate_predictions(eval_set.busbw, yhat, eval_set.pattern, eval_set.n_hosts)
-    metrics = {f"test_{k}": float(ev[k]) for k in ("r2", "mape", "max_err", "max_rel_err", "spearman") if k in ev}
-    if before_new:
-        metrics["test_mape_before"] = float(before_new["mape"])
-    if before_replay:
-        after_replay = evaluate_predictions(replay_y, tuned.predict_masks(replay_m))
-        metrics["replay_mape_before"] = float(before_replay["mape"])
-        metrics["replay_mape_after"] = float(after_replay["mape"])
+    metrics = _metrics(ev, before_new, before_replay, tuned, replay_m, replay_y)
     metrics.update({"n_train": float(len(tr)), "n_replay": float(len(replay_y)), "n_test": float(len(eval_set)),
                     "train_seconds": train_seconds, "epochs_run": float(len(history))})
     if not len(te):
         notes.append("new data too small for a held-out test; metrics are on the fine-tuning rows")
-    data = {
-        "cluster": sur.spec.name,
-        "fingerprint": sur.spec.fingerprint(),
-        "dataset_hash": dataset_fingerprint(new),
-        "dataset_path": str(new.path) if new.path else None,
-        "dataset_rows": int(len(new)),
-        "pool": int(len(pool)),
-        "split": "finetune",
-        "base_model": sur.uri,
-        "base_version": sur.model_version,
-    }
-    if sur.kind == "hierarchical":
-        data["prior"] = tuned.net.prior_params()  # type: ignore[operator]
+    data = _provenance(sur, tuned, new, len(pool))
     tuned.meta = {
         "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "params": p.as_dict(),
@@ -114,3 +90,44 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
                                 f"{sur.spec.name} fine-tuned: MAPE={ev['mape']:.2f}%")
     return TrainResult(tuned, metrics, {"test": ev}, history, plot_paths, p, data, train_seconds, notes,
                        {"masks": eval_set.masks, "y": eval_set.busbw, "yhat": yhat, "pattern": eval_set.pattern})
+
+
+def _replay_rows(sur: Surrogate, new_masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The model's stored cross-host sample, minus allocations the new data re-measured (the new
+    value wins)."""
+    replay_m, replay_y = sur.replay if sur.replay is not None else (np.zeros((0, sur.spec.n_hosts), np.int64), np.zeros(0))
+    rkeep = (replay_y > 0) & (np.bitwise_count(replay_m).astype(bool).sum(axis=1) >= 2) if len(replay_y) else np.zeros(0, bool)
+    replay_m, replay_y = replay_m[rkeep], replay_y[rkeep]
+    new_keys = {r.tobytes() for r in new_masks}
+    fresh = np.array([r.tobytes() not in new_keys for r in replay_m], dtype=bool) if len(replay_y) else np.zeros(0, bool)
+    return replay_m[fresh], replay_y[fresh]
+
+
+def _metrics(ev: dict[str, Any], before_new: dict[str, Any], before_replay: dict[str, Any], tuned: Surrogate,
+             replay_m: np.ndarray, replay_y: np.ndarray) -> dict[str, float]:
+    """Test figures after fine-tuning, and the forgetting check on the replayed rows."""
+    metrics = {f"test_{k}": float(ev[k]) for k in ("r2", "mape", "max_err", "max_rel_err", "spearman") if k in ev}
+    if before_new:
+        metrics["test_mape_before"] = float(before_new["mape"])
+    if before_replay:
+        after_replay = evaluate_predictions(replay_y, tuned.predict_masks(replay_m))
+        metrics["replay_mape_before"] = float(before_replay["mape"])
+        metrics["replay_mape_after"] = float(after_replay["mape"])
+    return metrics
+
+
+def _provenance(sur: Surrogate, tuned: Surrogate, new: "Dataset", pool_size: int) -> dict[str, Any]:
+    data = {
+        "cluster": sur.spec.name,
+        "fingerprint": sur.spec.fingerprint(),
+        "dataset_hash": dataset_fingerprint(new),
+        "dataset_path": str(new.path) if new.path else None,
+        "dataset_rows": int(len(new)),
+        "pool": int(pool_size),
+        "split": "finetune",
+        "base_model": sur.uri,
+        "base_version": sur.model_version,
+    }
+    if sur.kind == "hierarchical":
+        data["prior"] = tuned.net.prior_params()  # type: ignore[operator]
+    return data

@@ -178,7 +178,10 @@ def log_result(result: "TrainResult", prefix: str = "") -> None:
     """Params, metrics, per-epoch history, plots, tags of a result into the active run."""
     d = result.data
     mlflow.log_params({f"{prefix}{k}": v for k, v in _flat_params(result.params.as_dict()).items()})
-    mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in result.metrics.items() if math.isfinite(v)})
+    # A cross-validated fit's test_* are its cv_* under another name: the run records them once, honestly.
+    cv_only = cross_validated(result)
+    mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in result.metrics.items()
+                        if math.isfinite(v) and not (cv_only and k.startswith("test_"))})
     log_history(result.history)
     for path in result.plots.values():
         mlflow.log_artifact(str(path), artifact_path="plots")

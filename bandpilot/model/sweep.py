@@ -7,7 +7,7 @@ import math
 import tempfile
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -78,8 +78,6 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
           space: dict[str, Any] | None = None, val_fraction: float = 0.2, log_mlflow: bool = True,
           out_dir: str | Path | None = None, tracking_uri: str | None = None) -> SweepResult:
     """Optuna TPE + MedianPruner on validation MAPE; parent MLflow run with nested child runs."""
-    import optuna
-
     base_p = base if isinstance(base, TrainParams) else TrainParams.from_dict(base)
     space = space or DEFAULT_SPACE
     for k in space:
@@ -89,15 +87,7 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
         raise SpecError("n_trials must be >= 1")
     storage_url = resolve_storage(storage)
     study_name = study_name or f"bandpilot-{ds.spec.name}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.create_study(
-            study_name=study_name, storage=storage_url, direction="minimize", load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=base_p.seed),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=20),
-        )
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors: one line for the operator
-        raise DataError(f"cannot open Optuna storage {storage_url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}") from None
+    study = _open_study(study_name, storage_url, base_p.seed)
     # Validate the data once before trials start (trials must not swallow data errors).
     pool = cross_pool(ds)
     if len(pool) < MIN_POOL:
@@ -105,7 +95,6 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
     ds.stage1_tables()
 
     mlf = None
-    parent_id = None
     if log_mlflow:
         import mlflow
 
@@ -116,6 +105,47 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
     results: dict[int, TrainResult] = {}
     trials_log: list[dict[str, Any]] = []
     vf = val_fraction if val_fraction > 0 else 0.2
+    objective = _objective(ds, base_p, space, vf, study_name, out_dir, mlf, results, trials_log)
+    parent_ctx = None
+    parent_id = None
+    if mlf:
+        parent_ctx = mlf.start_run(run_name=f"sweep-{study_name}")
+        run = parent_ctx.__enter__()
+        parent_id = run.info.run_id
+        mlf.set_tags({"bandpilot.kind": "sweep", "optuna.study": study_name, "optuna.storage": _redact(storage_url)})
+        mlf.log_params({"n_trials": n_trials, "timeout": timeout, "val_fraction": vf,
+                        **{f"base.{k}": v for k, v in base_p.as_dict().items()}})
+    try:
+        with stage(f"sweep {ds.spec.name}", total=n_trials, unit="trials") as st:
+            study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(), callbacks=[lambda *_: st.advance()])
+        best_p, res = _best(study, ds, base_p, vf, results, out_dir, mlf)
+        n_pruned = sum(1 for t in study.trials if t.state.name == "PRUNED")
+        return SweepResult(best_p, float(study.best_trial.value), study_name, storage_url, len(study.trials), n_pruned, res,
+                           parent_id, trials_log)
+    finally:
+        if parent_ctx:
+            parent_ctx.__exit__(None, None, None)
+
+
+def _open_study(study_name: str, storage_url: str, seed: int) -> Any:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.create_study(
+            study_name=study_name, storage=storage_url, direction="minimize", load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=20),
+        )
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors: one line for the operator
+        raise DataError(f"cannot open Optuna storage {storage_url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}") from None
+
+
+def _objective(ds: "Dataset", base_p: TrainParams, space: dict[str, Any], vf: float, study_name: str,
+               out_dir: str | Path | None, mlf: Any, results: dict[int, TrainResult],
+               trials_log: list[dict[str, Any]]) -> Callable[[Any], float]:
+    """One trial: train with the suggested parameters (a nested MLflow run), report, prune or score."""
+    import optuna
 
     def objective(trial: "optuna.trial.Trial") -> float:
         sugg = _suggest(trial, space)
@@ -144,39 +174,29 @@ def sweep(ds: "Dataset", base: TrainParams | dict[str, Any] | None = None, *, n_
             if ctx:
                 ctx.__exit__(None, None, None)
 
-    parent_ctx = None
+    return objective
+
+
+def _best(study: Any, ds: "Dataset", base_p: TrainParams, vf: float, results: dict[int, TrainResult],
+          out_dir: str | Path | None, mlf: Any) -> tuple[TrainParams, TrainResult]:
+    """The best trial's parameters and result (retrained when it ran in an earlier session), with plots."""
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    if not complete:
+        raise ModelError(f"sweep {study.study_name!r}: no trial completed (all pruned or failed)")
+    best = study.best_trial
+    best_p = TrainParams.from_dict({**base_p.as_dict(), **best.params})
+    res = results.get(best.number)
+    if res is None:  # best trial from an earlier session of a persistent study: retrain it
+        res = train(ds, TrainParams.from_dict({**best_p.as_dict(), "val_fraction": vf}), plots=False)
+    res.plots = make_plots(res.test["y"], res.test["yhat"], pool_hosts(res.test["masks"]),
+                           Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bandpilot-sweep-")),
+                           f"{ds.spec.name} sweep best (trial {best.number}): MAPE={res.metrics['test_mape']:.2f}%")
+    res.surrogate.meta["sweep"] = {"study": study.study_name, "best_trial": best.number, "best_val_mape": best.value,
+                                   "n_trials": len(study.trials)}
     if mlf:
-        parent_ctx = mlf.start_run(run_name=f"sweep-{study_name}")
-        run = parent_ctx.__enter__()
-        parent_id = run.info.run_id
-        mlf.set_tags({"bandpilot.kind": "sweep", "optuna.study": study_name, "optuna.storage": _redact(storage_url)})
-        mlf.log_params({"n_trials": n_trials, "timeout": timeout, "val_fraction": vf,
-                        **{f"base.{k}": v for k, v in base_p.as_dict().items()}})
-    try:
-        with stage(f"sweep {ds.spec.name}", total=n_trials, unit="trials") as st:
-            study.optimize(objective, n_trials=n_trials, timeout=timeout, catch=(), callbacks=[lambda *_: st.advance()])
-        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if not complete:
-            raise ModelError(f"sweep {study_name!r}: no trial completed (all pruned or failed)")
-        best = study.best_trial
-        best_p = TrainParams.from_dict({**base_p.as_dict(), **best.params})
-        res = results.get(best.number)
-        if res is None:  # best trial from an earlier session of a persistent study: retrain it
-            res = train(ds, TrainParams.from_dict({**best_p.as_dict(), "val_fraction": vf}), plots=False)
-        res.plots = make_plots(res.test["y"], res.test["yhat"], pool_hosts(res.test["masks"]),
-                               Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="bandpilot-sweep-")),
-                               f"{ds.spec.name} sweep best (trial {best.number}): MAPE={res.metrics['test_mape']:.2f}%")
-        res.surrogate.meta["sweep"] = {"study": study_name, "best_trial": best.number, "best_val_mape": best.value,
-                                       "n_trials": len(study.trials)}
-        if mlf:
-            mlf.log_metrics({"best_val_mape": float(best.value), **{f"best_{k}": v for k, v in res.metrics.items() if math.isfinite(v)}})
-            mlf.log_params({f"best.{k}": v for k, v in best.params.items()})
-        n_pruned = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.PRUNED)
-        return SweepResult(best_p, float(best.value), study_name, storage_url, len(study.trials), n_pruned, res,
-                           parent_id, trials_log)
-    finally:
-        if parent_ctx:
-            parent_ctx.__exit__(None, None, None)
+        mlf.log_metrics({"best_val_mape": float(best.value), **{f"best_{k}": v for k, v in res.metrics.items() if math.isfinite(v)}})
+        mlf.log_params({f"best.{k}": v for k, v in best.params.items()})
+    return best_p, res
 
 
 def pool_hosts(masks: np.ndarray) -> np.ndarray:

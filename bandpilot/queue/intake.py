@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -30,13 +32,13 @@ class SubmitReport:
 class SubmitError(RequestError):
     """Some requests are invalid and nothing was submitted; ``errors`` lists every problem."""
 
-    def __init__(self, errors: Sequence[str], n_valid: int) -> None:
+    def __init__(self, errors: Sequence[str], n_valid: int, code: str = "invalid_request") -> None:
         self.errors = list(errors)
         self.n_valid = n_valid
         more = f"{len(self.errors)} invalid request(s), first: " if len(self.errors) > 1 else ""
         valid = "the valid one" if n_valid == 1 else f"the {n_valid} valid ones"
         hint = f" (submit with partial / --partial to queue {valid})" if n_valid else ""
-        super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}")
+        super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}", code=code)
 
 
 def submit(
@@ -82,11 +84,12 @@ def submit(
         ids = [r.id for r in good]
         for i in range(0, len(ids), 500):
             existing.update(conn.execute(_EXISTING, {"ids": ids[i : i + 500]}).scalars())
+        first_dup = not errs  # the first problem is an id already in the store: a conflict, not bad input
         if existing:
             errs.extend(f"{where[rid]}: request id {rid!r} already exists in the store" for rid in ids if rid in existing)
             good = [r for r in good if r.id not in existing]
         if errs and not partial:
-            raise SubmitError(errs, len(good))
+            raise SubmitError(errs, len(good), "duplicate_id" if first_dup and existing else "invalid_request")
         rows = [
             {
                 "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
@@ -95,6 +98,8 @@ def submit(
                 "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
                 "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
                 "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
+                "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step,
+                "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
             }
             for r in good
         ]
@@ -102,7 +107,8 @@ def submit(
             try:
                 conn.execute(sa.insert(T_REQ), rows)
             except sa.exc.IntegrityError:
-                raise RequestError("a request id was submitted concurrently by another process; nothing submitted") from None
+                raise RequestError("a request id was submitted concurrently by another process; nothing submitted",
+                                   code="duplicate_id") from None
     return SubmitReport([r.id for r in good], errs)
 
 
@@ -121,4 +127,4 @@ def cancel(store: Store, request_id: str) -> None:
     if st is None:
         raise RequestError(f"no request {request_id!r}")
     hint = "; release the job instead" if st == "assigned" else ""
-    raise RequestError(f"request {request_id!r} is {st}, not pending{hint}")
+    raise RequestError(f"request {request_id!r} is {st}, not pending{hint}", code="not_pending")

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
 from bandpilot.errors import StateError
-from bandpilot.queue.schema import T_ASSIGN, T_GPUS, T_JOBS, T_REQ, T_RESERVE
+from bandpilot.queue.schema import T_ASSIGN, T_GEN, T_GPUS, T_JOBS, T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 
 
@@ -23,6 +23,7 @@ def check_invariants(store: Store) -> list[str]:
         assigns = {r.request_id: r for r in conn.execute(sa.select(T_ASSIGN)).all()}
         state = store.load_state(conn)
         reserved = conn.execute(sa.select(T_RESERVE.c.request_id, T_RESERVE.c.gpus)).all()
+        latest = {r.request_id: r for r in conn.execute(sa.select(T_GEN).order_by(T_GEN.c.generation)).all()}
     if sorted(g.id for g in gpus) != sorted(spec.gpu_ids):
         bad.append("GPU rows do not match the cluster spec")
     held: dict[str, set[str]] = {}
@@ -64,6 +65,10 @@ def check_invariants(store: Store) -> list[str]:
             bad.append(f"request {rid!r} is assigned but its job is not active")
         if r.status == "released" and getattr(jobs.get(rid), "status", None) != "released":
             bad.append(f"request {rid!r} is released but its job is still active")
+    for rid, gen in latest.items():  # a resized job runs on its latest generation and nothing else
+        a = assigns.get(rid)
+        if a is None or sorted(json.loads(gen.gpus)) != sorted(json.loads(a.gpus)):
+            bad.append(f"job {rid!r}: generation {gen.generation} is not its current assignment")
     for rid, g in reserved:
         st = getattr(reqs.get(rid), "status", None)
         if st != "pending":

@@ -1,8 +1,16 @@
 """How does a launcher start a job on the GPUs it was given? Assignments as launcher input.
 
 ``json`` (everything), ``slurm`` (``--nodelist`` and a per-node ``CUDA_VISIBLE_DEVICES``), ``hostfile``
-(MPI, one line per host with its slots), ``env`` (shell lines) and ``k8s`` (pod annotations and the
-node selector term for the hosts).
+(MPI, one line per host with its slots), ``env`` (shell lines), ``torchrun`` (one command per node)
+and ``k8s`` (pod annotations and the node selector term for the hosts).
+
+Every format carries the **rank map**: ``ranks`` (GPU ids in rank order; a shaped request's
+Megatron order, else the GPUs in host order). Nodes are numbered in order of their first rank (node
+rank 0 is ``MASTER_ADDR``), each node's ``CUDA_VISIBLE_DEVICES`` lists its GPUs in rank order (local
+rank i -> the i-th listed device), the hostfile lists nodes in that order. When a node's ranks are not
+one contiguous run, block launchers (torchrun, ``mpirun`` with a hostfile) cannot reproduce the map:
+the ``slurm`` format then uses ``SLURM_HOSTFILE`` with ``--distribution=arbitrary`` (one line per rank),
+and ``torchrun`` says so.
 """
 
 from __future__ import annotations
@@ -14,10 +22,12 @@ import sqlalchemy as sa
 
 from bandpilot.errors import RequestError, StateError
 from bandpilot.queue.clock import iso
+from bandpilot.queue.generations import current_generations, elastic_doc
 from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
 
-FORMATS = ("json", "slurm", "hostfile", "env", "k8s")
+FORMATS = ("json", "slurm", "hostfile", "env", "torchrun", "k8s")
+MASTER_PORT = 29500
 
 
 def assignment(store: Store, job_id: str) -> dict[str, Any]:
@@ -25,8 +35,9 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
     with store.read() as conn:
         r = conn.execute(sa.select(T_REQ, T_ASSIGN).join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id, isouter=True)
                          .where(T_REQ.c.id == job_id)).mappings().first()
+        gen = current_generations(conn, [job_id]).get(job_id, 0)
     if r is None:
-        raise StateError(f"no request {job_id!r} in the store")
+        raise StateError(f"no request {job_id!r} in the store", code="not_found")
     if not r["gpus"]:
         raise StateError(f"request {job_id!r} is {r['status']}: it has no GPUs assigned")
     gpus = json.loads(r["gpus"])
@@ -36,32 +47,70 @@ def assignment(store: Store, job_id: str) -> dict[str, Any]:
         h, _, i = g.rpartition(":")
         hosts.setdefault(h, []).append(int(i))
     hosts = {h: sorted(v) for h, v in sorted(hosts.items(), key=lambda kv: order.get(kv[0], 0))}
-    return {"id": r["id"], "tenant": r["tenant"], "status": r["status"], "k": r["k"], "gpus": gpus, "hosts": hosts,
-            "predicted_gbps": r["predicted_gbps"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"])}
+    ranks = json.loads(r["ranks"]) if r.get("ranks") else None
+    if ranks:  # a shaped request: nodes in order of their first rank, devices in rank order
+        hosts = {}
+        for g in ranks:
+            h, _, i = g.rpartition(":")
+            hosts.setdefault(h, []).append(int(i))
+    extra = {"ranks": ranks or [f"{h}:{i}" for h, v in hosts.items() for i in v]}
+    if r.get("shape"):
+        extra["shape"] = json.loads(r["shape"])
+    if r.get("placement"):
+        extra.update(json.loads(r["placement"]))
+    # k is the current generation's size (an elastic job's requested k may differ)
+    return {**extra, "id": r["id"], "tenant": r["tenant"], "status": r["status"], "k": len(gpus), "gpus": gpus, "hosts": hosts,
+            "predicted_gbps": r["predicted_gbps"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+            "generation": gen, **elastic_doc(r)}
 
 
 def render(a: dict[str, Any], fmt: str) -> str:
     if fmt not in FORMATS:
         raise RequestError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     hosts = a["hosts"]
+    ranks = a.get("ranks") or [f"{h}:{i}" for h, v in hosts.items() for i in v]
     cvd = {h: ",".join(map(str, v)) for h, v in hosts.items()}
+    master = next(iter(hosts))
+    runs = [h for j, h in enumerate(g.rpartition(":")[0] for g in ranks) if j == 0 or ranks[j - 1].rpartition(":")[0] != h]
+    blocks = len(runs) == len(hosts)  # every node's ranks form one contiguous run
     if fmt == "json":
         return json.dumps(a, indent=2)
     if fmt == "hostfile":
         return "\n".join(f"{h} slots={len(v)}" for h, v in hosts.items())
     if fmt == "env":
-        lines = [f"BANDPILOT_JOB={a['id']}", f"BANDPILOT_HOSTS={','.join(hosts)}", f"BANDPILOT_NGPUS={len(a['gpus'])}"]
+        lines = [f"BANDPILOT_JOB={a['id']}", f"BANDPILOT_HOSTS={','.join(hosts)}", f"BANDPILOT_NGPUS={len(a['gpus'])}",
+                 f"BANDPILOT_RANKS={','.join(ranks)}", f"MASTER_ADDR={master}", f"MASTER_PORT={MASTER_PORT}",
+                 f"NNODES={len(hosts)}"]
         lines += [f"CUDA_VISIBLE_DEVICES_{_envname(h)}={v}" for h, v in cvd.items()]
+        lines += [f"NODE_RANK_{_envname(h)}={n}" for n, h in enumerate(hosts)]
         return "\n".join(lines)
     if fmt == "slurm":
         lines = [f"#SBATCH --nodelist={','.join(hosts)}", f"#SBATCH --nodes={len(hosts)}", f"#SBATCH --ntasks={len(a['gpus'])}",
-                 "# each node sees only its assigned GPUs:", 'case "$SLURMD_NODENAME" in']
+                 f"export MASTER_ADDR={master} MASTER_PORT={MASTER_PORT}",
+                 "# each node sees only its assigned GPUs, in rank order (SLURM_LOCALID i -> the i-th):",
+                 'case "$SLURMD_NODENAME" in']
         lines += [f"  {h}) export CUDA_VISIBLE_DEVICES={v} ;;" for h, v in cvd.items()]
         lines.append("esac")
+        lines.append("# the rank map: task i runs on line i (srun --distribution=arbitrary)")
+        lines.append("cat > bandpilot_hosts.$SLURM_JOB_ID <<'EOF'")
+        lines += [g.rpartition(":")[0] for g in ranks]
+        lines += ["EOF", "export SLURM_HOSTFILE=bandpilot_hosts.$SLURM_JOB_ID",
+                  f"# srun --distribution=arbitrary --ntasks={len(ranks)} YOUR_PROGRAM"]
+        return "\n".join(lines)
+    if fmt == "torchrun":
+        lines = [f"# job {a['id']}: {len(hosts)} nodes, {len(ranks)} ranks; run line i on node i"]
+        if not blocks:
+            lines.append("# WARNING: a node's ranks are not contiguous; torchrun numbers them in blocks, so this map"
+                         " differs from the rank map: launch with the slurm format instead")
+        lines += [f"{h}: CUDA_VISIBLE_DEVICES={cvd[h]} torchrun --nnodes={len(hosts)} --nproc-per-node={len(v)} "
+                  f"--node-rank={n} --master-addr={master} --master-port={MASTER_PORT} YOUR_SCRIPT"
+                  for n, (h, v) in enumerate(hosts.items())]
         return "\n".join(lines)
     # k8s: one annotation per host with its device indices, and a node affinity term for the hosts
-    ann = {"bandpilot.io/job": a["id"], "bandpilot.io/gpus": ",".join(a["gpus"])}
+    ann = {"bandpilot.io/job": a["id"], "bandpilot.io/gpus": ",".join(a["gpus"]),
+           "bandpilot.io/ranks": ",".join(ranks), "bandpilot.io/master-addr": master}
     ann.update({f"bandpilot.io/devices.{h}": v for h, v in cvd.items()})
+    ann.update({f"bandpilot.io/node-rank.{h}": str(n) for n, h in enumerate(hosts)})
     doc = {"metadata": {"annotations": ann},
            "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(hosts)}]}]}}}}}

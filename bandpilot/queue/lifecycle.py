@@ -62,7 +62,7 @@ def release_many(store: Store, job_ids: Sequence[str], measured: Mapping[str, An
                 if st is None:
                     req = conn.execute(sa.select(T_REQ.c.status).where(T_REQ.c.id == job_id)).scalar()
                     hint = f" (request {job_id!r} is {req})" if req else ""
-                    raise StateError(f"no active job {job_id!r}{hint}")
+                    raise StateError(f"no active job {job_id!r}{hint}", code="conflict" if hint else "not_found")
                 raise StateError(f"job {job_id!r} was already released")
             rows = conn.execute(_REL_GPUS_SEL, p).all()  # row locks on PostgreSQL
             conn.execute(_REL_GPUS, p)
@@ -85,7 +85,7 @@ def resolve_targets(spec: ClusterSpec, target: str) -> list[str]:
     dom = [h for h in spec.hosts if h.domain == target]
     if dom:
         return [f"{h.name}:{i}" for h in dom for i in range(h.n_gpus)]
-    raise StateError(f"unknown GPU, host or domain {target!r} in cluster {spec.name!r}")
+    raise StateError(f"unknown GPU, host or domain {target!r} in cluster {spec.name!r}", code="not_found")
 
 
 def drain(store: Store, target: str, reason: str | None = None) -> dict[str, list[str]]:

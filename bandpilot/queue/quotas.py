@@ -27,6 +27,8 @@ class TenantLimits:
 class QuotaExceeded(RequestError):
     """A tenant is at its limit; retry after ``retry_after_s`` (a batch may have placed some)."""
 
+    code = "quota_exceeded"
+
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = int(retry_after_s)
@@ -34,6 +36,8 @@ class QuotaExceeded(RequestError):
 
 class DuplicateId(RequestError):
     """The tenant already has a request with this id."""
+
+    code = "duplicate_id"
 
 
 _pending = T_REQ.c.status == "pending"

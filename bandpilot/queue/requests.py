@@ -1,7 +1,8 @@
 """What is a valid request? Gang requests and their placement constraints: shape checks, cluster
 checks and JSONL parsing.
 
-Tenants submit gang (all-or-nothing) GPU requests; :func:`~bandpilot.scheduling.batch.run_batch` assigns
+Constraints are :class:`bandpilot.dispatch.constraints.Constraints` (one type from the API body
+to the GPUs). Tenants submit gang (all-or-nothing) GPU requests; :func:`~bandpilot.scheduling.batch.run_batch` assigns
 the pending ones with a :class:`~bandpilot.dispatch.dispatcher.Dispatcher` (the promoted model).
 """
 
@@ -13,21 +14,22 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import numpy as np
 
-from bandpilot.errors import RequestError, SpecError
+from bandpilot.dispatch.constraints import Constraints, constraint_keys
+from bandpilot.dispatch.shape import Shape
+from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
-from bandpilot.topology.cluster import ClusterSpec, popcount
+from bandpilot.topology.cluster import ClusterSpec
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
-_CONSTRAINT_KEYS = ("single_host", "single_domain", "allowed_hosts", "allowed_gpus", "min_gbps", "whole_domains", "segment")
 #: Run-time and preemption fields (schema v6): planning hints, never trusted for correctness.
 RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints") + RUNTIME_KEYS
+#: Elastic range (schema v9): a data-parallel job may run on any size min_k, min_k + step, ..., max_k.
+ELASTIC_KEYS = ("min_k", "max_k", "k_step")
+_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape") + RUNTIME_KEYS + ELASTIC_KEYS
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -49,88 +51,6 @@ def _parse_time(value: Any, where: str) -> float:
 
 
 @dataclass(frozen=True)
-class Constraints:
-    """Placement constraints of a request. ``single_domain`` and ``allowed_gpus`` are applied by the
-    queue (one dispatcher call per candidate domain, best prediction wins / free GPUs outside the
-    list hidden from the dispatcher); the rest are passed to :meth:`Dispatcher.select`. Hosts
-    without a ``domain`` form one implicit domain, so ``single_domain`` on a cluster without
-    domains only requires ``k`` to fit the cluster. ``whole_domains`` (only wholly free domains) and
-    ``segment`` (Slurm's ``--segment`` in GPUs, NVLink-domain clusters: it must divide ``k``, each
-    segment stays in one domain) are passed to the dispatcher."""
-
-    single_host: bool = False
-    single_domain: bool = False
-    allowed_hosts: tuple[str, ...] | None = None
-    allowed_gpus: tuple[str, ...] | None = None
-    min_gbps: float | None = None
-    whole_domains: bool = False
-    segment: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.single_host:
-            out["single_host"] = True
-        if self.single_domain:
-            out["single_domain"] = True
-        if self.allowed_hosts is not None:
-            out["allowed_hosts"] = list(self.allowed_hosts)
-        if self.allowed_gpus is not None:
-            out["allowed_gpus"] = list(self.allowed_gpus)
-        if self.min_gbps is not None:
-            out["min_gbps"] = self.min_gbps
-        if self.whole_domains:
-            out["whole_domains"] = True
-        if self.segment is not None:
-            out["segment"] = self.segment
-        return out
-
-    @cached_property
-    def key(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, doc: Any, where: str = "constraints") -> "Constraints":
-        if doc is None:
-            return cls()
-        if not isinstance(doc, Mapping):
-            raise RequestError(f"{where}: 'constraints' must be an object")
-        unknown = sorted(set(doc) - set(_CONSTRAINT_KEYS))
-        if unknown:
-            raise RequestError(f"{where}: unknown constraint {unknown[0]!r} (known: {', '.join(_CONSTRAINT_KEYS)})")
-        flags = {}
-        for key in ("single_host", "single_domain", "whole_domains"):
-            v = doc.get(key, False)
-            if not isinstance(v, bool):
-                raise RequestError(f"{where}: constraint {key!r} must be true or false, got {v!r}")
-            flags[key] = v
-        lists: dict[str, tuple[str, ...] | None] = {}
-        for key in ("allowed_hosts", "allowed_gpus"):
-            v = doc.get(key)
-            if v is None:
-                lists[key] = None
-                continue
-            if isinstance(v, str):
-                v = [x for x in v.split(",") if x.strip()]
-            if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
-                raise RequestError(f"{where}: constraint {key!r} must be a non-empty list of names")
-            vals = [x.strip() for x in v]
-            if len(set(vals)) != len(vals):
-                dup = next(x for x in vals if vals.count(x) > 1)
-                raise RequestError(f"{where}: constraint {key!r} lists {dup!r} twice")
-            lists[key] = tuple(vals)
-        mg = doc.get("min_gbps")
-        if mg is not None:
-            if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not math.isfinite(mg) or mg <= 0:
-                raise RequestError(f"{where}: constraint 'min_gbps' must be a positive number, got {mg!r}")
-            mg = float(mg)
-        seg = doc.get("segment")
-        if seg is not None and (isinstance(seg, bool) or not isinstance(seg, int) or seg < 1):
-            raise RequestError(f"{where}: constraint 'segment' must be a positive integer (GPUs), got {seg!r}")
-        return cls(flags["single_host"], flags["single_domain"], lists["allowed_hosts"], lists["allowed_gpus"], mg,
-                   flags["whole_domains"], seg)
-
-
-@dataclass(frozen=True)
 class Request:
     """One gang request: ``k`` GPUs at once or nothing."""
 
@@ -149,10 +69,37 @@ class Request:
     preemptible: bool = False
     checkpoint_s: float | None = None  # one checkpoint + restart, seconds
     checkpoint_every_s: float | None = None
+    #: parallelism shape (schema v8): the batch places each axis and stores the rank map
+    shape: Shape | None = None
+    #: Elastic range: the job starts at ``k`` when it can and the queue may resize it within
+    #: ``[min_k, max_k]`` in steps of ``k_step`` at epoch boundaries; None = fixed at ``k``.
+    min_k: int | None = None
+    max_k: int | None = None
+    k_step: int | None = None
+
+    @property
+    def lo(self) -> int:
+        return self.k if self.min_k is None else self.min_k
+
+    @property
+    def hi(self) -> int:
+        return self.k if self.max_k is None else self.max_k
+
+    @property
+    def step(self) -> int:
+        return self.k_step or 1
+
+    @property
+    def elastic(self) -> bool:
+        return self.lo < self.hi
+
+    def sizes(self) -> list[int]:
+        """Every size the job may run at, smallest first."""
+        return list(range(self.lo, self.hi + 1, self.step))
 
     def runtime_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in RUNTIME_KEYS:
+        for key in RUNTIME_KEYS + ELASTIC_KEYS:
             v = getattr(self, key)
             if v is not None and v is not False:
                 out[key] = v
@@ -168,6 +115,8 @@ class Request:
         c = self.constraints.to_dict()
         if c:
             out["constraints"] = c
+        if self.shape is not None:
+            out["shape"] = self.shape.to_dict()
         return out
 
     @classmethod
@@ -177,7 +126,7 @@ class Request:
             raise RequestError(f"{where}: a request must be a JSON object")
         unknown = sorted(set(doc) - set(_REQUEST_KEYS))
         if unknown:
-            hint = " (constraints go under 'constraints')" if unknown[0] in _CONSTRAINT_KEYS else ""
+            hint = " (constraints go under 'constraints')" if unknown[0] in constraint_keys() else ""
             raise RequestError(f"{where}: unknown key {unknown[0]!r}{hint}")
         rid = doc.get("id")
         if not isinstance(rid, str) or not _ID_RE.match(rid):
@@ -209,7 +158,37 @@ class Request:
         sub = doc.get("submitted", doc.get("submitted_at"))
         sub_t = _parse_time(sub, where) if sub is not None else None
         cons = Constraints.from_dict(doc.get("constraints"), where)
-        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where))
+        shape = None
+        if doc.get("shape") is not None:
+            try:
+                shape = Shape.parse(doc["shape"], "'shape'")
+                shape.check_k(k)
+            except RequestError as exc:
+                raise RequestError(f"{where}: {exc}") from None
+        return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where), shape=shape,
+                   **_elastic_fields(doc, k, where))
+
+
+def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, int | None]:
+    """``min_k <= k <= max_k``, each size reachable from ``min_k`` in steps of ``k_step``."""
+    out: dict[str, int | None] = {}
+    for key in ELASTIC_KEYS:
+        v = doc.get(key)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise RequestError(f"{where}: {key!r} must be an integer >= 1, got {v!r}")
+        out[key] = v
+    lo = k if out["min_k"] is None else out["min_k"]
+    hi = k if out["max_k"] is None else out["max_k"]
+    step = out["k_step"] or 1
+    if lo > k:
+        raise RequestError(f"{where}: 'min_k' {lo} is above k={k}")
+    if hi < k:
+        raise RequestError(f"{where}: 'max_k' {hi} is below k={k}")
+    if (k - lo) % step or (hi - lo) % step:
+        raise RequestError(f"{where}: k={k} and max_k={hi} must be min_k={lo} plus a multiple of k_step={step}")
+    return out
 
 
 def _positive(doc: Mapping[str, Any], key: str, where: str, upper: float | None = None) -> float | None:
@@ -246,69 +225,18 @@ def coerce(req: Request | Mapping[str, Any], where: str) -> Request:
 
 
 def validate_request(req: Request, spec: ClusterSpec, where: str = "") -> None:
-    """Cluster-dependent checks: ``k`` fits the cluster, constraint names exist, the constraints
-    leave at least ``k`` GPUs even on an idle cluster. Raises :class:`RequestError`."""
-    loc = f"{where}: " if where else ""
-    w = f"{loc}request {req.id!r}"
-    if req.k > spec.n_gpus:
-        raise RequestError(f"{w}: k={req.k} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
-    c = req.constraints
-    hosts = range(spec.n_hosts)
-    if c.allowed_hosts is not None:
-        idx = []
-        for h in c.allowed_hosts:
-            if h not in spec.host_index:
-                hint = " (GPU ids go in allowed_gpus)" if ":" in h else ""
-                raise RequestError(f"{w}: unknown host {h!r} in allowed_hosts{hint}")
-            idx.append(spec.host_index[h])
-        hosts = idx
-    per_host = np.zeros(spec.n_hosts, dtype=np.int64)
-    per_host[list(hosts)] = spec.gpus_per_host[list(hosts)]
-    if c.allowed_gpus is not None:
-        try:
-            mask = spec.to_mask(c.allowed_gpus, f"request {req.id!r} allowed_gpus")
-        except SpecError as exc:
-            raise RequestError(f"{loc}{exc}") from None
-        counts = popcount(mask)
-        per_host = np.minimum(per_host, counts) if c.allowed_hosts is not None else counts
-        if c.allowed_hosts is not None:
-            outside = [g for g in c.allowed_gpus if g.rpartition(":")[0] not in set(c.allowed_hosts)]
-            if outside:
-                raise RequestError(f"{w}: allowed_gpus {outside[0]!r} is not on an allowed host")
-    total = int(per_host.sum())
-    if total < req.k:
-        raise RequestError(f"{w}: k={req.k} but the constraints allow only {total} GPUs")
-    if c.single_host and int(per_host.max()) < req.k:
-        raise RequestError(f"{w}: k={req.k} cannot fit on a single host (largest allowed host has {int(per_host.max())})")
-    if c.single_domain:
-        dom = domain_ids(spec)[0]
-        best = int(np.bincount(dom, weights=per_host).max())
-        if best < req.k:
-            raise RequestError(f"{w}: k={req.k} cannot fit in a single domain (largest allowed has {best} GPUs)")
-    if c.whole_domains or c.segment is not None:
-        _validate_domain_units(req, spec, per_host, w)
-
-
-def _validate_domain_units(req: Request, spec: ClusterSpec, per_host: np.ndarray, w: str) -> None:
-    """``segment`` divides ``k`` and fits a domain; ``whole_domains`` fits the domains allowed whole."""
-    c = req.constraints
-    dom = domain_ids(spec)[0]
-    size = np.bincount(dom, weights=spec.gpus_per_host)
-    if c.segment is not None:
-        if not spec.nvlink_domains:
-            raise RequestError(f"{w}: constraint 'segment' needs NVLink domains; cluster {spec.name!r} has none")
-        if req.k % c.segment:
-            raise RequestError(f"{w}: segment {c.segment} does not divide k={req.k}")
-        if c.segment > int(size.max()):
-            raise RequestError(f"{w}: segment {c.segment} is larger than any domain ({int(size.max())} GPUs)")
-    if c.whole_domains:
-        whole = np.bincount(dom, weights=per_host) == size
-        total = int(size[whole].sum())
-        if req.k > total:
-            raise RequestError(
-                f"{w}: whole_domains request k={req.k} is larger than the {int(whole.sum())} whole domains "
-                f"it may use ({total} GPUs)"
-            )
+    """Cluster-dependent checks (:meth:`Constraints.validate`): ``k`` fits the cluster, constraint
+    names exist, the constraints leave at least ``k`` GPUs even on an idle cluster. Raises
+    :class:`RequestError` (a ``PlacementError`` with reason ``invalid_request``)."""
+    req.constraints.validate(spec, req.k, f"request {req.id!r}", f"{where}: " if where else "")
+    w = f"{where + ': ' if where else ''}request {req.id!r}"
+    if req.hi > spec.n_gpus:
+        raise RequestError(f"{w}: max_k={req.hi} exceeds the cluster size ({spec.n_gpus} GPUs in {spec.name!r})")
+    if req.shape is not None and req.elastic:
+        raise RequestError(f"{w}: a 'shape' fixes k={req.k}; it cannot be combined with an elastic min_k/max_k range")
+    seg = req.constraints.segment
+    if seg is not None and req.elastic and (req.lo % seg or req.step % seg):
+        raise RequestError(f"{w}: segment {seg} must divide min_k={req.lo} and k_step={req.step}")
 
 
 @dataclass
@@ -363,10 +291,3 @@ def parse_jsonl(source: str | Path | Iterable[str], name: str | None = None) -> 
 
 def new_request_id() -> str:
     return f"req-{uuid.uuid4().hex[:12]}"
-
-
-def domain_ids(spec: ClusterSpec) -> tuple[np.ndarray, list[str | None]]:
-    """Domain index per host; hosts without a domain share one implicit domain (as the emulator does)."""
-    names: dict[str | None, int] = {}
-    ids = np.array([names.setdefault(h.domain, len(names)) for h in spec.hosts], dtype=np.int64)
-    return ids, list(names)

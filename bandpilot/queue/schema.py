@@ -21,11 +21,17 @@ PostgreSQL URL at scale:
 ``bp_estimates``          expected run time per request (v5), the key of the ``sjf`` policy
 ``bp_reservations``       the current reservation of a blocked gang (v6): expected start, GPUs,
                           predicted bandwidth there; recomputed by every batch
+``bp_generations``        resizes of elastic jobs (v9): generation n >= 1 of a job, its GPUs, k,
+                          epoch and why; generation 0 is the batch's assignment
 ========================  ==================================================================
+
+v8 adds the parallelism ``shape`` of a request and the ``ranks`` / ``placement`` (rank map, per-axis
+figures) of its assignment, nullable like v6's fields.
 
 v6 also adds the run-time and preemption fields of a request (``time_limit_s``,
 ``comm_fraction``, ``preemptible``, ``checkpoint_s``, ``checkpoint_every_s``), all nullable so a
 store written before them still opens and its requests read as "not given".
+v9 adds the elastic range of a request (``min_k``, ``max_k``, ``k_step``; NULL = the fixed ``k``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ metadata = sa.MetaData()
 #: Request columns added by v6 (name, type): nullable, "not given" when NULL.
 V6_REQUEST_COLUMNS = (("time_limit_s", sa.Double()), ("comm_fraction", sa.Double()), ("preemptible", sa.Boolean()),
                       ("checkpoint_s", sa.Double()), ("checkpoint_every_s", sa.Double()))
+#: Request columns added by v9: the elastic range (NULL: a fixed gang of ``k``).
+V9_REQUEST_COLUMNS = (("min_k", sa.Integer()), ("max_k", sa.Integer()), ("k_step", sa.Integer()))
 
 
 T_SCHEMA = sa.Table(
@@ -86,6 +94,10 @@ T_REQ = sa.Table(
     sa.Column("updated_at", sa.Double, nullable=False),
     # v6 (added by ALTER on older stores, see _m6_runtime_fields):
     *(sa.Column(name, type_, nullable=True) for name, type_ in V6_REQUEST_COLUMNS),
+    # v8 (ALTER on older stores, _m8_shape): the parallelism shape as JSON, NULL = none given
+    sa.Column("shape", sa.Text, nullable=True),
+    # v9 (added by ALTER on older stores, see _m9_elastic):
+    *(sa.Column(name, type_, nullable=True) for name, type_ in V9_REQUEST_COLUMNS),
     sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
     sa.CheckConstraint(
         "status IN ('pending','assigned','rejected','released','cancelled')", name="ck_bp_requests_status"
@@ -106,6 +118,9 @@ T_ASSIGN = sa.Table(
     sa.Column("search_ms", sa.Double, nullable=True),
     sa.Column("evaluations", sa.Integer, nullable=True),
     sa.Column("assigned_at", sa.Double, nullable=False),
+    # v8: a shaped request's rank map (GPU ids in rank order) and per-axis figures, as JSON
+    sa.Column("ranks", sa.Text, nullable=True),
+    sa.Column("placement", sa.Text, nullable=True),
 )
 T_JOBS = sa.Table(
     "bp_jobs",
@@ -258,6 +273,23 @@ T_RESERVE = sa.Table(
     sa.Column("computed_at", sa.Double, nullable=False),
 )
 
+#: Resize generations of elastic jobs (v9): generation 0 is the batch's assignment (bp_assignments),
+#: each resize appends the next one and rewrites bp_assignments / bp_jobs in the same transaction.
+T_GEN = sa.Table(
+    "bp_generations",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("generation", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("k", sa.Integer, nullable=False),
+    sa.Column("gpus", sa.Text, nullable=False),  # JSON list of the GPU ids of this generation
+    sa.Column("previous_k", sa.Integer, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=True),  # the epoch boundary it applies at
+    sa.Column("predicted_gbps", sa.Double, nullable=True),
+    sa.Column("reason", sa.String(64), nullable=False),  # grow | shrink
+    sa.Column("at", sa.Double, nullable=False),
+    sa.CheckConstraint("generation >= 1 AND k > 0", name="ck_bp_generations_values"),
+)
+
 #: A tenant's pending requests (its limits, :mod:`bandpilot.queue.quotas`) and its own ids (v7).
 IX_REQ_TENANT = sa.Index("ix_bp_requests_tenant_status", T_REQ.c.tenant, T_REQ.c.status)
 
@@ -289,6 +321,25 @@ def _m6_runtime_fields(conn: sa.Connection) -> None:
     T_RESERVE.create(conn, checkfirst=True)
 
 
+def _m8_shape(conn: sa.Connection) -> None:
+    # fresh stores got the columns from the table definitions in v1; older ones by ALTER
+    ops = alembic_ops(conn)
+    for table, cols in (("bp_requests", ("shape",)), ("bp_assignments", ("ranks", "placement"))):
+        have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
+        for name in cols:
+            if name not in have:
+                ops.add_column(table, sa.Column(name, sa.Text, nullable=True))
+
+
+def _m9_elastic(conn: sa.Connection) -> None:
+    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+    ops = alembic_ops(conn)
+    for name, type_ in V9_REQUEST_COLUMNS:
+        if name not in have:
+            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+    T_GEN.create(conn, checkfirst=True)
+
+
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
@@ -301,6 +352,8 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (6, "run-time limits, communication fraction, preemptibility; reservations", _m6_runtime_fields),
     (7, "requests by tenant and status (per-tenant limits and ids)",
      lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
+    (8, "parallelism shape of a request; rank map of its assignment", _m8_shape),
+    (9, "elastic requests (min_k, max_k, k_step) and resize generations", _m9_elastic),
 ]
 
 

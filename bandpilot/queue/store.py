@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 import zlib
@@ -19,7 +18,7 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy import event
 
-from bandpilot.config import project_root
+from bandpilot.config import ENV_NAMES, project_root, settings
 from bandpilot.dispatch.state import Job, State
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import schema as _schema  # MIGRATIONS read via the module: tests append a step
@@ -27,7 +26,7 @@ from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_AUDIT, T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 
-STORE_ENV = "BANDPILOT_STORE"
+STORE_ENV = ENV_NAMES["store"]
 
 #: The change being audited in this thread/task (set by :func:`bandpilot.queue.audit.audited`): the
 #: first write transaction inserts its audit row before it commits, so a change and its audit
@@ -72,12 +71,15 @@ def _cached_spec(text: str, source: str) -> tuple[ClusterSpec, dict[str, tuple[i
 
 
 class StoreError(BandPilotError):
-    """The queue database cannot be opened, is not initialised, is busy or is from a newer version."""
+    """The queue database cannot be opened, is not initialised, is busy (``store_busy``) or is from
+    a newer version."""
+
+    code = "store_error"
 
 
 def default_store_url(root: Path | None = None) -> str:
     """``$BANDPILOT_STORE`` or ``sqlite:///<project>/.bandpilot/queue.db``."""
-    env = os.environ.get(STORE_ENV)
+    env = settings().store
     if env:
         return env
     root = root or project_root()
@@ -195,7 +197,8 @@ class Store:
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
             if "locked" in msg or "busy" in msg:
-                raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s") from None
+                raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s",
+                                 code="store_busy") from None
             raise StoreError(f"store {self.safe_url}: {msg}") from None
 
     @contextmanager

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.state import State
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import iso
+from bandpilot.queue.generations import current_generations, elastic_doc
 from bandpilot.queue.schema import GPU_STATES, REQUEST_STATUSES, T_ASSIGN, T_BATCH, T_FRAG, T_GPUS, T_JOBS, T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 from bandpilot.topology.domains import integer_runs
@@ -134,8 +135,14 @@ def list_requests(
                     "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
                     "checkpoint_every_s": r["checkpoint_every_s"],
                     "reservation": reserved.get(r["id"]) if r["status"] == "pending" else None,
+                    **elastic_doc(r),
                 }
             )
+        running = [d["id"] for d in out if d["gpus"]]
+        gens = current_generations(conn, running) if running else {}
+        for d in out:
+            if d["gpus"]:
+                d["generation"] = gens.get(d["id"], 0)
     return out
 
 

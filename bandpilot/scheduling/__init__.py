@@ -3,13 +3,13 @@ request against an in-memory state, through the dispatcher) and the batch loop t
 decisions into the durable queue (:mod:`bandpilot.queue`) in one transaction. Reservations,
 preemption and elastic resizes are plans added here, on top of the store."""
 
-from bandpilot.scheduling.batch import COMMIT_MODES, SLEEP_ENV, check_model, model_version_of, run_batch
+from bandpilot.scheduling.batch import COMMIT_MODES, check_model, model_version_of, run_batch
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.policies import POLICIES, order_pending, utility_prior, utility_quotas
 from bandpilot.scheduling.reservations import BACKFILL_MODES, check_backfill
 from bandpilot.dispatch.demand import DEMAND_MODELS
 
 __all__ = [
-    "BACKFILL_MODES", "BatchReport", "COMMIT_MODES", "DEMAND_MODELS", "check_backfill", "Outcome", "POLICIES", "SLEEP_ENV", "check_model", "model_version_of",
+    "BACKFILL_MODES", "BatchReport", "COMMIT_MODES", "DEMAND_MODELS", "check_backfill", "Outcome", "POLICIES", "check_model", "model_version_of",
     "order_pending", "run_batch", "utility_prior", "utility_quotas",
 ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -36,6 +35,7 @@ from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
@@ -46,8 +46,6 @@ from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
-#: Test hook: seconds to sleep after each request of a batch (lets a test ``kill -9`` mid-batch).
-SLEEP_ENV = "BANDPILOT_TEST_BATCH_SLEEP"
 
 
 class _Conflict(Exception):
@@ -124,8 +122,16 @@ def _write_assignment(
             "algorithm": str(getattr(sel, "algorithm", None) or algorithm), "model_uri": model_uri,
             "model_version": model_version, "search_ms": _f(getattr(sel, "search_ms", None)),
             "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": ts,
+            **_rank_map(getattr(sel, "placement", None)),
         })
     return "assigned"
+
+
+def _rank_map(placement: dict | None) -> dict[str, str | None]:
+    if not placement:
+        return {"ranks": None, "placement": None}
+    figures = {k: v for k, v in placement.items() if k != "ranks"}
+    return {"ranks": json.dumps(placement["ranks"]), "placement": json.dumps(figures, sort_keys=True)}
 
 
 def _f(v: Any) -> float | None:
@@ -214,6 +220,7 @@ def run_batch(
     backfill: str = "greedy",
     max_reservations: int | None = None,
     locality: float | None = None,
+    after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
 
@@ -229,6 +236,8 @@ def run_batch(
     dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
     gain more than this relative bandwidth - a placement lives for hours and a spread one meets
     more co-tenants than the ones running now.
+    ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
+    crash tests use it to ``kill -9`` a batch mid-way).
     """
     if policy not in POLICIES:
         raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
@@ -246,151 +255,175 @@ def run_batch(
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
         if hasattr(dispatcher, "with_locality"):
             dispatcher = dispatcher.with_locality(float(locality))
-    book: Book | None = None
     store.refresh()
     check_model(store, dispatcher)
-    version = model_version_of(dispatcher)
-    uri = model_uri or getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
-    mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
-    sleep = float(os.environ.get(SLEEP_ENV, "0") or 0)
-    placer = Placer(mspec, dispatcher, algorithm)
-    report = BatchReport(None, policy, commit, uri, version, now(), backfill=backfill)
-
-    def new_batch(conn: sa.Connection) -> int:
-        return int(
-            conn.execute(
-                sa.insert(T_BATCH)
-                .values(policy=policy, commit_mode=commit, model_uri=uri, model_version=version, pid=os.getpid(), started_at=report.started_at)
-                .returning(T_BATCH.c.id)
-            ).scalar_one()
-        )
-
-    def plan(loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
-        pending, notes = loaded
-        report.pending_before = len(pending)
-        expected = None
-        if policy in ESTIMATE_POLICIES:
-            est = Estimates.load(conn, [p.req.id for p in pending])
-            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, policy, expected, now())
-        whole = limit is None or limit >= len(queue)
-        if not whole:
-            queue = queue[:limit]
-        quotas = utility_quotas(queue, state.n_free) if policy == "utility" else None
-        report.quotas = quotas
-        return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
-
-    def attempt(conn: sa.Connection, p: Pending, batch_id: int) -> Outcome:
-        req = p.req
-        ts = now()
-        out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=version, at=ts)
-        hidden = book.hidden_for(req) if book is not None else None
-        try:
-            sel = placer.place(req, hidden)
-        except Deferred as d:
-            out.status, out.reason, out.detail = d.status, d.reason, d.detail
-            if book is not None and d.status == "deferred":
-                book.note_blocked(req, hidden, placer.state.n_free if placer.state is not None else 0, out)
-            return out
-        try:
-            res = _write_assignment(conn, req, sel, batch_id, ts, uri, version, algorithm, demand)
-        except _Conflict as exc:
-            out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
-            placer.set_state(store.load_state(conn, mspec))
-            return out
-        if res == "skipped":
-            out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
-            return out
-        gpus = list(sel.gpus)
-        pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
-        placer.commit_to_state(req, gpus, pressed)
-        if book is not None:
-            book.started(req, gpus, pressed)
-        out.status = "assigned"
-        out.gpus = gpus
-        out.predicted_gbps = _f(sel.predicted_gbps)
-        out.standalone_gbps = _f(getattr(sel, "standalone_gbps", None))
-        out.algorithm = str(getattr(sel, "algorithm", None) or algorithm)
-        out.search_ms = _f(getattr(sel, "search_ms", None))
-        return out
-
-    def run(conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Outcome]:
-        queue, quotas = pl.queue, pl.quotas
-        used: dict[str, int] = {}
-        held: list[Pending] = []
-        to_flush: list[Outcome] = []
-
-        def one(p: Pending, second_pass: bool) -> None:
-            o = placer.quick_deferral(p.req, version) if book is None else None
-            if o is None:
-                with conn_for() as conn:
-                    o = attempt(conn, p, batch_id)
-            if o.status in ("deferred", "rejected"):
-                if second_pass and o.status == "deferred":
-                    o.detail = f"{o.detail}; held back by its tenant's utility quota"
-                to_flush.append(o)
-            elif o.status == "assigned":
-                used[p.req.tenant] = used.get(p.req.tenant, 0) + p.req.k
-            report.outcomes.append(o)
-            if sleep:
-                time.sleep(sleep)
-
-        for p in queue:
-            if quotas is not None and used.get(p.req.tenant, 0) + p.req.k > quotas.get(p.req.tenant, 0):
-                held.append(p)  # over its tenant's quota: only gets GPUs nobody within quota took
-                continue
-            one(p, False)
-        for p in held:
-            one(p, True)
-        return to_flush
-
+    b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
+    b.after_each = after_each
     if commit == "batch":
+        b.in_one_transaction()
+    else:
+        b.per_request()
+    return b.report
+
+
+class _Batch:
+    """One batch run: the placer, the report and the options, and the steps of the loop."""
+
+    def __init__(self, store: Store, dispatcher: Any, policy: str, limit: int | None, commit: str, algorithm: str,
+                 model_uri: str | None, demand: str, backfill: str, max_reservations: int | None) -> None:
+        self.store, self.dispatcher, self.policy, self.limit = store, dispatcher, policy, limit
+        self.algorithm, self.demand, self.backfill, self.max_reservations = algorithm, demand, backfill, max_reservations
+        self.version = model_version_of(dispatcher)
+        self.uri = (model_uri or getattr(dispatcher, "model_uri", None)
+                    or getattr(getattr(dispatcher, "model", None), "uri", None))
+        self.mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
+        self.placer = Placer(self.mspec, dispatcher, algorithm)
+        self.report = BatchReport(None, policy, commit, self.uri, self.version, now(), backfill=backfill)
+        self.book: Book | None = None
+        self.after_each: Callable[[Outcome], None] | None = None
+
+    # ---- the two commit modes ----------------------------------------------------------------
+    def in_one_transaction(self) -> None:
+        store, report = self.store, self.report
         with store.write() as conn:
             store.lock_gpus(conn)
-            state = store.load_state(conn, mspec)
-            placer.set_state(state)
-            pl = plan(load_pending(conn), state, conn)
-            batch_id = new_batch(conn)
-            report.batch_id = batch_id
-            if backfill != "greedy":
-                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
+            state = store.load_state(conn, self.mspec)
+            self.placer.set_state(state)
+            pl = self.plan(load_pending(conn), state, conn)
+            report.batch_id = batch_id = self.new_batch(conn)
+            self.load_book(conn, state)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
                 yield conn
 
-            to_flush = run(same_conn, pl, batch_id)
-            _write_book(conn, book, batch_id, backfill, report)
-            _flush_outcomes(conn, to_flush, batch_id, pl)
-            report.finished_at = now()
-            _finish_batch(conn, batch_id, report)
-            sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
-    else:
+            to_flush = self.run(same_conn, pl, batch_id)
+            self.finish(conn, to_flush, pl)
+
+    def per_request(self) -> None:
+        store, report = self.store, self.report
         with store.write() as conn:
-            batch_id = new_batch(conn)
-        report.batch_id = batch_id
+            report.batch_id = batch_id = self.new_batch(conn)
         with store.read() as conn:
-            state = store.load_state(conn, mspec)
-            pl = plan(load_pending(conn), state, conn)
-            if backfill != "greedy":
-                book = Book.load(conn, backfill, state, Placer(mspec, dispatcher, algorithm), now(), max_reservations)
+            state = store.load_state(conn, self.mspec)
+            pl = self.plan(load_pending(conn), state, conn)
+            self.load_book(conn, state)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
             with store.write() as conn:
                 store.lock_gpus(conn)
-                placer.set_state(store.load_state(conn, mspec))
+                self.placer.set_state(store.load_state(conn, self.mspec))
                 yield conn
 
-        placer.set_state(state)
-        to_flush = run(fresh_conn, pl, batch_id)
+        self.placer.set_state(state)
+        to_flush = self.run(fresh_conn, pl, batch_id)
         report.finished_at = now()
         with store.write() as conn:  # deferral notes are informational: one write at the end
-            _write_book(conn, book, batch_id, backfill, report)
-            _flush_outcomes(conn, to_flush, batch_id, pl)
-            _finish_batch(conn, batch_id, report)
-            sample_fragmentation(conn, store.spec, report.finished_at)  # fragmentation over time
-    return report
+            self.finish(conn, to_flush, pl)
+
+    # ---- the steps -----------------------------------------------------------------------------
+    def new_batch(self, conn: sa.Connection) -> int:
+        return int(conn.execute(
+            sa.insert(T_BATCH)
+            .values(policy=self.policy, commit_mode=self.report.commit, model_uri=self.uri, model_version=self.version,
+                    pid=os.getpid(), started_at=self.report.started_at)
+            .returning(T_BATCH.c.id)
+        ).scalar_one())
+
+    def load_book(self, conn: sa.Connection, state: State) -> None:
+        if self.backfill != "greedy":
+            self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
+                                  self.max_reservations)
+            self.placer.add_post_filter(ReservationPostFilter(self.book))
+
+    def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
+        pending, notes = loaded
+        self.report.pending_before = len(pending)
+        expected = None
+        if self.policy in ESTIMATE_POLICIES:
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
+        queue = order_pending(pending, self.policy, expected, now())
+        whole = self.limit is None or self.limit >= len(queue)
+        if not whole:
+            queue = queue[: self.limit]
+        quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
+        self.report.quotas = quotas
+        return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
+
+    def run(self, conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Outcome]:
+        """Every request of the plan in order; over-quota ones after the rest. Returns the outcomes to note."""
+        used: dict[str, int] = {}
+        held: list[Pending] = []
+        to_flush: list[Outcome] = []
+        for p in pl.queue:
+            if pl.quotas is not None and used.get(p.req.tenant, 0) + p.req.k > pl.quotas.get(p.req.tenant, 0):
+                held.append(p)  # over its tenant's quota: only gets GPUs nobody within quota took
+                continue
+            self.one(conn_for, p, batch_id, False, used, to_flush)
+        for p in held:
+            self.one(conn_for, p, batch_id, True, used, to_flush)
+        return to_flush
+
+    def one(self, conn_for: Callable[[], Any], p: Pending, batch_id: int, second_pass: bool,
+            used: dict[str, int], to_flush: list[Outcome]) -> None:
+        o = self.placer.quick_deferral(p.req, self.version) if self.book is None else None
+        if o is None:
+            with conn_for() as conn:
+                o = self.attempt(conn, p, batch_id)
+        if o.status in ("deferred", "rejected"):
+            if second_pass and o.status == "deferred":
+                o.detail = f"{o.detail}; held back by its tenant's utility quota"
+            to_flush.append(o)
+        elif o.status == "assigned":
+            used[p.req.tenant] = used.get(p.req.tenant, 0) + p.req.k
+        self.report.outcomes.append(o)
+        if self.after_each is not None:
+            self.after_each(o)
+
+    def attempt(self, conn: sa.Connection, p: Pending, batch_id: int) -> Outcome:
+        req, placer = p.req, self.placer
+        ts = now()
+        out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=self.version, at=ts)
+        hidden = self.book.hidden_for(req) if self.book is not None else None
+        try:
+            sel = placer.place(req, hidden)
+        except Deferred as d:  # nothing fits: the PostFilter plug-ins say what to record
+            plan = placer.post_filter(req, d, hidden)
+            out.status, out.reason, out.detail = d.status, plan.reason, plan.detail
+            return out
+        try:
+            res = _write_assignment(conn, req, sel, batch_id, ts, self.uri, self.version, self.algorithm, self.demand)
+        except _Conflict as exc:
+            out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
+            placer.set_state(self.store.load_state(conn, self.mspec))
+            return out
+        if res == "skipped":
+            out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
+            return out
+        gpus = list(sel.gpus)
+        pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, self.demand)
+        placer.commit_to_state(req, gpus, pressed)
+        if self.book is not None:
+            self.book.started(req, gpus, pressed)
+        out.status, out.gpus = "assigned", gpus
+        out.predicted_gbps = _f(sel.predicted_gbps)
+        out.standalone_gbps = _f(getattr(sel, "standalone_gbps", None))
+        out.algorithm = str(getattr(sel, "algorithm", None) or self.algorithm)
+        out.search_ms = _f(getattr(sel, "search_ms", None))
+        return out
+
+    def finish(self, conn: sa.Connection, to_flush: list[Outcome], pl: _Plan) -> None:
+        """Reservations, deferral notes, the batch row and a fragmentation sample, in that order."""
+        report = self.report
+        assert report.batch_id is not None
+        _write_book(conn, self.book, report.batch_id, self.backfill, report)
+        _flush_outcomes(conn, to_flush, report.batch_id, pl)
+        if report.commit == "batch":  # one transaction: finished once the notes are written
+            report.finished_at = now()
+        _finish_batch(conn, report.batch_id, report)
+        sample_fragmentation(conn, self.store.spec, report.finished_at)  # fragmentation over time
 
 
 def _write_book(conn: sa.Connection, book: Book | None, batch_id: int, backfill: str, report: BatchReport) -> None:

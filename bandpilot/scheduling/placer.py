@@ -1,33 +1,37 @@
-"""Where would one request go right now? The placer asks the dispatcher on an in-memory state,
-applies the constraints the queue owns and checks what comes back; it never writes."""
+"""Where would one request go right now? The placer filters the free GPUs with the request's
+:class:`~bandpilot.dispatch.constraints.Constraints`, asks the dispatcher on an in-memory state and
+checks what comes back with the same constraints; it never writes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from bandpilot.dispatch.state import State
-from bandpilot.errors import BandPilotError, ModelError, RequestError, SpecError
+from bandpilot.errors import BandPilotError, ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.outcomes import Outcome
-from bandpilot.queue.requests import Constraints, Request, domain_ids, validate_request
-from bandpilot.topology.cluster import ClusterSpec, popcount
+from bandpilot.scheduling.postfilter import Plan, PostFilter, RecordReason, Unschedulable, run_post_filters
+from bandpilot.queue.requests import Request, validate_request
+from bandpilot.dispatch.constraints import Constraints
+from bandpilot.topology.cluster import ClusterSpec
+from bandpilot.topology.domains import domain_index
+
+
+#: Why a request cannot be placed on the current free GPUs, as stored in the request's detail.
+_SHORT = {
+    "allowed": "needs {k} GPUs among the allowed ones, fewer of them are free",
+    "single_host": "needs {k} GPUs on one host, no allowed host has that many free",
+    "single_domain": "needs {k} GPUs in one domain, no domain has that many free",
+}
 
 
 class Deferred(Exception):
     def __init__(self, status: str, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.status, self.reason, self.detail = status, reason, detail
-
-
-def _placement_error_type() -> type[BaseException]:
-    try:
-        from bandpilot.dispatch.dispatcher import PlacementError
-
-        return PlacementError
-    except ImportError:  # pragma: no cover - the dispatcher module is part of the package
-        return RequestError
 
 
 class Placer:
@@ -39,12 +43,22 @@ class Placer:
         self.algorithm = algorithm
         self.state: State | None = None
         self._n_free = 0
-        self.dom_ids, self.dom_names = domain_ids(spec)
+        self.dom_ids, self.dom_names = domain_index(spec.hosts)
         self._allowed: dict[str, np.ndarray | None] = {}
         self._fail: dict[tuple[int, str], tuple[str, str]] = {}
         self._never: dict[tuple[int, str], str | None] = {}
         self._valid: set[tuple[int, str]] = set()
-        self.PlacementError = _placement_error_type()
+        self.post_filters: list[PostFilter] = [RecordReason()]  # "nothing fits" plug-ins, default last
+
+    def add_post_filter(self, plugin: PostFilter) -> None:
+        """Register a "nothing fits" plug-in (:mod:`bandpilot.scheduling.postfilter`); plug-ins are asked
+        in the order added, all before the default :class:`RecordReason`."""
+        self.post_filters.insert(len(self.post_filters) - 1, plugin)
+
+    def post_filter(self, req: Request, d: Deferred, hidden: np.ndarray | None = None) -> Plan:
+        """The PostFilter step: what to record (or do) for a request that did not fit."""
+        assert self.state is not None
+        return run_post_filters(self.post_filters, Unschedulable(req, self.state, d.status, d.reason, d.detail, hidden))
 
     def set_state(self, state: State) -> None:
         if self.state is not None and np.any(state.free & ~self.state.free):
@@ -59,16 +73,7 @@ class Placer:
     def allowed_mask(self, c: Constraints) -> np.ndarray | None:
         key = c.key
         if key not in self._allowed:
-            mask = None
-            if c.allowed_hosts is not None:
-                mask = np.zeros(self.spec.n_hosts, dtype=np.int64)
-                for h in c.allowed_hosts:
-                    i = self.spec.host_index[h]
-                    mask[i] = self.spec.full_masks[i]
-            if c.allowed_gpus is not None:
-                g = self.spec.to_mask(c.allowed_gpus)
-                mask = g if mask is None else (mask & g)
-            self._allowed[key] = mask
+            self._allowed[key] = c.allowed_mask(self.spec)
         return self._allowed[key]
 
     def quick_deferral(self, req: Request, version: str | None) -> "Outcome | None":
@@ -98,21 +103,10 @@ class Placer:
         n_free = st.n_free
         if n_free < k:
             raise Deferred("deferred", "insufficient_gpus", f"needs {k} GPUs, fewer are free")
-        allowed = self.allowed_mask(c)
-        elig = st.free if allowed is None else (st.free & allowed)
-        per_host = popcount(elig)
-        n_elig = int(per_host.sum())
-        if n_elig < k:
-            raise Deferred("deferred", "constraint_unmet", f"needs {k} GPUs among the allowed ones, fewer of them are free")
-        if c.single_host and int(per_host.max()) < k:
-            raise Deferred(
-                "deferred", "constraint_unmet", f"needs {k} GPUs on one host, no allowed host has that many free"
-            )
-        per_dom = np.bincount(self.dom_ids, weights=per_host, minlength=len(self.dom_names)).astype(np.int64)
-        if c.single_domain and int(per_dom.max()) < k:
-            raise Deferred(
-                "deferred", "constraint_unmet", f"needs {k} GPUs in one domain, no domain has that many free"
-            )
+        feas = c.filter(self.spec, st.free, k, self.dom_ids, self.allowed_mask(c))
+        if feas.short in _SHORT:
+            raise Deferred("deferred", "constraint_unmet", _SHORT[feas.short].format(k=k))
+        elig, per_dom = feas.eligible, feas.per_domain
         key = (k, c.key) if hide is None else (k, c.key, hide.tobytes())
         if key in self._fail:
             reason, detail = self._fail[key]
@@ -160,22 +154,15 @@ class Placer:
 
     def _call(self, req: Request, view: State, allowed_hosts: list[str] | None) -> Any:
         c = req.constraints
-        cons: dict[str, Any] = {}
-        if c.single_host:
-            cons["single_host"] = True
-        if allowed_hosts is not None:
-            cons["allowed_hosts"] = allowed_hosts
-        if c.min_gbps is not None:
-            cons["min_gbps"] = c.min_gbps
-        if c.single_domain and self.spec.nvlink_domains:
-            cons["single_domain"] = True
-        if c.whole_domains:
-            cons["whole_domains"] = True
-        if c.segment is not None:
-            cons["segment"] = c.segment
+        # allowed_gpus is applied through the view; a plain cluster's single_domain by the loop over domains
+        cons = replace(c, allowed_gpus=None, allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
+                       single_domain=c.single_domain and bool(self.spec.nvlink_domains))
         try:
+            if req.shape is not None:  # shape-aware search unless the placer was told a shape baseline
+                alg = self.algorithm if self.algorithm in ("blind", "segment", "shape") else None
+                return self.dispatcher.select(req.k, view, algorithm=alg, constraints=cons, shape=req.shape)
             return self.dispatcher.select(req.k, view, algorithm=self.algorithm, constraints=cons)
-        except self.PlacementError as exc:
+        except PlacementError as exc:
             reason = getattr(exc, "reason", None) or "invalid_request"
             status = "rejected" if reason == "invalid_request" else "deferred"
             raise Deferred(status, reason, str(exc)) from None
@@ -189,8 +176,8 @@ class Placer:
         key = (req.k, req.constraints.key)
         if key not in self._never:
             idle = State.idle(self.spec)
-            elig = idle.free if self.allowed_mask(req.constraints) is None else idle.free & self.allowed_mask(req.constraints)
-            per_dom = np.bincount(self.dom_ids, weights=popcount(elig), minlength=len(self.dom_names)).astype(np.int64)
+            feas = req.constraints.filter(self.spec, idle.free, req.k, self.dom_ids, self.allowed_mask(req.constraints))
+            elig, per_dom = feas.eligible, feas.per_domain
             try:
                 self._select(req, idle, elig, per_dom)
                 self._never[key] = None
@@ -202,22 +189,7 @@ class Placer:
         return self._never[key]
 
     def _check_selection(self, req: Request, sel: Any, elig: np.ndarray) -> None:
-        gpus = list(getattr(sel, "gpus", []) or [])
-        bad = None
-        if len(gpus) != req.k or len(set(gpus)) != len(gpus):
-            bad = f"returned {len(gpus)} GPUs ({len(set(gpus))} distinct) for k={req.k}"
-        else:
-            try:
-                mask = self.spec.to_mask(gpus)
-            except SpecError as exc:
-                mask, bad = None, str(exc)
-            if mask is not None:
-                if np.any(mask & ~elig):
-                    bad = f"returned GPUs that are not free or not allowed: {self.spec.from_mask(mask & ~elig)[:4]}"
-                elif req.constraints.single_host and int((mask != 0).sum()) != 1:
-                    bad = "returned GPUs on several hosts for a single_host request"
-                elif req.constraints.single_domain and len(set(self.dom_ids[mask != 0].tolist())) != 1:
-                    bad = "returned GPUs in several domains for a single_domain request"
+        bad = req.constraints.check_selection(self.spec, getattr(sel, "gpus", []) or [], elig, req.k, self.dom_ids)
         if bad:
             raise Deferred("deferred", "dispatcher_error", f"dispatcher {bad}")
 

@@ -20,8 +20,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import sqlalchemy as sa
 
+from bandpilot.dispatch.shape import Shape
 from bandpilot.errors import RequestError
-from bandpilot.queue.requests import Constraints, Request
+from bandpilot.dispatch.constraints import Constraints
+from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
 POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn")
@@ -41,9 +43,15 @@ def _stored_constraints(text: str | None) -> Constraints:
     return Constraints.from_dict(json.loads(text)) if text else Constraints()
 
 
+@lru_cache(maxsize=4096)
+def _stored_shape(text: str | None) -> Shape | None:
+    return Shape.parse(json.loads(text)) if text else None
+
+
 _PENDING_COLS = (T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.tenant, T_REQ.c.priority, T_REQ.c.utility,
                  T_REQ.c.submitted_at, T_REQ.c.constraints, T_REQ.c.time_limit_s, T_REQ.c.comm_fraction,
-                 T_REQ.c.preemptible, T_REQ.c.checkpoint_s, T_REQ.c.checkpoint_every_s, T_REQ.c.reason, T_REQ.c.detail)
+                 T_REQ.c.preemptible, T_REQ.c.checkpoint_s, T_REQ.c.checkpoint_every_s, T_REQ.c.shape,
+                 T_REQ.c.min_k, T_REQ.c.max_k, T_REQ.c.k_step, T_REQ.c.reason, T_REQ.c.detail)
 #: How many leading columns of a pending row describe the request (the rest are its stored note).
 PENDING_REQ_COLS = len(_PENDING_COLS) - 2
 PENDING_STMT = sa.select(*_PENDING_COLS).where(T_REQ.c.status == "pending").order_by(T_REQ.c.submitted_at, T_REQ.c.seq)
@@ -53,9 +61,9 @@ _pending_cache: dict[tuple, "Pending"] = {}
 def row_to_pending(row: tuple) -> Pending:
     p = _pending_cache.get(row)
     if p is None:
-        seq, rid, k, tenant, prio, util, sub, cons, limit, comm, pre, ckpt, every = row
+        seq, rid, k, tenant, prio, util, sub, cons, limit, comm, pre, ckpt, every, shape, lo, hi, step = row
         req = Request(rid, int(k), tenant, int(prio), util, float(sub), _stored_constraints(cons),
-                      limit, comm, bool(pre), ckpt, every)
+                      limit, comm, bool(pre), ckpt, every, _stored_shape(shape), lo, hi, step)
         p = Pending(req, int(seq), float(sub))
         if len(_pending_cache) > 200_000:
             _pending_cache.clear()

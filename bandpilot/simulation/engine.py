@@ -34,18 +34,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bandpilot.dispatch import strategies
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_factor
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling import BACKFILL_MODES, POLICIES, run_batch
+from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import popcount
 
-ALGORITHMS = ("bandpilot", "topo", "default", "random", "block")
+#: The strategies the simulator offers (oracles need the truth at placement time; EHA/PTS are ablations).
+ALGORITHMS = strategies.names(default_for="simulate")
 
 
 class SimulationError(BandPilotError):
@@ -54,15 +56,18 @@ class SimulationError(BandPilotError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    policy: str = "fifo"
+    policy: str = recommended.POLICY  # the queue's recommended configuration (scheduling.recommended)
     algorithm: str = "bandpilot"
     interval_s: float = 60.0  # dispatch interval (a batch at most every interval)
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
     lam: float = DEFAULT_LAMBDA  # seed 001's lambda
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
-    backfill: str = "greedy"  # greedy | easy | conservative (bandpilot.scheduling.reservations)
-    locality: float = 0.0  # fewer hosts win unless spreading gains more (run_batch's locality)
+    backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
+    locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
+    elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
+    blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
+    resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -79,6 +84,8 @@ class SimConfig:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
         if not 0.0 <= self.locality < 1.0:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
+        if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
+            raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -103,6 +110,8 @@ class JobRecord:
     final_utility: float | None = None
     preemptions: int = 0
     wasted_gpu_s: float = 0.0  # GPU-seconds of work lost to preemption + restart time x GPUs
+    resizes: int = 0  # elastic resizes (new assignment generations)
+    gpu_s: float = 0.0  # GPU-seconds held (elastic jobs change size; fixed ones hold k x service)
 
     @property
     def jct_s(self) -> float | None:
@@ -145,9 +154,10 @@ class SimResult:
 def simulate(
     jobs: Sequence[TraceJob], dispatcher: Any, truth_fabric: Any, config: SimConfig, *,
     store_dir: str | Path | None = None, truth_label: str = "emulator", model_label: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, runner: type | None = None,
 ) -> SimResult:
-    """Run the trace through a fresh temporary store; returns every job's times and the timeline."""
+    """Run the trace through a fresh temporary store; returns every job's times and the timeline.
+    ``runner``: the simulation class (:mod:`bandpilot.simulation.elastic` passes its own)."""
     config.check()
     spec = dispatcher.model.spec
     too_big = next((j for j in jobs if j.k > spec.n_gpus), None)
@@ -157,7 +167,9 @@ def simulate(
         store = Store(f"sqlite:///{Path(tmp) / 'queue.db'}")
         try:
             store.init_cluster(spec)
-            return _Sim(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
+            if config.elastic and runner is None:
+                raise SimulationError("elastic simulations run through bandpilot.simulation.elastic.simulate")
+            return (runner or _Sim)(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
         finally:
             store.close()
 
@@ -194,7 +206,11 @@ class _Sim:
             submit(self.store, [Request(j.id, j.k, j.tenant, j.priority, j.utility, j.submit_s,
                                         time_limit_s=j.time_limit_s, comm_fraction=j.comm_fraction,
                                         preemptible=j.preemptible, checkpoint_s=j.checkpoint_s,
-                                        checkpoint_every_s=j.checkpoint_every_s) for j in batch])
+                                        checkpoint_every_s=j.checkpoint_every_s,
+                                        # elastic off: every job is a fixed gang of its k
+                                        min_k=j.min_k if self.cfg.elastic else None,
+                                        max_k=j.max_k if self.cfg.elastic else None,
+                                        k_step=j.k_step if self.cfg.elastic else None) for j in batch])
             # a job without a time limit in the trace gets its exact compute time as the estimate
             # (the stated oracle); one with a limit is planned with that limit, errors and all
             oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}
@@ -272,6 +288,16 @@ class _Sim:
         for r in self.running.values():
             r.progress = min(1.0, r.progress + r.rate * dt)
             r.rec.bw_time += min(1.0, r.ratio) * dt
+            r.rec.gpu_s += int(popcount(r.mask).sum()) * dt
+
+    # -- hooks (bandpilot.simulation.elastic overrides them) --------------------------------
+    def _wants_batch(self) -> bool:
+        """Is there anything a batch could do? Fixed gangs: only when requests wait."""
+        return bool(self.pending)
+
+    def _retick(self) -> bool:
+        """Should another batch follow at the next interval even if nothing changes?"""
+        return False
 
     def _sample(self, t: float) -> None:
         used = popcount(self.busy)
@@ -294,14 +320,17 @@ class _Sim:
         ai = 0
         t = 0.0
         dirty = False
+        last_batch = -math.inf
         self._sample(0.0)
         while self.done < n:
             t_arr = trace[ai].submit_s if ai < n else math.inf
             ends = {jid: t + (1.0 - r.progress) / r.rate for jid, r in self.running.items()}
             t_done = min(ends.values(), default=math.inf)
             t_tick = math.inf
-            if dirty and self.pending:
+            if dirty and self._wants_batch():
                 t_tick = math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s
+                if t_tick <= last_batch:
+                    t_tick += cfg.interval_s
             t_next = min(t_arr, t_done, t_tick)
             if t_next == math.inf:  # requests wait, nothing runs or arrives, the last batch placed none
                 for jid in self.pending:
@@ -322,9 +351,11 @@ class _Sim:
                 self._to_submit += batch
                 self.pending.update(j.id for j in batch)
                 dirty = True
-            if self.pending and dirty and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9:
+            if (dirty and t > last_batch and self._wants_batch()
+                    and t >= math.ceil(t / cfg.interval_s - 1e-9) * cfg.interval_s - 1e-9):
                 placed = self._batch(t)
-                dirty = False
+                last_batch = t
+                dirty = self._retick()
                 changed = changed or placed > 0
             if changed:
                 self._rates()

@@ -4,7 +4,7 @@
   placement (``topo``: fewest hosts, then the tightest GPUs) or, on clusters with NVLink domains,
   ``topology/block`` (``block``), no preemption.
 * ``greedy`` - this project's queue before reservations: FIFO, every request takes what fits now
-  (backfill with no reservation), BandPilot placement.
+  (backfill with no reservation), BandPilot placement with no locality margin.
 * ``greedy-topo`` - the same greedy queue with compact placement (the "FIFO + topo" reference).
 """
 
@@ -16,10 +16,10 @@ from typing import Any
 from bandpilot.errors import BandPilotError
 from bandpilot.simulation.engine import SimConfig
 
-PRESETS: dict[str, dict[str, str]] = {
-    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo"},
-    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot"},
-    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo"},
+PRESETS: dict[str, dict[str, Any]] = {
+    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0},
+    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot", "locality": 0.0},
+    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo", "locality": 0.0},
 }
 
 

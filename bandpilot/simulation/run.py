@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bandpilot.errors import BandPilotError
-from bandpilot.simulation.engine import SimConfig, SimResult, simulate
+from bandpilot.simulation.elastic import simulate
+from bandpilot.simulation.engine import SimConfig, SimResult
 from bandpilot.simulation.trace import TraceJob, parse_trace
 
 PERFECT = "emulator"

@@ -26,6 +26,10 @@ from bandpilot.errors import BandPilotError
 
 REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
 OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
+#: Elastic columns (issue 22): the size range, epochs (resizes happen at their boundaries) and the
+#: compute scaling efficiency per doubling of GPUs (1 = perfectly linear).
+ELASTIC = ("min_k", "max_k", "epochs", "scaling", "k_step")
+OPTIONAL = OPTIONAL + ELASTIC
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 
 
@@ -52,6 +56,11 @@ class TraceJob:
     preemptible: bool = False
     checkpoint_s: float | None = None
     checkpoint_every_s: float | None = None
+    min_k: int | None = None
+    max_k: int | None = None
+    epochs: int | None = None
+    scaling: float | None = None
+    k_step: int | None = None
 
 
 def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
@@ -69,17 +78,7 @@ def _num(text: str, what: str, where: str, errs: list[str]) -> float | None:
 def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None, name: str | None = None) -> list[TraceJob]:
     """Parse and check a trace; ``n_gpus`` (the cluster size) rejects jobs that can never fit.
     Raises :class:`TraceError` listing every bad line."""
-    if isinstance(source, (str, Path)) and not (isinstance(source, str) and "\n" in source):
-        p = Path(source)
-        if not p.is_file():
-            raise TraceError([f"trace file not found: {source}"])
-        name = name or str(source)
-        text = p.read_text()
-    elif isinstance(source, str):
-        text = source
-    else:
-        text = "\n".join(source)
-    name = name or "<trace>"
+    text, name = _trace_text(source, name)
     reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
     errs: list[str] = []
@@ -93,14 +92,7 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
         cells = [c.strip() for c in row]
         where = f"{name}:{lineno}"
         if header is None:
-            header = cells
-            missing = [c for c in REQUIRED if c not in header]
-            unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
-            dup = sorted({c for c in header if header.count(c) > 1})
-            if missing or unknown or dup:
-                what = (f"missing column(s) {', '.join(missing)}" if missing else
-                        f"unknown column {unknown[0]!r}" if unknown else f"column {dup[0]!r} twice")
-                raise TraceError([f"{where}: header: {what} (expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}])"])
+            header = _check_header(cells, where)
             continue
         if len(cells) != len(header):
             errs.append(f"{where}: {len(cells)} fields, the header has {len(header)}")
@@ -118,33 +110,9 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
                 errs.append(f"{where}: submit_s {doc['submit_s']} is negative")
             elif t < last_t:
                 errs.append(f"{where}: submit_s {doc['submit_s']} is before line {last_line}'s {last_t:g} (times must be sorted)")
-        k_txt = doc["k"]
-        k = int(k_txt) if re.fullmatch(r"\d+", k_txt) else None
-        if k is None or k < 1:
-            errs.append(f"{where}: k {k_txt!r} must be an integer >= 1")
-        elif n_gpus is not None and k > n_gpus:
-            errs.append(f"{where}: k={k} is larger than the cluster ({n_gpus} GPUs)")
-        tenant = doc["tenant"]
-        if not tenant or len(tenant) > 200:
-            errs.append(f"{where}: tenant must be a non-empty name")
-        c = _num(doc["compute_s"], "compute_s", where, errs)
-        if c is not None and c <= 0:
-            errs.append(f"{where}: compute_s {doc['compute_s']} must be > 0")
-        f = _num(doc["comm_fraction"], "comm_fraction", where, errs)
-        if f is not None and not 0.0 <= f <= 1.0:
-            errs.append(f"{where}: comm_fraction {doc['comm_fraction']} is outside [0, 1]")
-        prio = 0
-        if doc.get("priority", ""):
-            if re.fullmatch(r"-?\d+", doc["priority"]):
-                prio = int(doc["priority"])
-            else:
-                errs.append(f"{where}: priority {doc['priority']!r} must be an integer")
-        util = None
-        if doc.get("utility", ""):
-            util = _num(doc["utility"], "utility", where, errs)
-            if util is not None and util < 0:
-                errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+        k, tenant, c, f, prio, util = _job_cells(doc, where, errs, n_gpus)
         rt = _runtime_cells(doc, where, errs)
+        rt.update(_elastic_cells(doc, k, n_gpus, where, errs))
         if len(errs) == n_err:
             seen[jid] = lineno
             last_t, last_line = float(t), lineno  # type: ignore[arg-type]
@@ -158,6 +126,59 @@ def parse_trace(source: str | Path | Iterable[str], *, n_gpus: int | None = None
     if errs:
         raise TraceError(errs)
     return jobs
+
+
+def _trace_text(source: str | Path | Iterable[str], name: str | None) -> tuple[str, str]:
+    """A trace's text and the name its errors use: a file path, the CSV text itself, or lines."""
+    if isinstance(source, (str, Path)) and not (isinstance(source, str) and "\n" in source):
+        p = Path(source)
+        if not p.is_file():
+            raise TraceError([f"trace file not found: {source}"])
+        return p.read_text(), name or str(source)
+    text = source if isinstance(source, str) else "\n".join(source)
+    return text, name or "<trace>"
+
+
+def _check_header(cells: list[str], where: str) -> list[str]:
+    missing = [c for c in REQUIRED if c not in cells]
+    unknown = [c for c in cells if c not in REQUIRED + OPTIONAL]
+    dup = sorted({c for c in cells if cells.count(c) > 1})
+    if missing or unknown or dup:
+        what = (f"missing column(s) {', '.join(missing)}" if missing else
+                f"unknown column {unknown[0]!r}" if unknown else f"column {dup[0]!r} twice")
+        raise TraceError([f"{where}: header: {what} (expected {','.join(REQUIRED)}[,{','.join(OPTIONAL)}])"])
+    return cells
+
+
+def _job_cells(doc: dict[str, str], where: str, errs: list[str], n_gpus: int | None) -> tuple:
+    """k, tenant, compute_s, comm_fraction, priority, utility of one row (problems go to ``errs``)."""
+    k_txt = doc["k"]
+    k = int(k_txt) if re.fullmatch(r"\d+", k_txt) else None
+    if k is None or k < 1:
+        errs.append(f"{where}: k {k_txt!r} must be an integer >= 1")
+    elif n_gpus is not None and k > n_gpus:
+        errs.append(f"{where}: k={k} is larger than the cluster ({n_gpus} GPUs)")
+    tenant = doc["tenant"]
+    if not tenant or len(tenant) > 200:
+        errs.append(f"{where}: tenant must be a non-empty name")
+    c = _num(doc["compute_s"], "compute_s", where, errs)
+    if c is not None and c <= 0:
+        errs.append(f"{where}: compute_s {doc['compute_s']} must be > 0")
+    f = _num(doc["comm_fraction"], "comm_fraction", where, errs)
+    if f is not None and not 0.0 <= f <= 1.0:
+        errs.append(f"{where}: comm_fraction {doc['comm_fraction']} is outside [0, 1]")
+    prio = 0
+    if doc.get("priority", ""):
+        if re.fullmatch(r"-?\d+", doc["priority"]):
+            prio = int(doc["priority"])
+        else:
+            errs.append(f"{where}: priority {doc['priority']!r} must be an integer")
+    util = None
+    if doc.get("utility", ""):
+        util = _num(doc["utility"], "utility", where, errs)
+        if util is not None and util < 0:
+            errs.append(f"{where}: utility {doc['utility']} must be >= 0")
+    return k, tenant, c, f, prio, util
 
 
 def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str, object]:
@@ -179,6 +200,35 @@ def _runtime_cells(doc: dict[str, str], where: str, errs: list[str]) -> dict[str
     return out
 
 
+def _elastic_cells(doc: dict[str, str], k: int | None, n_gpus: int | None, where: str, errs: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {"min_k": None, "max_k": None, "epochs": None, "scaling": None, "k_step": None}
+    for key in ("min_k", "max_k", "epochs", "k_step"):
+        txt = doc.get(key, "")
+        if txt:
+            if re.fullmatch(r"\d+", txt) and int(txt) >= 1:
+                out[key] = int(txt)
+            else:
+                errs.append(f"{where}: {key} {txt!r} must be an integer >= 1")
+    if doc.get("scaling", ""):
+        v = _num(doc["scaling"], "scaling", where, errs)
+        if v is not None and not 0.0 < v <= 1.0:
+            errs.append(f"{where}: scaling {doc['scaling']} must be in (0, 1]")
+        elif v is not None:
+            out["scaling"] = v
+    if k is not None:
+        lo, hi = out["min_k"], out["max_k"]
+        if lo is not None and lo > k:  # type: ignore[operator]
+            errs.append(f"{where}: min_k={lo} is above k={k}")
+        if hi is not None and hi < k:  # type: ignore[operator]
+            errs.append(f"{where}: max_k={hi} is below k={k}")
+        if hi is not None and n_gpus is not None and hi > n_gpus:  # type: ignore[operator]
+            errs.append(f"{where}: max_k={hi} is larger than the cluster ({n_gpus} GPUs)")
+        step, lo_, hi_ = out["k_step"] or 1, lo if lo is not None else k, hi if hi is not None else k
+        if (k - lo_) % step or (hi_ - lo_) % step:  # type: ignore[operator]
+            errs.append(f"{where}: k={k} and max_k={hi_} must be min_k={lo_} plus a multiple of k_step={step}")
+    return out
+
+
 def format_trace(jobs: Sequence[TraceJob]) -> str:
     cols = list(REQUIRED) + list(OPTIONAL)
     buf = io.StringIO()
@@ -188,7 +238,8 @@ def format_trace(jobs: Sequence[TraceJob]) -> str:
     for j in jobs:
         w.writerow([j.id, f"{j.submit_s:.3f}", j.k, j.tenant, f"{j.compute_s:.3f}", f"{j.comm_fraction:.4f}", j.priority,
                     opt(j.utility, "{:.4f}"), opt(j.time_limit_s), int(j.preemptible), opt(j.checkpoint_s),
-                    opt(j.checkpoint_every_s)])
+                    opt(j.checkpoint_every_s), opt(j.min_k, "{}"), opt(j.max_k, "{}"), opt(j.epochs, "{}"),
+                    opt(j.scaling, "{:.4f}"), opt(j.k_step, "{}")])
     return buf.getvalue()
 
 

@@ -64,7 +64,7 @@ def seed001_workload(seed: int = 0, *, mean_gap_s: float = 120.0, jitter: float 
         jt = kinds[i]
         compute = jt.epochs * jt.epoch_s * float(rng.lognormal(0.0, jitter))
         jobs.append(TraceJob(f"{jt.name.lower()}-{n:02d}", round(t, 3), jt.k, jt.tenant, round(compute, 3),
-                             jt.comm_fraction, jt.priority))
+                             jt.comm_fraction, jt.priority, epochs=jt.epochs))
         t += float(rng.exponential(mean_gap_s))
     return jobs
 

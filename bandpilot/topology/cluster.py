@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,110 +38,9 @@ import yaml
 
 from bandpilot.errors import SpecError
 from bandpilot.topology.domains import nvlink_units, resolve_nvlink_domains
+from bandpilot.topology.matrix import LINK_CLASSES, MAX_GPUS_PER_HOST, Topology, parse_topology  # noqa: F401 - re-exported
 
-#: Link classes of ``nvidia-smi topo -m``, best first. NV# carries its link count separately.
-LINK_CLASSES = ("X", "NV", "PIX", "PXB", "PHB", "NODE", "SYS")
-MAX_GPUS_PER_HOST = 16  # stage-1 tables have 2**n entries per host
 COMBINE_RULES = ("min_intra", "none")
-
-_TOPO_CELL = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
-
-
-@dataclass(frozen=True)
-class Topology:
-    """Intra-host link matrix: ``links[i][j]`` is a class from :data:`LINK_CLASSES`, ``nvlinks`` the NV count."""
-
-    links: tuple[tuple[str, ...], ...]
-    nvlinks: tuple[tuple[int, ...], ...]
-    numa: tuple[int, ...] | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.links)
-
-    def as_rows(self) -> list[str]:
-        """Compact text form (one row per GPU) used when a spec is embedded in a model artifact."""
-        out = []
-        for i in range(self.n):
-            cells = [
-                f"NV{self.nvlinks[i][j]}" if self.links[i][j] == "NV" else self.links[i][j]
-                for j in range(self.n)
-            ]
-            out.append(" ".join(cells))
-        return out
-
-
-def parse_topology(text: str, source: str = "<topology>") -> Topology:
-    """Parse an ``nvidia-smi topo -m`` matrix (tab/space separated or a Markdown table).
-
-    NIC rows/columns and the affinity columns are ignored, except NUMA affinity which the
-    Default (proximity) baseline uses for its fill order.
-    """
-    header: list[str] | None = None
-    rows: dict[int, list[str]] = {}
-    numa: dict[int, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or set(line) <= set("|-: "):
-            continue
-        cells = [c for c in re.split(r"[|\s]+", line) if c]
-        if not cells:
-            continue
-        if header is None:
-            if any(re.fullmatch(r"GPU\d+", c) for c in cells):
-                header = cells
-            continue
-        label = cells[0]
-        m = re.fullmatch(r"GPU(\d+)", label)
-        if not m:
-            continue
-        idx = int(m.group(1))
-        gpu_cols = [c for c in header if re.fullmatch(r"GPU\d+", c)]
-        # Markdown tables repeat the corner label "GPU0" as the first header cell.
-        if len(gpu_cols) > 1 and gpu_cols[0] == gpu_cols[1]:
-            gpu_cols = gpu_cols[1:]
-        n = len(gpu_cols)
-        vals = cells[1 : 1 + n]
-        if len(vals) < n:
-            raise SpecError(f"{source}:{lineno}: topology row {label} has {len(vals)} cells, expected {n}")
-        for v in vals:
-            if not _TOPO_CELL.match(v):
-                raise SpecError(f"{source}:{lineno}: unknown link class {v!r} in row {label}")
-        rows[idx] = vals
-        rest = cells[1 + n :]
-        # NUMA affinity is the last small integer column when present.
-        ints = [c for c in rest if re.fullmatch(r"\d+", c)]
-        if ints:
-            numa[idx] = int(ints[-1])
-    if not rows:
-        raise SpecError(f"{source}: no GPU rows found in topology matrix")
-    n = len(rows)
-    if sorted(rows) != list(range(n)):
-        raise SpecError(f"{source}: topology GPU rows are not GPU0..GPU{n - 1}")
-    if n > MAX_GPUS_PER_HOST:
-        raise SpecError(f"{source}: {n} GPUs per host exceeds the supported {MAX_GPUS_PER_HOST}")
-    links: list[tuple[str, ...]] = []
-    nv: list[tuple[int, ...]] = []
-    for i in range(n):
-        lrow, nrow = [], []
-        for j, v in enumerate(rows[i][:n]):
-            if i == j:
-                lrow.append("X")
-                nrow.append(0)
-            elif v.startswith("NV"):
-                lrow.append("NV")
-                nrow.append(int(v[2:]))
-            else:
-                lrow.append("SYS" if v == "SOC" else v)
-                nrow.append(0)
-        links.append(tuple(lrow))
-        nv.append(tuple(nrow))
-    for i in range(n):
-        for j in range(n):
-            if links[i][j] != links[j][i]:
-                raise SpecError(f"{source}: topology is not symmetric at GPU{i}/GPU{j}")
-    numa_t = tuple(numa.get(i, 0) for i in range(n)) if numa else None
-    return Topology(tuple(links), tuple(nv), numa_t)
 
 
 @dataclass(frozen=True)
@@ -358,6 +256,54 @@ def spec_from_dict(
     if not isinstance(doc, dict):
         raise SpecError(f"{source}: a cluster spec must be a mapping")
     name = _req(doc, "name", source, str)
+    hosts, group_domains = _hosts_from(doc, base, source, lines)
+    if not hosts:
+        raise SpecError(f"{source}: the spec declares no hosts")
+    nvlink: tuple[str, ...] = ()
+    if group_domains or doc.get("nvlink_domains") is not None:
+        hosts, nvlink = resolve_nvlink_domains(doc, hosts, group_domains, lambda key: _where(source, lines, key))
+    names = [h.name for h in hosts]
+    dupes = sorted(n for n, c in Counter(names).items() if c > 1)  # linear: 25,000 trays at 100k GPUs
+    if dupes:
+        raise SpecError(f"{source}: duplicate host names {dupes}")
+    gph = doc.get("gpus_per_host")
+    if gph is not None:
+        bad = [h.name for h in hosts if h.n_gpus != gph]
+        if bad:
+            raise SpecError(f"{source}: hosts {bad[:3]} do not have gpus_per_host={gph} GPUs in their topology")
+    net = dict(doc.get("network") or {})
+    nic = float(net.pop("nic_gbps", 400.0))
+    rails = int(net.pop("rails_per_host", 8))
+    if nic <= 0 or rails <= 0:
+        raise SpecError(f"{source}: network.nic_gbps and rails_per_host must be positive")
+    inter = _inter_from(doc.get("inter"), base, source)
+    emulator = doc.get("emulator") or {}
+    if not isinstance(emulator, dict):
+        raise SpecError(f"{source}: emulator must be a mapping")
+    if doc.get("faults") is not None:  # injected faults (bandpilot.fabric.faults), validated by make_fabric
+        emulator = {**emulator, "faults": doc["faults"]}
+    mb = doc.get("message_bytes", 16 * 1024 * 1024)
+    if not isinstance(mb, int) or mb <= 0:
+        raise SpecError(f"{source}: message_bytes must be a positive integer")
+    return ClusterSpec(
+        name=name,
+        hosts=tuple(hosts),
+        collective=str(doc.get("collective", "all_gather_perf")),
+        message_bytes=mb,
+        nic_gbps=nic,
+        rails_per_host=rails,
+        network=net,
+        inter=inter,
+        emulator=emulator,
+        path=None,
+        nvlink_domains=nvlink,
+    )
+
+
+def _hosts_from(doc: dict[str, Any], base: Path, source: str,
+                lines: dict[tuple, int] | None) -> tuple[list[Host], dict[str, tuple]]:
+    """``hosts`` (one by one) then ``host_groups`` (prefix + count); hosts of one topology share
+    it. Also the NVLink domains the groups declare (domain -> key path, for error messages)."""
     hosts: list[Host] = []
     topo_cache: dict[str, Topology] = {}
 
@@ -399,57 +345,21 @@ def spec_from_dict(
             else:
                 dom = f"{prefix}d{j // dsize}" if dsize else g.get("domain")
             hosts.append(Host(f"{prefix}{j}", str(_req(g, "gpu", where)), topo, dom))
-    if not hosts:
-        raise SpecError(f"{source}: the spec declares no hosts")
-    nvlink: tuple[str, ...] = ()
-    if group_domains or doc.get("nvlink_domains") is not None:
-        hosts, nvlink = resolve_nvlink_domains(doc, hosts, group_domains, lambda key: _where(source, lines, key))
-    names = [h.name for h in hosts]
-    dupes = sorted(n for n, c in Counter(names).items() if c > 1)  # linear: 25,000 trays at 100k GPUs
-    if dupes:
-        raise SpecError(f"{source}: duplicate host names {dupes}")
-    gph = doc.get("gpus_per_host")
-    if gph is not None:
-        bad = [h.name for h in hosts if h.n_gpus != gph]
-        if bad:
-            raise SpecError(f"{source}: hosts {bad[:3]} do not have gpus_per_host={gph} GPUs in their topology")
-    net = dict(doc.get("network") or {})
-    nic = float(net.pop("nic_gbps", 400.0))
-    rails = int(net.pop("rails_per_host", 8))
-    if nic <= 0 or rails <= 0:
-        raise SpecError(f"{source}: network.nic_gbps and rails_per_host must be positive")
-    inter = None
-    if doc.get("inter"):
-        it = doc["inter"]
-        table = _req(it, "table", f"{source}: inter", str)
-        combine = it.get("combine", "min_intra")
-        if combine not in COMBINE_RULES:
-            raise SpecError(f"{source}: inter.combine must be one of {COMBINE_RULES}, got {combine!r}")
-        scale = float(it.get("scale", 1.0))
-        if scale <= 0:
-            raise SpecError(f"{source}: inter.scale must be positive")
-        inter = InterSpec((base / table).resolve(), scale, combine)
-    emulator = doc.get("emulator") or {}
-    if not isinstance(emulator, dict):
-        raise SpecError(f"{source}: emulator must be a mapping")
-    if doc.get("faults") is not None:  # injected faults (bandpilot.fabric.faults), validated by make_fabric
-        emulator = {**emulator, "faults": doc["faults"]}
-    mb = doc.get("message_bytes", 16 * 1024 * 1024)
-    if not isinstance(mb, int) or mb <= 0:
-        raise SpecError(f"{source}: message_bytes must be a positive integer")
-    return ClusterSpec(
-        name=name,
-        hosts=tuple(hosts),
-        collective=str(doc.get("collective", "all_gather_perf")),
-        message_bytes=mb,
-        nic_gbps=nic,
-        rails_per_host=rails,
-        network=net,
-        inter=inter,
-        emulator=emulator,
-        path=None,
-        nvlink_domains=nvlink,
-    )
+    return hosts, group_domains
+
+
+def _inter_from(it: Any, base: Path, source: str) -> InterSpec | None:
+    """The measured inter-host table of a trace cluster (``inter:``), if any."""
+    if not it:
+        return None
+    table = _req(it, "table", f"{source}: inter", str)
+    combine = it.get("combine", "min_intra")
+    if combine not in COMBINE_RULES:
+        raise SpecError(f"{source}: inter.combine must be one of {COMBINE_RULES}, got {combine!r}")
+    scale = float(it.get("scale", 1.0))
+    if scale <= 0:
+        raise SpecError(f"{source}: inter.scale must be positive")
+    return InterSpec((base / table).resolve(), scale, combine)
 
 
 def _where(source: str, lines: dict[tuple, int] | None, key: tuple) -> str:

@@ -6,13 +6,12 @@ from bandpilot.dispatch.search.context import Found, IntractableError, SearchCon
 from bandpilot.dispatch.search.count_vector import coarse_count_search, count_search, exact
 from bandpilot.dispatch.search.domains import cross_domain_bound, domain_exact, domain_search
 from bandpilot.dispatch.search.eha import eha, single_host
-from bandpilot.dispatch.search.hybrid import ALGORITHMS, bandpilot
+from bandpilot.dispatch.search.hybrid import bandpilot
 from bandpilot.dispatch.search.local import local_search
 from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
 from bandpilot.dispatch.search.pts import pts
 
 __all__ = [
-    "ALGORITHMS",
     "Found",
     "IntractableError",
     "SearchContext",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bandpilot.dispatch.contention import COLUMNS_FROM, ContentionPredictor, Prediction, unique_rows
+from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
 from bandpilot.dispatch.state import State
 from bandpilot.errors import PlacementError
@@ -127,8 +128,9 @@ class SearchContext:
     ``free`` is the (constraint-filtered) free mask; allocations never leave it.
     """
 
-    def __init__(self, model: Any, state: State, free: np.ndarray, k: int,
-                 predictor: ContentionPredictor | None = None) -> None:
+    def __init__(self, model: BandwidthModel, state: State, free: np.ndarray, k: int,
+                 predictor: ContentionPredictor | None = None, *, segment: int | None = None,
+                 tie: float | None = None, locality: float = 0.0) -> None:
         self.model = model
         self.state = state
         self.spec = state.spec
@@ -137,11 +139,11 @@ class SearchContext:
         self.H = self.spec.n_hosts
         self.G = int(self.spec.gpus_per_host.max())
         self.pred = predictor if predictor is not None else ContentionPredictor(model, state)
-        self.segment: int | None = None  # NVLink-domain search: each domain's share a multiple of it
-        self.tie: float | None = None  # NVLink-domain search: fragmentation decides within this margin
+        self.segment = segment  # NVLink-domain search: each domain's share a multiple of it
+        self.tie = tie  # NVLink-domain search: fragmentation decides within this margin (None: the default)
         #: lifetime locality: a candidate on fewer hosts wins unless spreading gains more than this
         #: relative predicted bandwidth (a spread job meets more co-tenants over its run)
-        self.locality = 0.0
+        self.locality = locality
         stage1 = np.asarray(model.stage1, dtype=float)
         if stage1.ndim != 2 or stage1.shape[0] != self.H or stage1.shape[1] < (1 << self.G):
             raise ValueError(f"model.stage1 has shape {stage1.shape}, expected ({self.H}, {1 << self.G})")

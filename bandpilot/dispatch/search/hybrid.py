@@ -33,8 +33,7 @@ def bandpilot(ctx: SearchContext) -> Found:
     """The product search: exhaustive count-vector search when tractable, else the hybrid; on
     clusters with NVLink domains the hierarchical :func:`domain_search`."""
     if ctx.spec.nvlink_domains:
-        tie = getattr(ctx, "tie", None)
-        return domain_search(ctx, segment=ctx.segment, **({} if tie is None else {"tie": tie}))
+        return domain_search(ctx, segment=ctx.segment, **({} if ctx.tie is None else {"tie": ctx.tie}))
     if ctx.count_vectors() <= COUNT_SEARCH_LIMIT:
         # On hosts exposed to contending jobs also try the Pareto subsets (stage-1 of the subset
         # vs. of its unions with the jobs' GPUs) when that keeps the space within the limit.
@@ -52,5 +51,3 @@ def bandpilot(ctx: SearchContext) -> Found:
     found.append(pts(ctx, start=start, single_host_first=False))
     return local_search(ctx, ctx.pick(found))
 
-
-ALGORITHMS = {"bandpilot": bandpilot, "eha": eha, "pts": pts}

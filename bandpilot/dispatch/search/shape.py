@@ -1,0 +1,361 @@
+"""Shape-aware placement: put each parallelism axis on the fabric tier it needs, score by step time.
+
+A placement is a rank -> GPU map in Megatron order (``rank = t + tp * (d + dp * p)``). Its groups:
+
+* **TP**: the ``tp`` ranks of one (stage, replica); **EP**: ``ep`` consecutive ranks of one stage;
+* **DP**: the ``dp`` ranks of one (stage, TP rank);
+* **PP**: the two TP groups on either side of a stage boundary of one replica (their ``tp``
+  point-to-point sends run side by side, so the pair's bandwidth is the boundary's).
+
+Predicted step time = compute + sum over axes of ``bytes / bandwidth`` of the axis, where the axis's
+bandwidth is that of its slowest group: all groups of one axis run at once, so each group is priced
+by the contention rule of :mod:`bandpilot.dispatch.contention` with the cluster's tenants AND its own
+sibling groups as co-tenants. Sibling capacity is the super allocation of the group with every
+spanning sibling's GPUs on the group's hosts (one row per group instead of one per pair); sibling
+demand is their standalone bandwidth. Single-host groups are never contended (as in the predictor)
+and read the stage-1 table without a model call. Every row of every candidate goes into ONE model
+call (de-duplicated).
+
+Search: a TP group fits a *unit* (the host, or the NVLink domain on rack-scale clusters) when the
+unit has ``tp`` free GPUs. Candidate GPU sets are built from several unit orders (fullest first,
+best fit, least exposed to cross-host tenants, rack-compact, and the sets the bandwidth-only search
+and the compact baseline chose); each set is cut into TP groups unit by unit (leftovers form spanning
+groups only when the aligned room runs out), and the groups are laid out two ways: DP-inner (a
+unit's groups are DP replicas of one stage, PP crosses units) and PP-inner (a unit's groups are
+consecutive stages, DP crosses). Units are visited in locality order, so PP stages land on
+neighbouring hosts / domains. When a candidate's rows exceed :data:`ROW_BUDGET`, candidates are first
+screened on a sample of each axis's spanning groups and only the best :data:`FINALISTS` are scored
+in full (near-exact with a budget); otherwise every candidate is scored exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.shape import Shape
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+#: Rows (model evaluations) above which candidates are screened on sampled groups first.
+ROW_BUDGET = 1500
+#: Spanning groups sampled per axis in the screening pass.
+SAMPLE = 16
+#: Candidates scored in full after screening.
+FINALISTS = 2
+
+
+@dataclass
+class Placement:
+    """Ranks (GPU per rank, Megatron order) and the predicted per-axis figures."""
+
+    hosts: np.ndarray  # (k,) host index per rank
+    idx: np.ndarray  # (k,) GPU index inside the host per rank
+    axis_gbps: dict[str, float] = field(default_factory=dict)
+    comm_ms: dict[str, float] = field(default_factory=dict)
+    compute_ms: float = 0.0
+    step_ms: float = 0.0
+    label: str = ""
+
+    def mask(self, n_hosts: int) -> np.ndarray:
+        out = np.zeros(n_hosts, dtype=np.int64)
+        np.bitwise_or.at(out, self.hosts, np.int64(1) << self.idx)
+        return out
+
+    def gpus(self, spec: ClusterSpec) -> list[str]:
+        return [f"{spec.hosts[h].name}:{i}" for h, i in zip(self.hosts.tolist(), self.idx.tolist())]
+
+
+# ---- groups ----------------------------------------------------------------------------------
+def group_ranks(shape: Shape) -> dict[str, np.ndarray]:
+    """Rank indices of every group of every active axis: ``axis -> (n_groups, size)``."""
+    r = np.arange(shape.k).reshape(shape.pp, shape.dp, shape.tp)
+    out: dict[str, np.ndarray] = {}
+    if shape.tp > 1:
+        out["tp"] = r.reshape(-1, shape.tp)
+    if shape.dp > 1:
+        out["dp"] = r.transpose(0, 2, 1).reshape(-1, shape.dp)
+    if shape.pp > 1:
+        out["pp"] = np.concatenate([r[:-1], r[1:]], axis=2).transpose(1, 0, 2).reshape(-1, 2 * shape.tp)
+    if shape.ep > 1:
+        out["ep"] = r.reshape(shape.pp, -1).reshape(-1, shape.ep)
+    return out
+
+
+def _masks(hosts: np.ndarray, idx: np.ndarray, ranks: np.ndarray, n_hosts: int) -> np.ndarray:
+    n, s = ranks.shape
+    out = np.zeros((n, n_hosts), dtype=np.int64)
+    rows = np.repeat(np.arange(n), s)
+    np.bitwise_or.at(out, (rows, hosts[ranks].ravel()), np.int64(1) << idx[ranks].ravel())
+    return out
+
+
+# ---- scoring ---------------------------------------------------------------------------------
+class _Rows:
+    """Rows for one batched model call; hands back a slice handle per request."""
+
+    def __init__(self, n_hosts: int) -> None:
+        self.parts: list[np.ndarray] = []
+        self.n = 0
+        self.n_hosts = n_hosts
+
+    def add(self, rows: np.ndarray) -> slice:
+        s = slice(self.n, self.n + rows.shape[0])
+        if rows.shape[0]:
+            self.parts.append(rows)
+            self.n += rows.shape[0]
+        return s
+
+    def run(self, pred: ContentionPredictor) -> np.ndarray:
+        if not self.parts:
+            return np.zeros(0)
+        return pred.raw(np.concatenate(self.parts))
+
+
+def _plan_axis(pred: ContentionPredictor, M: np.ndarray, rows: _Rows, sample: int | None) -> dict[str, Any]:
+    """Rows one axis's groups need; ``sample`` keeps that many spanning groups (screening)."""
+    used = M != 0
+    single = used.sum(axis=1) == 1
+    spans = pred._spans(M)
+    M_all, spans_all = M, spans
+    sel_idx = np.arange(M.shape[0])
+    if sample is not None and spans.sum() > sample:
+        keep = np.flatnonzero(spans)[np.linspace(0, int(spans.sum()) - 1, sample).astype(int)]
+        sel = ~spans & ~single  # in-domain multi-tray groups: no contention, kept
+        sel[keep] = True
+        sel[np.flatnonzero(single)[:1]] = True  # identical hosts: one single-host group speaks for all
+        sel_idx = np.flatnonzero(sel)
+        M, used, single, spans = M[sel], used[sel], single[sel], spans[sel]
+    plan: dict[str, Any] = {"M": M, "single": single, "spans": spans}
+    h = np.argmax(used, axis=1)
+    plan["stage1"] = pred.model.stage1[h[single], M[single, h[single]]]
+    plan["solo"] = rows.add(M[~single])
+    cont = pred.contenders(M)
+    ci, ji = np.nonzero(cont)
+    plan["cont"], plan["ci"] = cont, ci
+    plan["tenant"] = rows.add(M[ci] | pred.job_masks[ji])
+    # siblings: the other spanning groups of the axis that share a host with this one
+    src = np.flatnonzero(spans_all)
+    cols = np.flatnonzero(M_all.any(axis=0))  # the job's hosts only: the incidence product stays small
+    share = (used[:, cols].astype(np.float32) @ (M_all[src][:, cols] != 0).astype(np.float32).T > 0.5) & spans[:, None]
+    share &= sel_idx[:, None] != src[None, :]
+    plan["share"], plan["sib_src"] = share, src
+    has = share.any(axis=1)
+    union_all = np.bitwise_or.reduce(M_all[src], axis=0) if src.size else np.zeros(M.shape[1], np.int64)
+    plan["has"] = has
+    plan["sib"] = rows.add(np.where(used[has], union_all[None, :], 0) | M[has])
+    plan["M_all"] = M_all
+    return plan
+
+
+def _axis_value(pred: ContentionPredictor, plan: dict[str, Any], vals: np.ndarray, sib_solo: np.ndarray) -> float:
+    M, single = plan["M"], plan["single"]
+    solo = np.zeros(M.shape[0])
+    solo[single] = plan["stage1"]
+    solo[~single] = vals[plan["solo"]]
+    cap = np.full(M.shape[0], np.inf)
+    if plan["ci"].size:
+        np.minimum.at(cap, plan["ci"], vals[plan["tenant"]])
+    has = plan["has"]
+    cap[has] = np.minimum(cap[has], vals[plan["sib"]])
+    demand = solo + plan["cont"].astype(float) @ pred.job_demand + plan["share"].astype(float) @ sib_solo
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shared = np.where(demand > 0, solo / demand * cap, 0.0)
+    value = np.where(demand <= cap, solo, shared)
+    return float(value.min())
+
+
+def score(pred: ContentionPredictor, shape: Shape, cands: list[Placement], sample: int | None = None) -> None:
+    """Fill each candidate's per-axis GB/s, comm time and step time (one model call for all)."""
+    vol, compute = shape.volumes()
+    granks = {a: g for a, g in group_ranks(shape).items() if a in vol}
+    n_h = pred.spec.n_hosts
+    rows = _Rows(n_h)
+    plans = []
+    for c in cands:
+        plans.append({a: _plan_axis(pred, _masks(c.hosts, c.idx, g, n_h), rows, sample) for a, g in granks.items()})
+    vals = rows.run(pred)
+    for c, plan in zip(cands, plans):
+        c.compute_ms = compute
+        c.axis_gbps, c.comm_ms = {}, {}
+        for a, p in plan.items():
+            # siblings' demand: their standalone bandwidth; sampled plans approximate it by the
+            # axis's mean sampled spanning solo value (their exact values are not computed)
+            sib_solo = _sibling_solo(p, vals)
+            bw = _axis_value(pred, p, vals, sib_solo)
+            c.axis_gbps[a] = bw
+            c.comm_ms[a] = vol[a] / (bw * 1e9) * 1e3 if bw > 0 else float("inf")
+        c.step_ms = compute + sum(c.comm_ms.values())
+
+
+def _sibling_solo(p: dict[str, Any], vals: np.ndarray) -> np.ndarray:
+    n_src = p["sib_src"].size
+    if n_src == 0:
+        return np.zeros(0)
+    M, spans = p["M"], p["spans"]
+    multi = ~p["single"]
+    solo_multi = vals[p["solo"]]
+    solo_spans = solo_multi[spans[multi]]
+    if p["M_all"].shape[0] == M.shape[0]:
+        return solo_spans
+    return np.full(n_src, float(solo_spans.mean()) if solo_spans.size else 0.0)
+
+
+# ---- candidates ------------------------------------------------------------------------------
+def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray) -> list[tuple[int, int]]:
+    """Free GPUs of a unit: fullest hosts first (TP groups stay inside a tray when they can)."""
+    f = popcount(free[members])
+    order = members[np.lexsort((members, -f))]
+    return [(int(h), i) for h in order for i in range(int(spec.gpus_per_host[h])) if free[h] >> i & 1]
+
+
+def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: np.ndarray, shape: Shape,
+          n_groups: np.ndarray) -> list[list[tuple[int, int]]]:
+    """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
+    the leftover GPUs (locality order) until there are ``pp * dp``."""
+    tp, G = shape.tp, shape.pp * shape.dp
+    groups: list[list[tuple[int, int]]] = []
+    left: list[tuple[int, int]] = []
+    need = G - int(n_groups.sum())  # spanning groups: only then do the leftovers matter
+    for u in order:
+        n = int(n_groups[u])
+        if n == 0 and (need <= 0 or len(left) >= need * tp):
+            continue
+        g = _unit_gpus(spec, free, units[u])
+        groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
+        left += g[n * tp:]
+    if len(groups) < G:
+        extra = [left[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
+        groups += [e for e in extra if len(e) == tp]
+    return groups[:G] if len(groups) >= G else []
+
+
+def _counts_greedy(cap: np.ndarray, order: np.ndarray, G: int) -> np.ndarray:
+    n = np.zeros(cap.size, dtype=np.int64)
+    need = G
+    for u in order:
+        if need == 0:
+            break
+        n[u] = min(int(cap[u]), need)
+        need -= int(n[u])
+    return n
+
+
+def _counts_bestfit(cap: np.ndarray, loc: np.ndarray, G: int) -> np.ndarray:
+    fit = np.flatnonzero(cap >= G)
+    if fit.size:
+        n = np.zeros(cap.size, dtype=np.int64)
+        n[fit[np.lexsort((loc[fit], cap[fit]))[0]]] = G
+        return n
+    order = np.lexsort((loc, -cap))
+    n = np.zeros(cap.size, dtype=np.int64)
+    need = G
+    for u in order:
+        rest = [v for v in order if n[v] == 0 and cap[v] >= need]
+        if rest:
+            n[min(rest, key=lambda v: (cap[v], loc[v]))] = need
+            return n
+        n[u] = cap[u]
+        need -= int(cap[u])
+        if need <= 0:
+            break
+    return n
+
+
+def _layouts(groups: list[list[tuple[int, int]]], shape: Shape, label: str) -> list[Placement]:
+    """DP-inner (groups in order are replicas of a stage) and PP-inner (consecutive stages)."""
+    arr = np.array(groups, dtype=np.int64).reshape(shape.pp * shape.dp, shape.tp, 2)
+    out = [Placement(arr[..., 0].ravel(), arr[..., 1].ravel(), label=f"{label}/dp-inner")]
+    if shape.pp > 1 and shape.dp > 1:
+        g = np.arange(shape.pp * shape.dp).reshape(shape.dp, shape.pp).T.ravel()  # (p, d) -> d * pp + p
+        out.append(Placement(arr[g, :, 0].ravel(), arr[g, :, 1].ravel(), label=f"{label}/pp-inner"))
+    return out
+
+
+def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: ContentionPredictor,
+               seeds: dict[str, np.ndarray]) -> list[Placement]:
+    """Candidate placements (see the module docstring); ``seeds`` are whole GPU sets to re-lay out."""
+    unit, _ = spec.units
+    U = int(unit.max()) + 1
+    units = [np.flatnonzero(unit == u) for u in range(U)]
+    rack = {d: i for i, d in enumerate(dict.fromkeys(h.domain or h.name for h in spec.hosts))}
+    rack_of_unit = np.array([rack[spec.hosts[int(m[0])].domain or spec.hosts[int(m[0])].name] for m in units])
+    loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
+    G = shape.pp * shape.dp
+
+    def cap_of(fr: np.ndarray) -> np.ndarray:
+        return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
+
+    exposed = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
+    counts: dict[str, np.ndarray] = {}
+    # whole stages (DP-inner) or whole pipelines (PP-inner) per unit keep DP / PP groups inside units
+    for tag, block in (("", 1), ("+dp-blocks", shape.dp), ("+pp-blocks", shape.pp)):
+        cap = cap_of(free) // block * block
+        if cap.sum() < G or (tag and block == 1):
+            continue
+        counts["fullest" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap)), G)
+        counts["bestfit" + tag] = _counts_bestfit(cap, loc, G)
+        counts["quiet" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, exposed > 0)), G)
+        rack_cap = np.bincount(rack_of_unit, weights=cap)
+        counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
+    out: list[Placement] = []
+    seen: set[bytes] = set()
+
+    def emit(label: str, fr: np.ndarray, n: np.ndarray) -> None:
+        used = np.flatnonzero(n) if n.sum() else np.zeros(0, dtype=np.int64)
+        order = np.concatenate([used, np.setdiff1d(np.arange(U), used)])  # locality order, unused last
+        groups = _take(spec, fr, units, order, shape, n)
+        for p in _layouts(groups, shape, label) if groups else []:
+            key = np.stack([p.hosts, p.idx]).tobytes()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+
+    for label, n in counts.items():
+        emit(label, free, n)
+    for label, m in seeds.items():
+        c = cap_of(m)
+        emit(label, m, np.minimum(c, _counts_greedy(c, np.lexsort((loc, -c)), G)))
+    return out
+
+
+def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
+                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None) -> tuple[Placement, int]:
+    """The candidate with the lowest predicted step time, and how many candidates were scored.
+    ``fixed`` rank maps (e.g. a baseline's) compete as they are, so the result is never predicted
+    slower than them."""
+    cands = candidates(pred.spec, free, shape, pred, seeds or {}) + list(fixed or [])
+    if not cands:
+        raise ValueError("no candidate placement")  # callers check k <= free first
+    # TP (and EP within it) inside one unit whenever there is room: a rule, not a score trade-off
+    unit = pred.spec.units[0]
+    aligned = [c for c in cands if bool((unit[c.hosts].reshape(-1, shape.tp) == unit[c.hosts[::shape.tp]][:, None]).all())]
+    cands = aligned or cands
+    fixed = [c for c in fixed or [] if any(c is a for a in cands)]
+    rows_each = sum(g.shape[0] for g in group_ranks(shape).values()) * 2
+    if rows_each * len(cands) > ROW_BUDGET and len(cands) > FINALISTS:
+        score(pred, shape, cands, sample=SAMPLE)
+        keep = sorted(cands, key=lambda c: c.step_ms)[:FINALISTS]
+        cands = keep + [c for c in fixed or [] if all(c is not x for x in keep)]
+    score(pred, shape, cands)
+    best = min(cands, key=lambda c: (c.step_ms, c.label))
+    return best, len(cands)
+
+
+def rank_order(spec: ClusterSpec, mask: np.ndarray) -> Placement:
+    """A GPU set with ranks in GPU-id order (how a topology-blind launcher numbers them)."""
+    hosts, idx = [], []
+    for h in np.flatnonzero(mask):
+        for i in range(int(spec.gpus_per_host[h])):
+            if int(mask[h]) >> i & 1:
+                hosts.append(int(h))
+                idx.append(i)
+    return Placement(np.array(hosts, dtype=np.int64), np.array(idx, dtype=np.int64))
+
+
+def from_ranks(spec: ClusterSpec, ranks: list[str]) -> Placement:
+    """A placement from GPU ids in rank order (to re-score a rank map on another model, e.g. the truth)."""
+    at = [spec.parse_gpu(g, "ranks") for g in ranks]
+    return Placement(np.array([h for h, _ in at], dtype=np.int64), np.array([i for _, i in at], dtype=np.int64))

@@ -1,0 +1,404 @@
+"""How many GPUs should each elastic job have for its next epoch, and which ones? Seed 001's macro
+level: at epoch boundaries the queue redistributes GPUs among the running elastic jobs and the
+pending queue by learning utility, then realises the quotas on concrete GPUs.
+
+*Quotas* (:func:`elastic_quotas`, seed eq. 31): the GPUs in play ``G`` (free ones plus those of the
+running jobs at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, clamped
+to each job's ``[min_k, max_k]`` by water-filling and snapped to its ``k_step``. A running job is
+always admitted (at least its ``min_k``: no preemption here); pending ones are admitted in the
+caller's order (utility first) while their ``min_k`` still fits.
+
+*GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing adds one GPU at a time, the one whose
+grown set ``S ∪ {g}`` has the highest predicted bandwidth under the current co-tenants (the
+contention predictor, :class:`~bandpilot.dispatch.contention.ContentionPredictor`); shrinking
+removes the GPU whose removal leaves the highest prediction. A growth happens only if the job's
+predicted epoch time (:func:`grow_ratio`: its compute share over ``k`` plus its collective share at
+the predicted ``B(S ∪ new)``) drops by :data:`GROW_GAIN`; otherwise the largest smaller growth that
+does, or none (the GPUs stay free for the queue). ``blind=True`` is the baseline that ignores
+bandwidth: lowest free GPU ids first, highest held ids released first, every quota taken.
+
+:func:`rebalance` does one round against the store: quotas, shrinks, grows, admissions, all
+written in ONE transaction (:mod:`bandpilot.queue.generations` for resizes, the batch's guarded
+assignment writes for admissions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.demand import DEFAULT_DEMAND, pressure_factor
+from bandpilot.dispatch.state import State
+from bandpilot.errors import RequestError
+from bandpilot.queue.clock import now
+from bandpilot.queue.generations import Resize, _apply
+from bandpilot.queue.requests import Request
+from bandpilot.queue.schema import T_ASSIGN, T_REQ
+from bandpilot.queue.store import Store
+from bandpilot.scheduling.batch import load_pending, model_version_of, _write_assignment
+from bandpilot.scheduling.policies import order_pending, utility_prior
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    k: int  # current size (running) or requested size (pending)
+    lo: int
+    hi: int
+    step: int
+    utility: float
+    running: bool
+
+
+def _snap(c: Candidate, x: float) -> int:
+    """The largest allowed size <= x (at least min_k)."""
+    if x <= c.lo:
+        return c.lo
+    return min(c.hi, c.lo + int(math.floor((x - c.lo) / c.step + 1e-9)) * c.step)
+
+
+def elastic_quotas(cands: Sequence[Candidate], n_gpus: int) -> dict[str, int]:
+    """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
+    most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``."""
+    admitted: list[Candidate] = []
+    used = 0
+    for c in sorted(cands, key=lambda c: not c.running):  # running first, then the given order
+        if c.running or used + c.lo <= n_gpus:
+            admitted.append(c)
+            used += c.lo
+    if not admitted:
+        return {}
+    if used > n_gpus:
+        raise RequestError(f"running jobs need {used} GPUs at their min_k but only {n_gpus} are in play")
+    w = {c.id: max(c.utility, 1e-6) for c in admitted}
+    share: dict[str, float] = {}
+    fixed: dict[str, float] = {}
+    while True:  # water-filling: clamp the ones outside [lo, hi], share the rest again
+        free = [c for c in admitted if c.id not in fixed]
+        budget = n_gpus - sum(fixed.values())
+        tot = sum(w[c.id] for c in free)
+        share = {c.id: budget * w[c.id] / tot for c in free} if free else {}
+        low = [c for c in free if share[c.id] < c.lo]
+        high = [c for c in free if share[c.id] > c.hi]
+        if not low and not high:
+            break
+        for c in low or high:  # fix the lower bounds first: they take budget from the others
+            fixed[c.id] = c.lo if low else c.hi
+    exact = {**fixed, **share}
+    quota = {c.id: _snap(c, exact[c.id]) for c in admitted}
+    left = n_gpus - sum(quota.values())
+    # hand out what rounding left, a step at a time, largest shortfall (then utility) first
+    for c in sorted(admitted, key=lambda c: (-(exact[c.id] - quota[c.id]), -w[c.id], c.id)):
+        if left >= c.step and quota[c.id] + c.step <= c.hi:
+            quota[c.id] += c.step
+            left -= c.step
+    return quota
+
+
+def _bits(spec: Any, mask: np.ndarray) -> list[tuple[int, int]]:
+    out = []
+    for h in np.flatnonzero(mask):
+        m = int(mask[h])
+        while m:
+            b = m & -m
+            out.append((int(h), b))
+            m ^= b
+    return out
+
+
+def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np.ndarray, n_add: int) -> np.ndarray:
+    mask, free = mask.copy(), free.copy()
+    for _ in range(n_add):
+        cand = _bits(spec, free)
+        rows = np.repeat(mask[None, :], len(cand), axis=0)
+        for i, (h, b) in enumerate(cand):
+            rows[i, h] |= b
+        p = pred.predict(rows)
+        # ties (e.g. every GPU of an NVSwitch host): fewer hosts, then lowest id
+        n_hosts = (rows != 0).sum(axis=1)
+        best = int(np.lexsort((np.arange(len(cand)), n_hosts, -np.round(p.value, 6)))[0])
+        h, b = cand[best]
+        mask[h] |= b
+        free[h] &= ~b
+    return mask
+
+
+#: Hosts with the most free GPUs tried as "fill this host first" growth seeds (besides the job's own).
+SEED_HOSTS = 8
+
+
+def _seed_hosts(mask: np.ndarray, free: np.ndarray) -> list[int]:
+    """The job's own hosts with free GPUs and the :data:`SEED_HOSTS` hosts with the most free GPUs:
+    on a 128-host cluster every host as a seed costs 129 greedy growths per resize."""
+    cnt = np.array([bin(int(x)).count("1") for x in free])
+    own = [int(h) for h in np.flatnonzero((mask != 0) & (cnt > 0))]
+    top = [int(h) for h in np.argsort(-cnt, kind="stable")[:SEED_HOSTS] if cnt[h] > 0]
+    return list(dict.fromkeys(own + top))
+
+
+def grow_gpus(model: Any, state: State, mask: np.ndarray, n_add: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
+    """``mask`` plus ``n_add`` free GPUs of ``state`` (which must not hold the job itself), and the
+    grown set's predicted bandwidth under contention (None when blind).
+
+    One GPU at a time is myopic where bandwidth follows the smallest per-host count (2+2 beats
+    3+1 on the H100 fabric, but the first step prefers 3): so the candidates are the per-GPU
+    greedy growth and, for the job's own hosts and the hosts with the most free GPUs, "as many as
+    possible from that host first, then greedy"; the one with the highest predicted ``B(S ∪ new)`` wins."""
+    mask = mask.copy()
+    free = state.free & ~mask
+    if blind:
+        for h, b in _bits(state.spec, free)[:n_add]:
+            mask[h] |= b
+        return mask, None
+    if n_add <= 0:
+        return mask, None
+    pred = ContentionPredictor(model, state)
+    cands = [_greedy_add(pred, state.spec, mask, free, n_add)]
+    for h in _seed_hosts(mask, free):
+        m, f = mask.copy(), free.copy()
+        bits = _bits(state.spec, np.where(np.arange(free.size) == h, free, 0))[:n_add]
+        for hh, b in bits:
+            m[hh] |= b
+            f[hh] &= ~b
+        cands.append(_greedy_add(pred, state.spec, m, f, n_add - len(bits)))
+    rows = np.unique(np.array(cands), axis=0)
+    p = pred.predict(rows)
+    n_hosts = (rows != 0).sum(axis=1)
+    best = int(np.lexsort((np.arange(len(rows)), n_hosts, -np.round(p.value, 6)))[0])
+    return rows[best].copy(), float(p.value[best])
+
+
+def shrink_gpus(model: Any, state: State, mask: np.ndarray, n_remove: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
+    """``mask`` without the ``n_remove`` GPUs whose removal costs least predicted bandwidth."""
+    mask = mask.copy()
+    if blind:
+        for h, b in _bits(state.spec, mask)[::-1][:n_remove]:
+            mask[h] &= ~b
+        return mask, None
+    pred = ContentionPredictor(model, state)
+    value = None
+    for _ in range(n_remove):
+        cand = _bits(state.spec, mask)
+        rows = np.repeat(mask[None, :], len(cand), axis=0)
+        for i, (h, b) in enumerate(cand):
+            rows[i, h] &= ~b
+        p = pred.predict(rows)
+        n_hosts = (rows != 0).sum(axis=1)
+        best = int(np.lexsort((np.arange(len(cand)), n_hosts, -np.round(p.value, 6)))[0])
+        mask = rows[best]
+        value = float(p.value[best])
+    return mask, value
+
+
+_RUNNING = (
+    sa.select(T_REQ.c.id, T_REQ.c.k, T_REQ.c.min_k, T_REQ.c.max_k, T_REQ.c.k_step, T_REQ.c.utility, T_REQ.c.comm_fraction,
+              T_ASSIGN.c.gpus)
+    .join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id).where(T_REQ.c.status == "assigned")
+)
+
+
+@dataclass
+class RebalanceReport:
+    quotas: dict[str, int] = field(default_factory=dict)
+    resized: list[dict[str, Any]] = field(default_factory=list)  # generations.resize summaries
+    admitted: dict[str, list[str]] = field(default_factory=dict)  # request id -> GPUs
+    waiting: list[str] = field(default_factory=list)  # pending requests not admitted
+
+
+def rebalance(
+    store: Store, dispatcher: Any, *, at_boundary: Iterable[str] | None = None, blind: bool = False,
+    algorithm: str = "bandpilot", demand: str = DEFAULT_DEMAND, epochs: dict[str, int] | None = None,
+    policy: str = "utility",
+) -> RebalanceReport:
+    """One epoch-boundary round: quotas over the running elastic jobs in ``at_boundary`` (all
+    running elastic jobs when None) and the pending queue (in ``policy`` order); shrinks, grows and
+    admissions in one transaction. Jobs not at a boundary keep their GPUs."""
+    spec = dispatcher.model.spec
+    model = dispatcher.model
+    rep = RebalanceReport()
+    eligible = None if at_boundary is None else set(at_boundary)
+    with store.write() as conn:
+        state = store.load_state(conn, spec)
+        pending, _ = load_pending(conn)
+        running = conn.execute(_RUNNING).all()
+        prior = utility_prior(pending) if pending else 1.0
+        cands: list[Candidate] = []
+        held: dict[str, np.ndarray] = {}
+        n_play = state.n_free
+        comm: dict[str, float | None] = {}
+        for r in running:
+            lo = r.k if r.min_k is None else r.min_k
+            hi = r.k if r.max_k is None else r.max_k
+            if lo == hi or (eligible is not None and r.id not in eligible):
+                continue
+            gpus = json.loads(r.gpus)
+            held[r.id] = spec.to_mask(gpus)
+            comm[r.id] = r.comm_fraction
+            n_play += len(gpus)
+            u = r.utility if r.utility is not None else prior
+            cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
+        order = order_pending(pending, policy, None, now())
+        reqs = {p.req.id: p.req for p in order}
+        for p in order:
+            u = p.req.utility if p.req.utility is not None else prior
+            cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False))
+        rep.quotas = elastic_quotas(cands, n_play)
+        rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
+        steps = {c.id: c.step for c in cands if c.running}
+        _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs or {}, steps)
+        state = store.load_state(conn, spec)
+        _admit(conn, rep, state, reqs, dispatcher, algorithm, demand)
+    return rep
+
+
+#: Communication fraction assumed for a job that declares none (growth pricing only).
+DEFAULT_COMM = 0.5
+#: A growth must cut the predicted epoch time by at least this much (it costs a restart).
+GROW_GAIN = 0.02
+
+
+def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float) -> float:
+    """The scheduler's predicted epoch time at ``k1`` GPUs on bandwidth ``b1`` relative to now
+    (``k0`` on ``b0``; ``f`` the job's collective share now): ``(1 - f) · k0 / k1 + f · r(k1) / r(k0) · b0 / b1``
+    with ``r(k) = 2 (k - 1) / k`` (ring all-reduce). Compute is taken to scale perfectly (optimistic
+    about growing); a 1-GPU job's ``f`` is read as its share at 2 GPUs on the predicted set."""
+    comp = (1.0 - f) * k0 / k1
+    if k1 < 2:
+        return comp
+    r1 = 2.0 * (k1 - 1) / k1
+    if k0 < 2:
+        return comp + f * r1
+    return comp + f * r1 / (2.0 * (k0 - 1) / k0) * b0 / max(b1, 1e-9)
+
+
+def _predict(model: Any, state: State, mask: np.ndarray) -> float:
+    return float(ContentionPredictor(model, state).predict(mask[None, :]).value[0])
+
+
+def _grow_priced(model, others, mask, cur, target, step, f) -> tuple[np.ndarray, float | None, int]:
+    """The largest growth up to ``target`` whose predicted epoch time beats the current one by
+    :data:`GROW_GAIN` (``B(S ∪ new)`` under contention); ``(mask, None, cur)`` if none does."""
+    b0 = _predict(model, others, mask) if cur > 1 else 0.0
+    for k in range(target, cur, -step):
+        grown, value = grow_gpus(model, others, mask, k - cur)
+        if grow_ratio(f, cur, b0, k, value or 0.0) < 1.0 - GROW_GAIN:
+            return grown, value, k
+    return mask, None, cur
+
+
+def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs, steps) -> None:
+    spec = state.spec
+    ts = now()
+    jobs = {j.id: j for j in state.jobs}
+    # shrinks first: the GPUs they give up are what grows and admissions take
+    order = sorted(held, key=lambda jid: (rep.quotas[jid] - len(jobs[jid].gpus), jid))
+    for jid in order:
+        cur = len(jobs[jid].gpus)
+        target = rep.quotas[jid]
+        if target == cur:
+            continue
+        others = state.without_job(jid)
+        if target < cur:
+            mask, value = shrink_gpus(model, others, held[jid], cur - target, blind=blind)
+        elif blind:
+            mask, value = grow_gpus(model, others, held[jid], target - cur, blind=True)
+        else:
+            f = comm.get(jid)
+            mask, value, target = _grow_priced(model, others, held[jid], cur, target, steps.get(jid, 1),
+                                               DEFAULT_COMM if f is None else f)
+            rep.quotas[jid] = target
+            if target == cur:
+                continue
+        gpus = spec.from_mask(mask)
+        solo = float(model.predict_masks(mask[None, :])[0]) if target > 1 else 0.0
+        pressed = solo * pressure_factor(comm.get(jid), demand)
+        rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), epochs.get(jid), value, pressed), ts, "scheduler"))
+        state = others.with_job(jid, gpus, pressed)
+
+
+def _admit(conn, rep, state, reqs, dispatcher, algorithm, demand) -> None:
+    """Admissions at their quotas; then, in queue order, waiting requests on what is still free
+    (growths the model refused leave GPUs the quotas counted on), each at the largest size of its
+    range up to its requested k that fits."""
+    ts = now()
+    version = model_version_of(dispatcher)
+    uri = getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
+    plan = [(rid, q) for rid, q in rep.quotas.items() if rid in reqs]
+    waiting = []
+    for rid, q in plan:
+        state, ok = _admit_one(conn, rep, state, reqs[rid], q, dispatcher, algorithm, demand, ts, uri, version)
+        if not ok:
+            waiting.append(rid)
+    for rid in [r for r in reqs if r not in rep.quotas]:
+        req = reqs[rid]
+        fit = [k for k in req.sizes() if k <= min(req.k, state.n_free)]
+        if not fit:
+            waiting.append(rid)
+            continue
+        state, ok = _admit_one(conn, rep, state, req, fit[-1], dispatcher, algorithm, demand, ts, uri, version)
+        if not ok:
+            waiting.append(rid)
+    rep.waiting = waiting
+
+
+_BEST: dict[tuple[str, int], float] = {}
+
+
+def _best_gbps(dispatcher: Any, k: int) -> float:
+    """Predicted bandwidth of the best ``k``-GPU placement on the idle cluster (cached): the
+    reference the job's declared collective share refers to."""
+    spec = dispatcher.model.spec
+    key = (spec.fingerprint(), k)
+    if key not in _BEST:
+        _BEST[key] = float(dispatcher.select(k, State.idle(spec), "bandpilot").predicted_gbps or 0.0)
+    return _BEST[key]
+
+
+def _size_options(req: Request, q: int) -> list[int]:
+    """``q`` and a few smaller sizes of the range (halvings, and ``min_k``): a smaller gang on one
+    host may beat a larger one spread over fragments."""
+    sizes = [k for k in req.sizes() if k <= q]
+    out: list[int] = []
+    x = q
+    while sizes and x >= req.lo:
+        k = max(s for s in sizes if s <= x)
+        if k not in out:
+            out.append(k)
+        x //= 2
+    if req.lo in sizes and req.lo not in out:
+        out.append(req.lo)
+    return out
+
+
+def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, demand, ts, uri, version) -> tuple[State, bool]:
+    """Place ``req`` at the size of :func:`_size_options` with the lowest predicted epoch time
+    (:func:`grow_ratio` against its declared ``k`` on the best idle placement)."""
+    f = DEFAULT_COMM if req.comm_fraction is None else req.comm_fraction
+    best = None
+    for k in _size_options(req, q):
+        try:
+            sel = dispatcher.select(k, state, algorithm, constraints=req.constraints.to_dict() or None)
+        except Exception as exc:  # noqa: BLE001 - a placement failure: try the next size / next round
+            if type(exc).__name__ != "PlacementError":
+                raise
+            continue
+        ref = req.k if req.k > 1 else 2
+        cost = grow_ratio(f, ref, _best_gbps(dispatcher, ref), k, float(sel.predicted_gbps or 0.0)) * (req.k / ref if req.k == 1 else 1)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, k, sel)
+    if best is None:
+        return state, False
+    _, q, sel = best
+    # the job starts at q (its range allows it): the assignment and job rows say q, the request keeps k
+    if _write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, demand) != "assigned":
+        return state, False
+    pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
+    rep.admitted[req.id] = list(sel.gpus)
+    rep.quotas[req.id] = q
+    return state.with_job(req.id, list(sel.gpus), pressed), True

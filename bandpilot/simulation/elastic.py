@@ -1,0 +1,151 @@
+"""How long does an elastic job's epoch take, and what happens at its boundaries? The simulator's
+side of issue 22 (``simulate --elastic on``).
+
+*Runtime model.* A job declares its size ``k0`` (the trace's ``k``), its run time ``compute_s`` on a
+best placement of ``k0`` GPUs, ``epochs`` (default :attr:`SimConfig.epochs`), its communication
+fraction ``f`` and a compute scaling efficiency ``η`` per doubling of GPUs (``scaling``, default
+:data:`DEFAULT_SCALING`). With ``T = compute_s / epochs``, one epoch at ``k`` GPUs on a set ``S`` takes
+
+    t(k, S) = (1 - f) · T · (k0 / k) / η^log2(k / k0)                     compute share
+            + f · T · (r(k) / r(k0')) · B_ref(k0') / B_achieved(S)          collective share
+
+``r(k) = 2 (k - 1) / k`` (ring all-reduce traffic per GPU relative to bus bandwidth, so busbw
+numbers compare across sizes), ``k0' = max(k0, 2)`` (a 1-GPU job's reference collective is that of
+2 GPUs), ``B_ref`` the best idle-cluster bandwidth of a size and ``B_achieved`` the TRUE bandwidth
+of ``S`` under the co-tenants (:class:`~bandpilot.simulation.bandwidth.TrueBandwidth`, as the fixed-gang
+engine); 1 GPU has no collective. At ``k = k0`` this is exactly the fixed-gang engine's rate.
+
+*Epoch boundaries.* Every dispatch interval, the jobs that crossed an epoch boundary since their
+last resize (at most one resize per epoch) and the pending queue go through
+:func:`bandpilot.scheduling.elastic.rebalance` on the live store. A resize costs ``resize_s`` of the
+job's time at its new rate (checkpoint-restart) and is counted in ``resizes``.
+
+Simplifications, stated: the decision is taken at the dispatch tick after the boundary, and the
+job keeps its fractional progress into the epoch (as if it resized in place); learning is
+independent of the size (the seed's micro level keeps time-to-accuracy per epoch comparable).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from bandpilot.dispatch.demand import pressure_factor
+from bandpilot.scheduling.elastic import rebalance
+from bandpilot.simulation.curves import curve_for
+from bandpilot.simulation.engine import SimConfig, SimResult, _Run, _Sim
+from bandpilot.simulation.engine import simulate as _simulate
+from bandpilot.topology.cluster import popcount
+
+#: Compute scaling efficiency per doubling of GPUs when the trace gives none.
+DEFAULT_SCALING = 0.9
+
+
+def _r(k: int) -> float:
+    return 2.0 * (k - 1) / k if k > 1 else 0.0
+
+
+def epoch_time(epoch_s: float, k0: int, k: int, f: float, scaling: float, b_ref0: float, b_achieved: float) -> float:
+    """Seconds per epoch at ``k`` GPUs (module docstring); ``b_ref0`` = ``B_ref(max(k0, 2))``."""
+    comp = (1.0 - f) * epoch_s * (k0 / k) / scaling ** math.log2(k / k0)
+    if k < 2 or b_ref0 <= 0:
+        return comp
+    comm = f * epoch_s * (_r(k) / _r(max(k0, 2))) * b_ref0 / max(b_achieved, 1e-9 * b_ref0)
+    return comp + comm
+
+
+class ElasticSim(_Sim):
+    def __init__(self, jobs, dispatcher, truth, cfg, store, progress) -> None:
+        super().__init__(jobs, dispatcher, truth, cfg, store, progress)
+        self.jobs = {j.id: j for j in self.trace}
+        self.last_resize: dict[str, int] = {}  # job -> epoch of its last resize (or start)
+        self.waiting_resize = False
+
+    def _epochs(self, jid: str) -> int:
+        return self.jobs[jid].epochs or self.cfg.epochs
+
+    def _wants_batch(self) -> bool:
+        if self.pending:
+            return True
+        free = self.spec.n_gpus - int(popcount(self.busy).sum())
+        return free > 0 and any(self._can_grow(r) for r in self.running.values())
+
+    def _can_grow(self, r: _Run) -> bool:
+        j = self.jobs[r.rec.id]
+        return (j.max_k or j.k) > int(popcount(r.mask).sum())
+
+    def _retick(self) -> bool:
+        return self.waiting_resize
+
+    def _batch(self, t: float) -> int:
+        self._flush()
+        at = []
+        self.waiting_resize = False
+        for jid, r in self.running.items():
+            j = self.jobs[jid]
+            if (j.min_k or j.k) == (j.max_k or j.k):
+                continue
+            ep = int(max(0.0, r.progress) * self._epochs(jid) + 1e-9)
+            if ep > self.last_resize.get(jid, 0):
+                at.append(jid)
+            else:
+                self.waiting_resize = True
+        rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
+                        demand=self.cfg.demand, policy=self.cfg.policy,
+                        epochs={jid: int(max(0.0, self.running[jid].progress) * self._epochs(jid)) for jid in at})
+        self.batches += 1
+        for rz in rep.resized:
+            r = self.running[rz["job"]]
+            self.busy &= ~r.mask
+            gpus = [g for g in r.rec.gpus.split(",") if g not in set(rz["released"])] + rz["added"]
+            r.mask = self.spec.to_mask(gpus)
+            self.busy |= r.mask
+            r.rec.gpus = ",".join(gpus)
+            r.rec.n_hosts = int((r.mask != 0).sum())
+            r.rec.resizes += 1
+            r.rec.wasted_gpu_s += self.cfg.resize_s * rz["k"]
+            self.last_resize[r.rec.id] = int(max(0.0, r.progress) * self._epochs(r.rec.id))
+            r.resize_pending = True  # type: ignore[attr-defined]
+        for rid, gpus in rep.admitted.items():
+            rec = self.recs[rid]
+            mask = self.spec.to_mask(gpus)
+            self.busy |= mask
+            rec.start_s, rec.status = t, "running"
+            rec.gpus = ",".join(gpus)
+            rec.n_hosts = int((mask != 0).sum())
+            rec.b_ref = self.truth.reference(max(rec.k, 2))
+            self.running[rid] = _Run(rec, mask, curve_for(rid, self.cfg.seed))
+            self.last_resize[rid] = 0
+            self.pending.discard(rid)
+        if rep.resized:  # the resize cost: resize_s more of the job's time at its new rate
+            self._rates()
+            for r in self.running.values():
+                if getattr(r, "resize_pending", False):
+                    r.progress -= self.cfg.resize_s * r.rate
+                    r.resize_pending = False  # type: ignore[attr-defined]
+        return len(rep.admitted) + len(rep.resized)
+
+    def _rates(self) -> None:
+        if not self.running:
+            return
+        runs = list(self.running.values())
+        masks = np.array([r.mask for r in runs], dtype=np.int64)
+        factors = np.array([pressure_factor(r.rec.comm_fraction, self.cfg.demand) for r in runs])
+        b, solo = self.truth.achieved(masks, factors)
+        for r, bi, si in zip(runs, b, solo):
+            rec, j = r.rec, self.jobs[r.rec.id]
+            k = int(popcount(r.mask).sum())
+            rec.b_standalone = float(si)
+            ref_k = self.truth.reference(k) if k >= 2 else 0.0
+            r.ratio = float(bi) / ref_k if ref_k > 0 else 1.0
+            ep = self._epochs(rec.id)
+            t_ep = epoch_time(rec.compute_s / ep, rec.k, k, rec.comm_fraction, j.scaling or DEFAULT_SCALING,
+                              rec.b_ref, float(bi))
+            r.rate = 1.0 / (ep * t_ep)
+
+
+def simulate(jobs: Any, dispatcher: Any, truth_fabric: Any, config: SimConfig, **kw: Any) -> SimResult:
+    """:func:`bandpilot.simulation.engine.simulate`, with per-epoch quotas when ``config.elastic``."""
+    return _simulate(jobs, dispatcher, truth_fabric, config, runner=ElasticSim if config.elastic else None, **kw)

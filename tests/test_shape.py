@@ -1,0 +1,313 @@
+"""Parallelism shape: parser, validation, volumes; shape-aware placement and its rank map."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bandpilot.dispatch.shape import PRESETS, Shape, parse_traffic
+from bandpilot.errors import PlacementError
+
+
+def test_parse_text_and_mapping_agree():
+    a = Shape.parse("tp=8,pp=4,dp=16,ep=8")
+    b = Shape.parse({"tp": 8, "pp": 4, "dp": 16, "ep": 8})
+    assert a == b and a.k == 512 and str(a) == "tp=8,pp=4,dp=16,ep=8"
+    assert Shape.parse(a.to_dict()) == a
+
+
+def test_traffic_suffixes_and_volumes():
+    s = Shape.parse({"tp": 4, "dp": 2, "traffic": parse_traffic("tp=1GiB,dp=2e9"), "compute_ms": 10})
+    vol, cms = s.volumes()
+    assert vol == {"tp": 2.0**30, "dp": 2e9} and cms == 10.0  # pp=1, ep=1: no traffic on them
+    vol, cms = Shape.parse("tp=8,pp=2,dp=4,model=llama-70b").volumes()
+    assert set(vol) == {"tp", "pp", "dp"} and all(v > 0 for v in vol.values()) and cms > 0
+    # a bigger TP degree moves fewer gradient bytes per GPU on DP
+    assert Shape.parse("tp=8,dp=4").volumes()[0]["dp"] < Shape.parse("tp=2,dp=4").volumes()[0]["dp"]
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ("tp=0,dp=2", "shape.tp must be an integer"),
+    ("tp=3,dp=2,ep=4", "must divide tp*dp=6"),
+    ("tp=2,xx=1", "unknown key 'xx'"),
+    ("tp=2,tp=4", "tp given twice"),
+    ("tp", "is not KEY=VALUE"),
+    ("", "shape is empty"),
+    ("tp=2,model=gpt-9", "not a preset"),
+    ("tp=2.5", "positive integer"),
+    ({"tp": True}, "shape.tp must be an integer"),
+    ({"tp": 2, "traffic": {"zz": 1}}, "unknown axes"),
+    ({"tp": 2, "traffic": {"tp": -1}}, "finite number of bytes"),
+    ({"tp": 2, "compute_ms": float("nan")}, "compute_ms must be"),
+    (7, "must be 'tp=T"),
+])
+def test_bad_shapes_one_line(bad, msg):
+    with pytest.raises(PlacementError) as e:
+        Shape.parse(bad)
+    assert msg in str(e.value) and "\n" not in str(e.value) and e.value.reason == "invalid_request"
+
+
+def test_check_k():
+    with pytest.raises(PlacementError, match="= 8 GPUs, but k=6"):
+        Shape.parse("tp=2,dp=4").check_k(6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="tpde=,0123456789 .x-_kmgiGB", max_size=40))
+def test_parser_fuzz_text(text):
+    try:
+        s = Shape.parse(text)
+    except PlacementError as e:
+        assert "\n" not in str(e)
+        return
+    assert s.k == s.tp * s.pp * s.dp and (s.tp * s.dp) % s.ep == 0
+    assert Shape.parse(str(s)) == s
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["tp", "pp", "dp", "ep", "traffic", "compute_ms", "model", "zz"]),
+                       st.one_of(st.integers(-3, 70000), st.floats(allow_nan=True), st.none(), st.booleans(),
+                                 st.text(max_size=5), st.sampled_from(sorted(PRESETS)),
+                                 st.dictionaries(st.sampled_from(["tp", "dp", "q"]), st.floats(-1, 1e12))),
+                       max_size=6))
+def test_parser_fuzz_mapping(doc):
+    try:
+        s = Shape.parse(doc)
+    except PlacementError as e:
+        assert "\n" not in str(e)
+        return
+    vol, cms = s.volumes()
+    assert cms >= 0 and all(v >= 0 for v in vol.values())
+
+
+# ---- placement -------------------------------------------------------------------------------
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bandpilot.dispatch.contention import ContentionPredictor  # noqa: E402
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.dispatch.search.shape import from_ranks, group_ranks, score  # noqa: E402
+from bandpilot.dispatch.state import State  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
+
+H100 = make_fabric(load_cluster("params/clusters/h100.yaml"))
+NVL = make_fabric(load_cluster("params/clusters/nvl72x16.yaml"))
+
+
+def _state(fab, free_per_host: dict[int, int], jobs=()):
+    spec = fab.spec
+    free = [f"{spec.hosts[h].name}:{i}" for h, n in free_per_host.items() for i in range(n)]
+    return State.from_dict(spec, {"free": free, "jobs": list(jobs)})
+
+
+def test_group_ranks_megatron_order():
+    g = group_ranks(Shape.parse("tp=2,pp=2,dp=2,ep=4"))
+    assert g["tp"].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert g["dp"].tolist() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert g["pp"].tolist() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert g["ep"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_tp_groups_stay_in_a_host_where_blind_splits_them():
+    st_ = _state(H100, {0: 6, 1: 6, 2: 4, 3: 8})
+    disp = Dispatcher(H100)
+    shaped = disp.select(16, st_, shape="tp=4,dp=4")
+    blind = disp.select(16, st_, "blind", shape="tp=4,dp=4")
+    hosts = lambda ranks: [g.rpartition(":")[0] for g in ranks]  # noqa: E731
+    for sel in (shaped, blind):
+        assert len(sel.ranks) == 16 and len(set(sel.ranks)) == 16 and set(sel.ranks) == set(sel.gpus)
+        assert set(sel.placement["axis_gbps"]) == {"tp", "dp"}
+    h = hosts(shaped.ranks)
+    assert all(len(set(h[i:i + 4])) == 1 for i in range(0, 16, 4))  # every TP group inside one host
+    hb = hosts(blind.ranks)
+    assert any(len(set(hb[i:i + 4])) > 1 for i in range(0, 16, 4))  # GPU-id order slices through one
+    assert shaped.placement["step_ms"] < blind.placement["step_ms"]
+    assert shaped.placement["axis_gbps"]["tp"] > blind.placement["axis_gbps"]["tp"]
+    d = shaped.to_dict()
+    assert d["ranks"] == shaped.ranks and d["shape"] == {"tp": 4, "pp": 1, "dp": 4, "ep": 1}
+
+
+def test_siblings_and_tenants_contend():
+    """Four DP groups sharing two hosts' NICs each get less than one alone; a cross-host tenant on
+    those hosts lowers it further."""
+    spec = H100.spec
+    shp = Shape.parse("tp=4,dp=2")
+    ranks = [f"h100-{h}:{i}" for h in (0, 1) for i in range(4)]
+    alone = H100.predict_masks(spec.to_mask(["h100-0:0", "h100-1:0"])[None, :])[0]
+    idle = from_ranks(spec, ranks)
+    score(ContentionPredictor(H100, State.idle(spec)), shp, [idle])
+    assert idle.axis_gbps["dp"] < alone
+    busy_state = State.from_dict(spec, {"free": [g for g in spec.gpu_ids if g.endswith((":0", ":1", ":2", ":3"))],
+                                        "jobs": [{"id": "t", "gpus": ["h100-0:7", "h100-1:7"], "demand_gbps": 50.0}]})
+    busy = from_ranks(spec, ranks)
+    score(ContentionPredictor(H100, busy_state), shp, [busy])
+    assert busy.axis_gbps["dp"] < idle.axis_gbps["dp"] and busy.step_ms > idle.step_ms
+    assert busy.axis_gbps["tp"] == idle.axis_gbps["tp"]  # in-host TP traffic is never contended
+
+
+def test_nvl_tp_inside_domain_and_pp_neighbours():
+    disp = Dispatcher(NVL)
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(0, 18 * 3):  # three domains 3/4 busy: TP=8 still fits most domains
+        free[h] = 1
+    st_ = _state(NVL, free)
+    sel = disp.select(128, st_, shape="tp=8,pp=4,dp=4")
+    dom = {h.name: h.domain for h in NVL.spec.hosts}
+    doms = [dom[g.rpartition(":")[0]] for g in sel.ranks]
+    assert all(len(set(doms[i:i + 8])) == 1 for i in range(0, 128, 8))
+    for alg in ("blind", "segment", "bandpilot"):
+        other = disp.select(128, st_, alg, shape="tp=8,pp=4,dp=4")
+        assert other.placement["step_ms"] >= sel.placement["step_ms"] * 0.999, alg
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"k": 6, "shape": "tp=2,dp=4"}, "but k=6"),
+    ({"k": 8, "shape": "tp=2,dp=4", "algorithm": "eha"}, "does not take a shape"),
+    ({"k": 8, "shape": "tp=2,dp=4,ep=3"}, "must divide"),
+    ({"k": 64, "shape": "tp=8,dp=8"}, "only"),
+])
+def test_shape_select_errors(kw, msg):
+    st_ = _state(H100, {0: 8, 1: 8, 2: 8, 3: 4})
+    k = kw.pop("k")
+    with pytest.raises(PlacementError) as e:
+        Dispatcher(H100).select(k, st_, **kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_select_shape(tmp_path, capsys):
+    from bandpilot.cli.main import main
+
+    p = tmp_path / "state.json"
+    p.write_text(json.dumps(_state(H100, {0: 6, 1: 6, 2: 4, 3: 8}).to_dict()))
+    base = ["select", "16", "--cluster", "params/clusters/h100.yaml", "--state", str(p)]
+    assert main(base + ["--shape", "tp=4,dp=4", "--traffic", "tp=1GiB,dp=512MiB", "--compute-ms", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["ranks"]) == 16 and out["compute_ms"] == 5.0 and out["shape"]["traffic"]["tp"] == 2.0**30
+    assert out["step_ms"] == pytest.approx(5 + sum(out["comm_ms"].values()), rel=1e-6)
+    assert main(base + ["--shape", "tp=4,dp=4", "-a", "segment"]) == 0
+    assert "step" in capsys.readouterr().out
+    assert main(base + ["--shape", "tp=4,dp=5"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "but k=16" in err
+    assert main(base + ["--traffic", "tp=1"]) == 2
+    assert "need --shape" in capsys.readouterr().err
+
+
+# ---- launcher formats carry the rank map -----------------------------------------------------
+def _assignment(sel):
+    hosts: dict[str, list[int]] = {}
+    for g in sel.ranks:
+        h, _, i = g.rpartition(":")
+        hosts.setdefault(h, []).append(int(i))
+    return {"id": "j1", "gpus": sel.gpus, "ranks": sel.ranks, "hosts": hosts}
+
+
+def test_launch_formats_follow_rank_map():
+    from bandpilot.queue.launch import FORMATS, render
+
+    sel = Dispatcher(H100).select(16, _state(H100, {0: 6, 1: 6, 2: 4, 3: 8}), shape="tp=4,dp=4")
+    a = _assignment(sel)
+    nodes = list(a["hosts"])
+    assert nodes[0] == sel.ranks[0].rpartition(":")[0]
+    hf = render(a, "hostfile").split("\n")
+    assert hf == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
+    # expanding the hostfile in order (mpirun --map-by slot) gives every rank its node
+    assert [h for h, v in a["hosts"].items() for _ in v] == [g.rpartition(":")[0] for g in sel.ranks]
+    env = render(a, "env")
+    assert f"MASTER_ADDR={nodes[0]}" in env and f"BANDPILOT_RANKS={','.join(sel.ranks)}" in env
+    tr = render(a, "torchrun").split("\n")
+    assert "WARNING" not in "\n".join(tr)
+    for n, h in enumerate(nodes):
+        line = next(x for x in tr if x.startswith(f"{h}:"))
+        dev = ",".join(str(i) for i in a["hosts"][h])
+        assert f"--node-rank={n}" in line and f"CUDA_VISIBLE_DEVICES={dev}" in line and f"--master-addr={nodes[0]}" in line
+    sl = render(a, "slurm")
+    body = sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n")
+    assert body == [g.rpartition(":")[0] for g in sel.ranks] and "--distribution=arbitrary" in sl
+    k8s = json.loads(render(a, "k8s"))["metadata"]["annotations"]
+    assert k8s["bandpilot.io/ranks"] == ",".join(sel.ranks) and k8s[f"bandpilot.io/node-rank.{nodes[1]}"] == "1"
+    assert json.loads(render(a, "json"))["ranks"] == sel.ranks
+    assert set(FORMATS) >= {"json", "slurm", "hostfile", "env", "torchrun", "k8s"}
+
+
+def test_launch_torchrun_warns_on_interleaved_ranks():
+    from bandpilot.queue.launch import render
+
+    ranks = ["h100-0:0", "h100-1:0", "h100-0:1", "h100-1:1"]
+    a = {"id": "j", "gpus": sorted(ranks), "ranks": ranks, "hosts": {"h100-0": [0, 1], "h100-1": [0, 1]}}
+    assert "WARNING" in render(a, "torchrun")
+    sl = render(a, "slurm")
+    assert sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n") == ["h100-0", "h100-1", "h100-0", "h100-1"]
+
+
+# ---- queue: shape in the request, rank map in the assignment (schema v8) ----------------------
+def test_queue_shape_request_to_launch(tmp_path):
+    from bandpilot import queue as q
+    from bandpilot import scheduling as sched
+    from bandpilot.errors import RequestError
+    from bandpilot.queue.launch import render
+
+    store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    store.init_cluster(H100.spec)
+    q.submit(store, [{"id": "blocker", "k": 6, "tenant": "t", "constraints": {"single_host": True}}])
+    sched.run_batch(store, Dispatcher(H100))
+    q.submit(store, [{"id": "mp", "k": 16, "tenant": "t", "shape": {"tp": 4, "pp": 2, "dp": 2}},
+                     {"id": "plain", "k": 2, "tenant": "t"}])
+    sched.run_batch(store, Dispatcher(H100))
+    a = q.assignment(store, "mp")
+    assert a["shape"]["tp"] == 4 and len(a["ranks"]) == 16 and set(a["ranks"]) == set(a["gpus"])
+    assert set(a["axis_gbps"]) == {"tp", "pp", "dp"} and a["step_ms"] > 0
+    hosts = [g.rpartition(":")[0] for g in a["ranks"]]
+    assert all(len(set(hosts[i:i + 4])) == 1 for i in range(0, 16, 4))
+    assert render(a, "hostfile").split("\n") == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
+    assert q.assignment(store, "plain")["ranks"] == q.assignment(store, "plain")["gpus"]
+    for bad, msg in (({"tp": 4, "dp": 2}, "but k=16"), ("tp=4,zz=1", "unknown key"), ({"tp": "x"}, "must be an integer")):
+        with pytest.raises(RequestError) as e:
+            q.submit(store, [{"id": "bad", "k": 16, "tenant": "t", "shape": bad}])
+        assert msg in str(e.value) and "'bad'" in str(e.value) and "\n" not in str(e.value)
+    store.close()
+
+
+def test_store_migration_8_adds_shape_columns(tmp_path):
+    import sqlalchemy as sa
+
+    from bandpilot import queue as q
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    s = q.Store(url)
+    s.init_cluster(H100.spec)
+    s.close()
+    eng = sa.create_engine(url)
+    with eng.begin() as conn:  # roll the store back to v7: no shape / rank-map columns
+        conn.exec_driver_sql("ALTER TABLE bp_requests DROP COLUMN shape")
+        conn.exec_driver_sql("ALTER TABLE bp_assignments DROP COLUMN ranks")
+        conn.exec_driver_sql("ALTER TABLE bp_assignments DROP COLUMN placement")
+        conn.exec_driver_sql("DELETE FROM bp_schema WHERE version = 8")
+    eng.dispose()
+    again = q.Store(url)
+    assert again.migrate() == q.schema_version() >= 8  # later migrations ride along
+    with again.read() as conn:
+        cols = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+        acols = {c["name"] for c in sa.inspect(conn).get_columns("bp_assignments")}
+    assert "shape" in cols and {"ranks", "placement"} <= acols
+    q.submit(again, [{"id": "mp", "k": 8, "tenant": "t", "shape": "tp=8"}])
+    again.close()
+
+
+def test_shape_with_single_host_and_single_domain():
+    disp = Dispatcher(H100)
+    st_ = _state(H100, {0: 6, 1: 8, 2: 4, 3: 8})
+    sel = disp.select(8, st_, shape="tp=4,dp=2", constraints={"single_host": True})
+    assert len({g.rpartition(":")[0] for g in sel.ranks}) == 1
+    with pytest.raises(PlacementError, match="segment does not combine"):
+        disp.select(8, st_, shape="tp=4,dp=2", constraints={"segment": 4})
+    nvl = Dispatcher(NVL)
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(18):
+        free[h] = 2  # domain 0 half busy
+    sel = nvl.select(64, _state(NVL, free), shape="tp=4,pp=2,dp=8", constraints={"single_domain": True})
+    dom = {h.name: h.domain for h in NVL.spec.hosts}
+    assert len({dom[g.rpartition(":")[0]] for g in sel.ranks}) == 1
