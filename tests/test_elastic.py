@@ -354,17 +354,11 @@ def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
 
 
 def _resize_child(url: str, gpus: list[str], marker: str) -> None:
-    from types import SimpleNamespace
-
-    from bandpilot.queue import generations as g
-
-    def marked(x: float) -> None:  # inside the transaction, the old GPUs freed, the new ones not yet taken
+    def marked() -> None:  # inside the transaction, the old GPUs freed, the new ones not yet taken
         Path(marker).write_text("in")
-        time.sleep(x)
+        time.sleep(60)
 
-    g.time = SimpleNamespace(sleep=marked)
-    os.environ["BANDPILOT_TEST_RESIZE_SLEEP"] = "60"
-    resize(q.Store(url), Resize("e1", tuple(gpus)))
+    resize(q.Store(url), Resize("e1", tuple(gpus)), between=marked)
 
 
 def test_kill_9_mid_resize_leaves_the_old_generation(tmp_path):
