@@ -95,6 +95,7 @@ def _call(w: World, method: str, path: str, body, token):
     return w.client.request(method, path.format(rid="a-run", tid=tid), json=body, headers=w.h(token))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rid", ["a-run", "a-done", "a-wait"])
 @pytest.mark.parametrize("method, path, body", REQUEST_CALLS)
 def test_a_tenant_never_reads_or_changes_another_tenants_request(world, method, path, body, rid):
@@ -121,6 +122,7 @@ def test_lists_and_views_show_only_the_tenants_own_jobs(world):
     assert "a-run" not in json.dumps(grid) + json.dumps(batches)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, path, body", REQUEST_CALLS + ADMIN_CALLS + TENANT_CALLS)
 @pytest.mark.parametrize("who", ["none", "malformed", "wrong-secret", "deleted-tenant", "basic-scheme"])
 def test_no_valid_token_is_401_and_changes_nothing(world, method, path, body, who):
@@ -135,6 +137,7 @@ def test_no_valid_token_is_401_and_changes_nothing(world, method, path, body, wh
     assert snapshot(world.store) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, path, body", ADMIN_CALLS)
 def test_a_tenant_on_an_admin_call_is_403_and_changes_nothing(world, method, path, body):
     before = snapshot(world.store)
@@ -218,6 +221,7 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     (json.dumps({"k": 2, "id": "a-run"}).encode(), 409, "already exists"),
     (b"x" * 70_000, 413, "request body over 65536 bytes"),
 ])
+@pytest.mark.slow
 def test_bad_submit_bodies_get_a_json_4xx_and_store_nothing(world, body, status, message):
     before = snapshot(world.store)
     r = world.client.post("/v1/requests", content=body, headers={**world.h(world.alice), "content-type": "application/json"})
@@ -264,6 +268,7 @@ def test_fuzzed_submit_bodies_never_crash_the_server(world, body):
         assert snapshot(world.store) == before and r.json()["status"] == r.status_code
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_isolation_and_audit_on_postgresql():
     from test_queue_pg import _pg_url

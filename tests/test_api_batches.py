@@ -64,6 +64,7 @@ def test_api_assigns_submitted_requests_with_the_champion(tmp_path, champion, mo
     store.close()
 
 
+@pytest.mark.slow
 def test_without_a_model_requests_wait_and_the_health_check_says_why(tmp_path, mlflow_uri):
     store = new_store(f"sqlite:///{tmp_path / 'queue.db'}", h100())
     client, auth = _client(store, dispatch_s=0.1)
@@ -79,6 +80,7 @@ def test_without_a_model_requests_wait_and_the_health_check_says_why(tmp_path, m
     assert not Path(mlflow_uri.removeprefix("sqlite:///")).exists()  # looking for a model made no store
 
 
+@pytest.mark.slow
 def test_the_loop_is_off_when_asked(tmp_path, champion):
     store = new_store(f"sqlite:///{tmp_path / 'queue.db'}", h100())
     client, auth = _client(store, dispatch_s=None)

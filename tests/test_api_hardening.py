@@ -95,6 +95,7 @@ def _control_calls(c: str):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("c", CONTROL, ids=["nul", "esc", "del", "newline"])
 def test_control_characters_anywhere_are_a_422_and_change_nothing(world, c):
     before = snapshot(world.store)
@@ -119,6 +120,7 @@ def test_control_characters_anywhere_are_a_422_and_change_nothing(world, c):
     ("/v1/requests", {"k": 1, "utility": 1e308 * 10}),
     ("/v1/requests/a-run/telemetry", {"measured_gbps": 1e300}),
 ])
+@pytest.mark.slow
 def test_integers_and_numbers_are_range_checked_before_the_database(world, path, body):
     before = snapshot(world.store)
     r = world.client.post(path, content=json.dumps(body), headers={**world.h(world.alice), "content-type": "application/json"})
@@ -144,6 +146,7 @@ def test_integers_and_numbers_are_range_checked_before_the_database(world, path,
     ("admin", "/v1/tokens", {"tenant": 5}),
     ("admin", "/v1/cluster/drain", {"target": 5}),
 ])
+@pytest.mark.slow
 def test_types_are_strict(world, who, path, body):
     before = snapshot(world.store)
     tok = world.admin if who == "admin" else world.alice
@@ -152,12 +155,14 @@ def test_types_are_strict(world, who, path, body):
     assert snapshot(world.store) == before
 
 
+@pytest.mark.slow
 def test_floats_still_accept_json_integers(world):
     r = world.client.post("/v1/requests/a-run/telemetry", json={"measured_gbps": 150}, headers=world.h(world.alice))
     assert r.status_code == 200, r.text
 
 
 # -- the existence oracle, and ids a tenant can reach ----------------------------------------------
+@pytest.mark.slow
 def test_another_tenants_id_answers_exactly_like_a_fresh_one(world):
     c, h = world.client, world.h
     taken = c.post("/v1/requests", json={"id": "a-wait", "k": 2}, headers=h(world.bob))
@@ -178,6 +183,7 @@ def test_another_tenants_id_answers_exactly_like_a_fresh_one(world):
     _is_json_error(c.post("/v1/requests", json={"id": "a-wait", "k": 1}, headers=h(world.bob)), 409)
 
 
+@pytest.mark.slow
 def test_ids_with_a_slash_are_refused_at_submit(world):
     before = snapshot(world.store)
     err = _is_json_error(world.client.post("/v1/requests", json={"id": "x/y", "k": 1}, headers=world.h(world.alice)), 422)
@@ -185,6 +191,7 @@ def test_ids_with_a_slash_are_refused_at_submit(world):
     assert snapshot(world.store) == before
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rid=st.text(min_size=1, max_size=40))
 @example(rid="x/y")
@@ -204,6 +211,7 @@ def test_every_id_a_tenant_can_submit_it_can_read_and_cancel(world, rid):
 
 
 # -- limits ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_per_tenant_limits_are_429_with_retry_after_and_admins_are_exempt(world):
     with TestClient(create_app(world.store, sample_s=None, max_pending=3, max_pending_gpus=10)) as c:
         h = world.h
@@ -227,6 +235,7 @@ def test_per_tenant_limits_are_429_with_retry_after_and_admins_are_exempt(world)
         assert n == len(before["bp_requests"]) + 5
 
 
+@pytest.mark.slow
 def test_repeated_bad_tokens_are_slowed_down_per_client_and_memory_is_bounded(world):
     from bandpilot.api.auth import FailedAuth
 
@@ -244,6 +253,7 @@ def test_repeated_bad_tokens_are_slowed_down_per_client_and_memory_is_bounded(wo
     assert len(limiter) <= 100
 
 
+@pytest.mark.slow
 def test_denied_calls_are_coalesced_in_the_audit_log(world):
     with world.store.read() as conn:
         n0 = conn.execute(sa.select(sa.func.count()).select_from(T_AUDIT)).scalar()
@@ -257,6 +267,7 @@ def test_denied_calls_are_coalesced_in_the_audit_log(world):
 
 
 # -- leaks and headers ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_store_url_is_shown_to_admins_only(world):
     mine = world.client.get("/v1/cluster", headers=world.h(world.alice)).json()
     assert "store" not in mine["status"] and world.store.safe_url not in json.dumps(mine)
@@ -264,6 +275,7 @@ def test_the_store_url_is_shown_to_admins_only(world):
     assert ops["status"]["store"] == world.store.safe_url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/", "/v1/whoami", "/v1/requests/nope", "/healthz"])
 def test_security_headers_on_dashboard_and_api(world, path):
     r = world.client.get(path, headers=world.h(world.alice))
@@ -300,6 +312,7 @@ _QUERY = st.dictionaries(st.sampled_from(["status", "tenant", "limit", "actor", 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ep=st.sampled_from(_ENDPOINTS), x=st.text(min_size=1, max_size=30), who=st.sampled_from(["alice", "admin"]),
        body=st.one_of(st.none(), st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5)), query=_QUERY)
+@pytest.mark.slow
 def test_fuzzed_calls_on_every_endpoint_never_get_a_5xx(world, ep, x, who, body, query):
     method, path = ep
     if world.backend != "sqlite" and x and ord(x[0]) % 3:  # PostgreSQL: a third of the examples (speed)

@@ -29,6 +29,7 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     (["train", "--bogus"], "No such option: --bogus"),
     (["select", "abc", "--state", "s.json"], "Invalid value for 'k'"),
 ])
+@pytest.mark.slow
 def test_usage_errors_exit_2_with_clicks_message(tmp_path, args, what):
     r = _run(args, _env(tmp_path), tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
@@ -82,6 +83,7 @@ def test_local_default_only_when_neither_uri_is_set(tmp_path, tiny_dataset):
     assert _models(reg) == ["bandpilot-het4mix"]  # an explicit registry URI wins
 
 
+@pytest.mark.slow
 def test_queue_show_renders_launcher_input(tmp_path, capsys):
     import json as _json
 
@@ -120,6 +122,7 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
         assert err.startswith("error:") and msg in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_no_op_batch_skips_the_model_and_torch(tmp_path):
     from bandpilot import queue as q
     from bandpilot.topology.cluster import load_cluster
@@ -157,6 +160,7 @@ def test_project_home_is_never_just_the_current_directory(tmp_path, monkeypatch)
     assert project_root() == (tmp_path / "xdg" / "bandpilot").resolve()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["queue", "status"], ["queue", "list"], ["queue", "show", "r1"], ["tokens", "list"]])
 def test_queue_views_never_import_torch_or_mlflow(tmp_path, args):
     from bandpilot import queue as q

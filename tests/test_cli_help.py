@@ -38,6 +38,7 @@ def test_every_command_is_walked():
     assert {"select", "queue status", "cluster topology", "dispatch", "verify"} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "bandpilot")
 def test_help_reads_like_click(path, capsys):
     text = _help(path, capsys)
@@ -66,6 +67,7 @@ def test_command_list_keeps_whole_summaries(capsys):
     assert "nightly retrain, frequent dispatch" in flat
 
 
+@pytest.mark.slow
 def test_one_output_option_convention():
     import typer.main
 

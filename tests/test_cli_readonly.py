@@ -54,6 +54,7 @@ def test_a_bad_store_url_hints_at_the_forms(capsys):
     assert "sqlite:///" in err and "postgresql://" in err
 
 
+@pytest.mark.slow
 def test_relative_hint_from_another_directory_creates_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BANDPILOT_", "MLFLOW_"))}
     env.update(BANDPILOT_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1")
@@ -64,6 +65,7 @@ def test_relative_hint_from_another_directory_creates_nothing(tmp_path):
     assert not (tmp_path / ".bandpilot").exists()
 
 
+@pytest.mark.slow
 def test_select_without_a_registry_is_quiet_and_creates_no_mlflow_db(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BANDPILOT_", "MLFLOW_"))}
     env.update(HOME=str(tmp_path / "user"), XDG_DATA_HOME="", OMP_NUM_THREADS="1")

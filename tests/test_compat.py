@@ -53,6 +53,7 @@ def test_public_api_names():
         bandpilot.NoSuchThing  # noqa: B018
 
 
+@pytest.mark.slow
 def test_legacy_model_directory_loads_and_predicts_the_same(legacy):
     from bandpilot import Dispatcher, Surrogate
 
@@ -64,6 +65,7 @@ def test_legacy_model_directory_loads_and_predicts_the_same(legacy):
     assert len(sel.gpus) == 4
 
 
+@pytest.mark.slow
 def test_legacy_pickled_pyfunc_wrapper_still_unpickles_and_serves(legacy):
     import cloudpickle
 
@@ -73,6 +75,7 @@ def test_legacy_pickled_pyfunc_wrapper_still_unpickles_and_serves(legacy):
     np.testing.assert_allclose(model.predict(None, want["allocations"]), want["busbw"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_legacy_queue_store_opens_reports_and_runs(legacy, tmp_path):
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.fabric.emulator import make_fabric

@@ -54,6 +54,7 @@ def test_comma_separated_hosts_everywhere_and_stored_form_round_trips():
 @given(doc=st.dictionaries(st.sampled_from(list(constraint_keys()) + ["bogus"]),
                            st.one_of(st.none(), st.booleans(), st.integers(-3, 9), st.floats(allow_nan=True),
                                      st.text(max_size=12), st.lists(st.text(max_size=8), max_size=3))))
+@pytest.mark.slow
 def test_parse_fuzz_one_line_error_or_round_trip(doc):
     try:
         c = Constraints.parse(doc)

@@ -144,6 +144,7 @@ def test_idle_profile_equals_standalone_on_fabric():
     np.testing.assert_allclose(p.value, fab.bandwidth_masks(masks))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), demand=st.floats(0.1, 400.0))
 def test_contended_never_exceeds_standalone(seed, demand):

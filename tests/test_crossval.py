@@ -66,6 +66,7 @@ def test_holdout_takes_whole_patterns():
 
 
 # ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_prior_fit_to_data_makes_declared_nic_speed_irrelevant(het_ds):
     """The NIC written 4x off: with the prior fit to the data the model predicts what it predicts with
     the right constant; trusting the declared constant (the first release) costs accuracy."""
@@ -80,6 +81,7 @@ def test_prior_fit_to_data_makes_declared_nic_speed_irrelevant(het_ds):
     assert declared.metrics["test_mape"] > base.metrics["test_mape"] + 1.0
 
 
+@pytest.mark.slow
 def test_fit_uses_every_measurement_and_reports_cross_validation(het_ds, tmp_path):
     res = fit(het_ds, {**TINY, "folds": 4}, out_dir=tmp_path / "plots")
     pool = cross_pool(het_ds)
@@ -126,6 +128,7 @@ def test_training_params_are_validated():
             TrainParams.from_dict(bad)
 
 
+@pytest.mark.slow
 def test_cli_train_fits_everything_and_bad_folds_register_nothing(het_ds, tmp_path, mlflow_uri, capsys, monkeypatch):
     import mlflow
 
@@ -194,6 +197,7 @@ def test_physical_measurements_are_sources_when_present(shared_data, tmp_path, m
 
 
 # ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_pattern_memory_corrects_measured_patterns_only_and_survives_save(het_ds, tmp_path):
     from bandpilot.model.memory import MEMORY_FILE
 
@@ -252,6 +256,7 @@ def test_pattern_keys_ignore_host_order_within_a_type_and_gpu_choice(data):
     assert np.allclose(corr[same], 0.25) and np.allclose(corr[~same], 0.0)
 
 
+@pytest.mark.slow
 def test_host_speed_token_ranks_a_uniformly_slow_host_last():
     """An NVSwitch host that is uniformly 30 % slow: its stage 1 sits far above the network, so without a
     per-host speed token the model cannot tell which host of a count pattern to avoid."""

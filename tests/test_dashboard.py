@@ -93,6 +93,7 @@ def _connect(browser, url: str, token: str) -> None:
     browser.execute_script("for (let i = 1; i < 10000; i++) clearInterval(i);")
 
 
+@pytest.mark.slow
 def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -163,6 +164,7 @@ def _chart_is_readable(browser, svg) -> None:
     assert "free GPUs" in legend and "stranded GPUs" in legend and "largest single-host gang" in legend
 
 
+@pytest.mark.slow
 def test_before_a_token_the_page_says_what_to_do_and_has_an_icon(live, browser):
     import urllib.request
 
@@ -183,6 +185,7 @@ def test_before_a_token_the_page_says_what_to_do_and_has_an_icon(live, browser):
     assert not browser.find_element(By.ID, "hint").is_displayed()
 
 
+@pytest.mark.slow
 def test_dashboard_admin_sees_every_job_and_a_bad_token_sees_nothing(live, browser):
     from selenium.webdriver.common.by import By
 

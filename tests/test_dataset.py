@@ -515,6 +515,7 @@ def test_failed_log_ingest_keeps_the_previous_dataset(log_dir):
     n_hosts=st.integers(1, 4),
     n_gpus=st.integers(1, 8),
 )
+@pytest.mark.slow
 def test_mapping_parser_fuzz(raw, n_hosts, n_gpus):
     try:
         masks = parse_mapping(raw, n_hosts, n_gpus, Path("inter.csv"), 7)

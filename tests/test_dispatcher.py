@@ -59,6 +59,7 @@ def check(sel: Selection, k: int, st_: State):
     assert sel.evaluations >= 1 and sel.search_ms >= 0
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_every_algorithm_returns_k_distinct_free_gpus(data):

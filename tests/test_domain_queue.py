@@ -114,6 +114,7 @@ def test_fragmentation_metrics_invariants(masks):
     assert m["stranded_gpus"] + 16 * m["whole_free_domains"] == m["free"]
 
 
+@pytest.mark.slow
 def test_cli_submit_segment_flag_and_bad_segment(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BANDPILOT_HOME": str(tmp_path), "OMP_NUM_THREADS": "1",
            "BANDPILOT_STORE": f"sqlite:///{tmp_path / 'c.db'}"}
@@ -131,6 +132,7 @@ def test_cli_submit_segment_flag_and_bad_segment(tmp_path):
     assert r.returncode == 0 and r.stdout.count("BlockName=") == 16
 
 
+@pytest.mark.slow
 def test_batch_places_gangs_in_one_domain_on_nvl72x16(tmp_path):
     spec = load_cluster(ROOT / "params/clusters/nvl72x16.yaml")
     s = q.Store(f"sqlite:///{tmp_path / 'n.db'}")

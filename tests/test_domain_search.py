@@ -91,6 +91,7 @@ def test_bandpilot_reaches_the_exact_optimum_and_stays_in_one_domain(tiny):
     assert np.mean(gbe) >= 0.99 and min(gbe) >= 0.9
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.integers(0, 2**31), st.integers(1, 200))
 def test_search_never_leaves_the_free_set_and_keeps_domain_sized_gangs_whole(nvl72, seed, k):
@@ -148,6 +149,7 @@ def test_segment_whole_domains_and_single_domain(nvl72):
     assert e.value.reason == "constraint_unmet"
 
 
+@pytest.mark.slow
 def test_single_domain_on_a_rack_labelled_cluster():
     fab = make_fabric(load_cluster(ROOT / "params/clusters/h100-64.yaml"))
     spec = fab.spec
@@ -167,6 +169,7 @@ def test_block_baseline_is_best_fit_then_compact(nvl72):
     assert len(sel.gpus) == 100
 
 
+@pytest.mark.slow
 def test_stage_1_5_domain_patterns_predict_unmeasured_patterns(nvl72):
     """Fit on the plan's in-domain measurements (2 % noise), predict held-out patterns and random
     in-domain allocations; compose with a cross-domain model for the dispatcher."""

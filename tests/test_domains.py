@@ -160,6 +160,7 @@ def _cli(args, tmp_path):
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_cluster_topology_slurm(tmp_path):
     out = tmp_path / "topology.conf"
     r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "slurm", "--output", str(out)], tmp_path)
@@ -249,6 +250,7 @@ def test_emulator_is_hierarchical_over_trays(nvl, parts, shift):
 
 
 # ---- profiling plan -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_domain_plan_three_stages():
     import numpy as np
 
@@ -280,6 +282,7 @@ def test_domain_plan_three_stages():
         plan_domains(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
 
 
+@pytest.mark.slow
 def test_cli_select_with_domain_constraints(tmp_path):
     import json
 

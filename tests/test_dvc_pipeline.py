@@ -99,6 +99,7 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("git", ["leave", "commit"])
 def test_recorded_stages_are_clean_and_only_the_lock_and_metrics_reach_git(tmp_path, git):
     """commit_stages on a stage whose outputs were written outside ``dvc repro`` (as the flow does)."""

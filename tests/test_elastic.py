@@ -303,6 +303,7 @@ def _elastic_jobs(n=14, seed=0):
             for j in seed001_workload(seed)[:n]]
 
 
+@pytest.mark.slow
 def test_elastic_simulation_resizes_and_keeps_invariants(monkeypatch):
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.fabric.emulator import make_fabric
@@ -336,6 +337,7 @@ def test_elastic_simulation_resizes_and_keeps_invariants(monkeypatch):
     assert plain["avg_jct_s"] == pytest.approx(off["avg_jct_s"])
 
 
+@pytest.mark.slow
 def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
     from bandpilot.cli.main import main
     from bandpilot.simulation.trace import write_trace
@@ -354,19 +356,14 @@ def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
 
 
 def _resize_child(url: str, gpus: list[str], marker: str) -> None:
-    from types import SimpleNamespace
-
-    from bandpilot.queue import generations as g
-
-    def marked(x: float) -> None:  # inside the transaction, the old GPUs freed, the new ones not yet taken
+    def marked() -> None:  # inside the transaction, the old GPUs freed, the new ones not yet taken
         Path(marker).write_text("in")
-        time.sleep(x)
+        time.sleep(60)
 
-    g.time = SimpleNamespace(sleep=marked)
-    os.environ["BANDPILOT_TEST_RESIZE_SLEEP"] = "60"
-    resize(q.Store(url), Resize("e1", tuple(gpus)))
+    resize(q.Store(url), Resize("e1", tuple(gpus)), between=marked)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_resize_leaves_the_old_generation(tmp_path):
     s = _running(tmp_path, [{"id": "e1", "k": 4, "min_k": 2, "max_k": 8, "k_step": 2}])
     old = q.assignment(s, "e1")["gpus"]
@@ -446,6 +443,7 @@ def test_api_submits_an_elastic_request_and_shows_its_generation(tmp_path):
         s.close()
 
 
+@pytest.mark.slow
 def test_cli_rebalance_resizes_a_live_store(tmp_path, capsys, monkeypatch):
     from bandpilot.cli import queue as cq
     from bandpilot.cli.main import main
@@ -471,6 +469,7 @@ def test_cli_rebalance_resizes_a_live_store(tmp_path, capsys, monkeypatch):
 @settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["submit", "rebalance", "release", "report"]), st.integers(0, 10_000)),
                 min_size=3, max_size=12))
+@pytest.mark.slow
 def test_fuzz_rebalance_keeps_invariants(tmp_path_factory, ops):
     """Random submits (fixed and elastic), epoch-boundary rounds, releases and entropy reports:
     the store stays consistent and every job stays within its range."""

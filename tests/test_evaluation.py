@@ -102,6 +102,7 @@ def test_truth_for_another_cluster_is_rejected(h100, het):
         resolve_truth(h100.spec, cluster="het4mix")
 
 
+@pytest.mark.slow
 def test_perfect_model_metrics_and_report(h100, tmp_path):
     out = tmp_path / "rep"
     res = evaluate(h100, h100, repeats=2, seed=1, ks=KS, workers=1, out_dir=out)
@@ -145,6 +146,7 @@ def test_perfect_model_metrics_and_report(h100, tmp_path):
     assert meta["scenarios"] == len(KS) * 2 and meta["metrics"]["gbe_heavy"] == pytest.approx(m["gbe_heavy"])
 
 
+@pytest.mark.slow
 def test_replaying_scenarios_reproduces_the_run(het, tmp_path):
     model = Noisy(het)
     a = evaluate(model, het, repeats=2, seed=5, ks=[2, 5, 11, 20], workers=1, out_dir=tmp_path / "a", figures=False)
@@ -164,6 +166,7 @@ def test_replaying_scenarios_reproduces_the_run(het, tmp_path):
         load_scenarios(bad, het.spec)
 
 
+@pytest.mark.slow
 def test_parallel_workers_match_in_process(het):
     model = Noisy(het, sigma=0.2)
     kw = dict(repeats=2, seed=2, ks=[1, 3, 8, 13, 27], profiles="moderate,heavy", figures=False)

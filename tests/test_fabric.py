@@ -280,6 +280,7 @@ def _synthetic_dir(tmp: Path, n_hosts: int = 3, rows=A6000_ROWS, gpu: str = "SYN
     return tmp
 
 
+@pytest.mark.slow
 def test_calibration_recovers_a_synthetic_cluster(tmp_path):
     from bandpilot.fabric.calibration import calibrate
 
@@ -305,6 +306,7 @@ def test_calibration_recovers_a_synthetic_cluster(tmp_path):
     assert spearman(fab.stage1[0][sel], measured[sel]) == pytest.approx(res.table("s0").spearman, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_calibration_detects_staged_pcie(tmp_path):
     """Anti-locality (PXB pairs slower than SYS pairs) is fitted as no GPU peer-to-peer."""
     from bandpilot.fabric.calibration import calibrate
@@ -320,6 +322,7 @@ def test_calibration_detects_staged_pcie(tmp_path):
     assert fit.spearman >= 0.9 and fit.mape <= 5.0, fit  # many near-ties: 0.2 % noise reorders them
 
 
+@pytest.mark.slow
 def test_calibrate_cli_writes_yaml_atomically(tmp_path):
     from bandpilot.cli.main import main
 
@@ -342,6 +345,7 @@ def real_fits():
     return {c: calibrate(MEAS / c) for c in ("h100-16m", "het4mix-16m")}
 
 
+@pytest.mark.slow
 @needs_data
 def test_calibration_targets_on_real_tables(real_fits):
     h100 = real_fits["h100-16m"]

@@ -78,6 +78,7 @@ def _versions(name: str) -> list[str]:
     return sorted(str(v.version) for v in MlflowClient().search_model_versions(f"name='{name}'"))
 
 
+@pytest.mark.slow
 def test_ingest_flow_profiles_tracks_and_resumes(harness, project):
     from flows.ingest import ingest_flow
 
@@ -88,6 +89,7 @@ def test_ingest_flow_profiles_tracks_and_resumes(harness, project):
     assert again["measured"] == 0 and again["dvc_md5"] == first["dvc_md5"]  # no new DVC version
 
 
+@pytest.mark.slow
 def test_ingest_flow_needs_exactly_one_source(harness, project):
     from flows.ingest import ingest_flow
 
@@ -95,6 +97,7 @@ def test_ingest_flow_needs_exactly_one_source(harness, project):
         ingest_flow()
 
 
+@pytest.mark.slow
 def test_retrain_flow_registers_once_and_gates(harness, project):
     from bandpilot.model import registry
     from flows.ingest import ingest_flow
@@ -116,6 +119,7 @@ def test_retrain_flow_registers_once_and_gates(harness, project):
         assert registry.get_alias("bandpilot-tiny", "champion") == "1"
 
 
+@pytest.mark.slow
 def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
     from bandpilot import queue as q
     from flows.pipeline import pipeline_flow, summary_lines
@@ -158,6 +162,7 @@ def test_pipeline_flow_end_to_end_and_dispatch(harness, project):
     assert _versions("bandpilot-tiny") == ["1"]
 
 
+@pytest.mark.slow
 def test_dispatch_flow_without_champion_assigns_nothing(harness, project):
     from bandpilot import queue as q
     from bandpilot.topology.cluster import load_cluster
@@ -195,6 +200,7 @@ def test_deployments_declare_schedules(project):
     assert deps["retrain-tiny"].parameters["data_dir"].endswith("data/tiny")
 
 
+@pytest.mark.slow
 def test_evaluate_flow_same_on_threads_and_dask(harness, project):
     """Evaluation chunks as Prefect tasks: the Dask path (prefect-dask LocalCluster) and the
     default thread pool give the same merged result."""
@@ -219,6 +225,7 @@ def test_evaluate_flow_same_on_threads_and_dask(harness, project):
     assert (project / "reports" / "dask" / "report.md").is_file()
 
 
+@pytest.mark.slow
 def test_flows_cli_pipeline_help():
     out = subprocess.run([sys.executable, "-m", "bandpilot", "pipeline", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "profile" in out.stdout
@@ -232,6 +239,7 @@ def test_summary_has_where_to_look():
     assert json.dumps(lines)
 
 
+@pytest.mark.slow
 def test_verify_flow_gates_a_fault_relearns_and_clears_after_repair(harness, project):
     """The verify loop: a slow host in the world (faults: in the spec) is found, drained, re-measured
     as a new dataset version and retrained; after the repair a re-verify returns the hardware."""
@@ -260,6 +268,7 @@ def test_verify_flow_gates_a_fault_relearns_and_clears_after_repair(harness, pro
     assert sum(g.startswith("t-1:") for g in q.export_state(store)["free"]) == 4
 
 
+@pytest.mark.slow
 def test_simulate_sweep_flow_matches_the_thread_pool(harness, tmp_path):
     """The sweep's cells as Prefect tasks give the same comparison as `bandpilot simulate --sweep`."""
     from bandpilot.simulation.sweep import load_sweep, run_sweep

@@ -72,6 +72,7 @@ def test_spec_faults_make_a_faulty_fabric():
 
 @given(st.sampled_from(KINDS), st.integers(0, 10_000), st.lists(st.lists(st.integers(0, 255), min_size=4, max_size=4),
                                                              min_size=1, max_size=30))
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 def test_faults_only_lower_what_they_touch(kind, seed, rows):
     spec = load_cluster(H100)
@@ -105,6 +106,7 @@ def test_probe_plan_is_small_and_complete(h100):
     assert {h for p in sub for h in p.measurement.hosts} == {"h100-1", "h100-2"}
 
 
+@pytest.mark.slow
 @given(st.sampled_from(KINDS), st.integers(0, 10_000))
 @settings(max_examples=80, deadline=None)
 def test_decoder_localizes_every_single_fault_without_noise(kind, seed):
@@ -146,6 +148,7 @@ def _cli(args):
     return main(args)
 
 
+@pytest.mark.slow
 def test_cli_verify_json_exit_codes_and_errors(model_dir, tmp_path, capsys):
     rc = _cli(["verify", "--model", str(model_dir), "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -227,6 +230,7 @@ def test_gate_drains_suspects_undrains_after_a_pass_and_keeps_operator_drains(h1
     assert q.check_invariants(store) == []
 
 
+@pytest.mark.slow
 def test_cli_verify_gate_and_cluster_health(model_dir, tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'q.db'}"
     assert _cli(["cluster", "init", "--cluster", str(H100), "--store", url]) == 0

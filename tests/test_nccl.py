@@ -584,6 +584,7 @@ def _rows(draw: st.DrawFn) -> list:
     in_place=st.booleans(),
     tag_output=st.booleans(),
 )
+@pytest.mark.slow
 def test_round_trip(rows: list, devices: list[NcclDevice], collective: str, in_place: bool, tag_output: bool) -> None:
     text = format_log(rows, devices, collective, in_place=in_place, tag_output=tag_output)
     r = parse(text, "rt.log")
@@ -626,6 +627,7 @@ _FRAGMENTS = [
     ),
     strict=st.booleans(),
 )
+@pytest.mark.slow
 def test_fuzz_only_nccl_parse_errors(text: str, strict: bool) -> None:
     try:
         r = parse(text, "fuzz.log", strict=strict)

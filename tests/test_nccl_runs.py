@@ -135,6 +135,7 @@ _LINES = FIVE_COLLECTIVES.split("\n") + ["1048576 262144 float sum -1 N/A N/A N/
     strict=st.booleans(),
     collective=st.one_of(st.none(), st.sampled_from(["all_reduce", "alltoall_perf", "sendrecv", "bogus", "", " "])),
 )
+@pytest.mark.slow
 def test_fuzz_multi_run_errors_are_one_line(text: str, strict: bool, collective: str | None) -> None:
     for call in (lambda: parse(text, "f.log", strict=strict, collective=collective),
                  lambda: parse_all(text, "f.log", strict=strict)):

@@ -160,6 +160,7 @@ def test_host_link_faults_are_validated(spec8):
     assert f.peer_host in spec8.host_index and f.peer_host != f.host
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.floats(0, 1e4), st.just(float("nan"))), min_size=36, max_size=36), st.booleans())
 def test_fuzz_matrix_analysis_never_raises(vals, zeros):
@@ -186,6 +187,7 @@ def _cli(args):
     return main(args)
 
 
+@pytest.mark.slow
 def test_cli_pairwise_json_out_and_errors(faulty_logs, tmp_path, capsys):
     d, _ = faulty_logs
     assert _cli(["verify", "--pairwise", str(d), "--json", "--out", str(tmp_path / "rep")]) == 3
@@ -206,6 +208,7 @@ def test_cli_pairwise_json_out_and_errors(faulty_logs, tmp_path, capsys):
         assert msg in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 def test_cli_pairwise_gate(faulty_logs, spec8, tmp_path, capsys):
     d, _ = faulty_logs
     spec_file = tmp_path / "c.yaml"
@@ -236,6 +239,7 @@ def _fragments(faulty_logs) -> list[str]:
     return _FRAGS
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_fuzz_sweep_reader_only_data_errors(faulty_logs, tmp_path_factory, data):

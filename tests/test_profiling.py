@@ -190,6 +190,7 @@ def het4mix_profile(het4mix, tmp_path_factory):
     return out, rep, counting, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 def test_profile_het4mix(het4mix, het4mix_profile):
     out, rep, counting, secs = het4mix_profile
     d = out / "data" / "het4mix"
@@ -210,6 +211,7 @@ def test_profile_het4mix(het4mix, het4mix_profile):
     assert secs < 30
 
 
+@pytest.mark.slow
 def test_resume_does_no_work_and_remeasures_a_deleted_log(het4mix, het4mix_profile, tmp_path):
     src, _, _, _ = het4mix_profile
     shutil.copytree(src / "data", tmp_path / "data")
@@ -386,6 +388,7 @@ def _git_repo(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_dvc_tracking_is_idempotent(tiny, tmp_path):
     from bandpilot.data import dvc
@@ -415,6 +418,7 @@ def test_dvc_tracking_is_idempotent(tiny, tmp_path):
     assert _git(repo, "status", "--porcelain").split() == ["M", "data.dvc"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
 def test_scheduled_tracking_leaves_git_alone_or_commits_the_version(tiny, tmp_path):
     from bandpilot.data import dvc

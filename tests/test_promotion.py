@@ -138,6 +138,7 @@ def test_champion_relative_check_allows_only_the_measured_noise():
         PromotionPolicy.from_dict({"noise_z": -1})
 
 
+@pytest.mark.slow
 def test_registry_records_are_portable_and_not_duplicated(reg, het, tmp_path, monkeypatch):
     from flows.retrain import gate_task
 
@@ -161,6 +162,7 @@ def test_registry_records_are_portable_and_not_duplicated(reg, het, tmp_path, mo
     assert not (tmp_path / "reports" / "x").exists()
 
 
+@pytest.mark.slow
 def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het, tmp_path):
     v1 = _register(_surrogate(het))
     dec = promote(f"models:/{NAME}/{v1}", out_dir=tmp_path / "p1", **{**FAST, "figures": True, "algorithms": None})
@@ -209,6 +211,7 @@ def test_first_candidate_becomes_champion_then_worse_one_is_challenger(reg, het,
         promote(f"models:/{NAME}@champion", out_dir=tmp_path / "p4", **FAST)
 
 
+@pytest.mark.slow
 def test_manual_gate_and_approval(reg, het, tmp_path):
     v1 = _register(_surrogate(het))
     dec = promote(f"models:/{NAME}/{v1}", manual=True, out_dir=tmp_path / "m1", **FAST)
@@ -236,6 +239,7 @@ def test_manual_gate_and_approval(reg, het, tmp_path):
         approve(NAME, "42")
 
 
+@pytest.mark.slow
 def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
     import bandpilot.evaluation.runner as ev
 
@@ -285,6 +289,7 @@ def test_bad_input_and_crashes_move_no_alias(reg, het, tmp_path, monkeypatch):
     assert "bandpilot.promotion.passed" not in _version(NAME, v2).tags
 
 
+@pytest.mark.slow
 def test_holdout_mape_check(reg, het, tmp_path):
     from bandpilot.data.dataset import Dataset, frame_from_masks, save_dataset
     from bandpilot.data.planning import plan
@@ -304,6 +309,7 @@ def test_holdout_mape_check(reg, het, tmp_path):
     assert dec.candidate.holdout["rows"] == "cross-host" and dec.candidate.holdout["n"] == len(pl)
 
 
+@pytest.mark.slow
 def test_cli_promote_and_approve(reg, het, tmp_path, capsys):
     from bandpilot.cli.main import main
 

@@ -29,6 +29,7 @@ def _state(fab, rng, n_jobs: int) -> State:
     return State.from_dict(spec, {"free": spec.from_mask(free), "jobs": jobs})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cluster", ["het4mix", "h100"])
 def test_pruned_equals_scoring_everything(cluster):
     fab = make_fabric(load_cluster(f"params/clusters/{cluster}.yaml"))

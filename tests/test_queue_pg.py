@@ -123,11 +123,13 @@ def test_pg_lifecycle_and_policies(store):
     assert_consistent(store)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("commit", ["batch", "request"])
 def test_pg_concurrent_batch_processes(store, pg_url, schema, commit):
     scenario_concurrent(store, _schema_url(pg_url, schema), commit)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("commit", ["batch", "request"])
 def test_pg_kill9_mid_batch(store, pg_url, schema, commit):
     scenario_kill9(store, _schema_url(pg_url, schema), commit)

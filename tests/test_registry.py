@@ -44,6 +44,7 @@ def store(tmp_path, monkeypatch):
     return uri
 
 
+@pytest.mark.slow
 def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
     import mlflow
 
@@ -93,6 +94,7 @@ def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
     assert registry.get_alias(name, "challenger") == "1"
 
 
+@pytest.mark.slow
 def test_unknown_alias_version_model_are_model_errors(store):
     from bandpilot.model import registry
 
@@ -107,6 +109,7 @@ def test_unknown_alias_version_model_are_model_errors(store):
         registry.describe("bandpilot-none", "1", "x")
 
 
+@pytest.mark.slow
 def test_cli_train_and_finetune_register_versions(ds_dir, het, store, tmp_path, capsys):
     import mlflow
 

@@ -68,6 +68,7 @@ def test_partition_counts_match_enumeration():
             assert len({tuple(r) for r in p.tolist()}) == len(p)
 
 
+@pytest.mark.slow
 def test_exact_and_bandpilot_equal_brute_force(small):
     """Exact = max over ALL subsets of the true B(S, τ); Ideal-BP (count-vector search) too."""
     spec = small.spec

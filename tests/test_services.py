@@ -77,6 +77,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_api_stops_within_10_s_and_leaves_the_store_consistent(tmp_path, sig):
     import httpx

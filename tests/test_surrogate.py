@@ -161,6 +161,7 @@ def test_naive_ablation_trains_and_predicts(het):
     assert res.surrogate.kind == "naive"
 
 
+@pytest.mark.slow
 def test_surrogate_import_does_not_load_lightning_or_mlflow():
     code = "import sys, bandpilot.model.surrogate; print('lightning' in sys.modules, 'mlflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

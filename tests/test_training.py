@@ -153,6 +153,7 @@ def test_finetune_reduces_error_on_shifted_data(het, ds):
         finetune(base, h100, TINY)
 
 
+@pytest.mark.slow
 def test_sweep_two_trials_sqlite(ds, tmp_path, mlflow_env):
     import mlflow
 

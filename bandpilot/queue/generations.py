@@ -12,10 +12,8 @@ Generation 0 is the batch's assignment (in ``bp_assignments`` only); generation 
 from __future__ import annotations
 
 import json
-import os
-import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -23,10 +21,6 @@ from bandpilot.errors import RequestError, StateError
 from bandpilot.queue.clock import now
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_GEN, T_GPUS, T_JOBS, T_REQ
 from bandpilot.queue.store import Store
-
-#: Test hook: seconds to sleep between freeing the old GPUs and taking the new ones (``kill -9`` mid-resize).
-SLEEP_ENV = "BANDPILOT_TEST_RESIZE_SLEEP"
-
 
 @dataclass(frozen=True)
 class Resize:
@@ -47,7 +41,8 @@ def current_generations(conn: sa.Connection, ids: Sequence[str]) -> dict[str, in
     return out
 
 
-def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str) -> dict[str, Any]:
+def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str,
+           between: Callable[[], None] | None = None) -> dict[str, Any]:
     new = list(dict.fromkeys(rz.gpus))
     if len(new) != len(rz.gpus) or not new:
         raise RequestError(f"job {rz.job!r}: a resize needs a non-empty list of distinct GPUs")
@@ -72,9 +67,8 @@ def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str) -> dict[str, 
                          .values(state="free", job_id=None, updated_at=ts)).rowcount
         if n != len(gone):
             raise StateError(f"job {rz.job!r}: only {n} of the {len(gone)} GPUs it gives up were its own")
-    pause = float(os.environ.get(SLEEP_ENV, "0") or 0)
-    if pause:
-        time.sleep(pause)
+    if between is not None:
+        between()
     if added:
         n = conn.execute(sa.update(T_GPUS).where(T_GPUS.c.id.in_(added), T_GPUS.c.state == "free")
                          .values(state="busy", job_id=rz.job, updated_at=ts)).rowcount
@@ -95,9 +89,12 @@ def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str) -> dict[str, 
     return {"job": rz.job, "generation": gen, "k": k, "previous_k": len(old), "added": added, "released": gone}
 
 
-def resize(store: Store, resizes: Sequence[Resize] | Resize, *, actor: str = "scheduler") -> list[dict[str, Any]]:
+def resize(store: Store, resizes: Sequence[Resize] | Resize, *, actor: str = "scheduler",
+           between: Callable[[], None] | None = None) -> list[dict[str, Any]]:
     """Apply resizes in ONE transaction, shrinks first (so a grow may take what another job gave
-    up); any failure rolls every one of them back. Returns one summary per resize."""
+    up); any failure rolls every one of them back. Returns one summary per resize. ``between()``
+    runs inside the transaction after a job's old GPUs are freed and before its new ones are taken
+    (the crash tests' window for ``kill -9`` mid-resize)."""
     items = [resizes] if isinstance(resizes, Resize) else list(resizes)
     if not items:
         return []
@@ -106,7 +103,7 @@ def resize(store: Store, resizes: Sequence[Resize] | Resize, *, actor: str = "sc
         olds = {r: len(json.loads(g)) for r, g in conn.execute(
             sa.select(T_ASSIGN.c.request_id, T_ASSIGN.c.gpus).where(T_ASSIGN.c.request_id.in_([r.job for r in items])))}
         items.sort(key=lambda r: len(r.gpus) - olds.get(r.job, 0))  # shrinks first
-        return [_apply(conn, rz, ts, actor) for rz in items]
+        return [_apply(conn, rz, ts, actor, between) for rz in items]
 
 
 def generation_history(store: Store, job: str) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@ algorithm takes a :class:`SearchContext` and returns a :class:`Found`."""
 
 from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext
 from bandpilot.dispatch.search.count_vector import coarse_count_search, count_search, exact
-from bandpilot.dispatch.search.domains import cross_domain_bound, domain_exact, domain_search
+from bandpilot.dispatch.search.domain_exact import cross_domain_bound, domain_exact
+from bandpilot.dispatch.search.domains import domain_search
 from bandpilot.dispatch.search.eha import eha, single_host
 from bandpilot.dispatch.search.hybrid import bandpilot
 from bandpilot.dispatch.search.local import local_search

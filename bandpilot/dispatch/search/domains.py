@@ -1,5 +1,6 @@
 """Where does a gang go on a cluster of multi-node NVLink domains? Hierarchical count-vector search
-(domain -> tray -> GPUs), its exact oracle, and the fragmentation-aware choice among near-ties.
+(domain -> tray -> GPUs) and the fragmentation-aware choice among near-ties (its exact oracle:
+:mod:`bandpilot.dispatch.search.domain_exact`).
 
 The bandwidth model is hierarchical one level further than on plain clusters: inside a domain
 trays talk over the non-blocking NVLink switches, so an in-domain allocation's value depends only
@@ -30,8 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext, host_ids
-from bandpilot.dispatch.search.count_vector import EXACT_LIMIT, exact
+from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -207,7 +207,7 @@ def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols:
     return Found(mask, float(p.value[i]), float(p.standalone[i]), masks.shape[0])
 
 
-def _in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
+def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
     """Candidate masks for the whole gang inside unit ``u``."""
     allowed = units.allowed(u)
     if exact:
@@ -302,7 +302,7 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     return masks, np.array(where), cols
 
 
-def _balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
+def balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
     """Water-filling split of ``k`` (in multiples of ``seg``) over units with capacities ``cap``."""
     c = cap // seg
     q = 0
@@ -330,7 +330,7 @@ def _unit_starts(units: Units, k: int, seg: int, eligible: np.ndarray) -> list[n
         for m in range(m0, min(m0 + 2, order.size) + 1):
             top = order[:m]
             d = np.zeros(units.U, dtype=np.int64)
-            d[top] = _balanced(cap[top], k, seg)
+            d[top] = balanced(cap[top], k, seg)
             if d.sum() == k:
                 out.append(d)
     order = np.lexsort((np.arange(units.U), units.exposed_free, -cap))
@@ -452,55 +452,8 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
         sig = units.signature(int(u), coarse=True)
         if sig not in seen:
             seen.add(sig)
-            got = _best(ctx, units, _in_unit(ctx, units, int(u), coarse=True), tie)
+            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True), tie)
             if got is not None:
                 found.append(got)
     return found
 
-
-def cross_domain_bound(model, spec, k: int) -> float:
-    """Upper bound on the standalone bandwidth of any allocation of ``k`` GPUs spanning several
-    units, for fabrics with the emulator's ``network`` (its scale-out term is maximised, for a given
-    number of units, by a balanced split; the in-domain and stage-1 terms only lower it)."""
-    unit, _ = spec.units
-    U = int(unit.max()) + 1
-    size = np.bincount(unit, weights=spec.gpus_per_host, minlength=U).astype(np.int64)
-    best = 0.0
-    for m in range(2, min(U, k) + 1):
-        share = _balanced(np.sort(size)[::-1][:m], k, 1)
-        if share.sum() != k:
-            continue
-        top = np.argsort(-size, kind="stable")[:m]
-        counts = np.zeros(spec.n_hosts, dtype=np.int64)
-        for u, t in zip(top, share):
-            for h in np.flatnonzero(unit == u):
-                c = min(int(spec.gpus_per_host[h]), int(t))
-                counts[h] = c
-                t -= c
-        best = max(best, float(model.network(counts[None, :])[0]))
-    return best
-
-
-def domain_exact(ctx: SearchContext) -> Found:
-    """True optimum over count vectors for a gang that fits a unit: every unit that can hold it,
-    every in-unit count vector with the Pareto subsets of exposed trays, certified against the
-    cross-unit bound (or, on small clusters, every count vector of the cluster: :func:`exact`).
-    Raises :class:`IntractableError` when it can neither enumerate nor certify."""
-    units = Units(ctx)
-    fits = np.flatnonzero(units.free >= ctx.k)
-    why = f"k={ctx.k} exceeds every domain's free GPUs"
-    if fits.size:
-        total = sum(ctx.count_vectors(units.allowed(int(u)), coarse=True) for u in fits)
-        why = f"{total:.3g} in-domain count vectors for k={ctx.k}"
-        if total <= EXACT_LIMIT and hasattr(ctx.model, "network"):
-            # in-unit values are standalone (nothing contends inside a unit): coarse classes are exact
-            found = [f for f in (ctx.best_of(_in_unit(ctx, units, int(u), exact=True)) for u in fits) if f is not None]
-            best = ctx.pick(found)
-            bound = cross_domain_bound(ctx.model, ctx.spec, ctx.k) if units.U > 1 else -np.inf
-            if bound <= best.value:
-                return best
-            why = f"cross-domain allocations cannot be ruled out for k={ctx.k} ({bound:.1f} > {best.value:.1f} GB/s)"
-    n = ctx.count_vectors(pareto=True)
-    if n <= EXACT_LIMIT and n * ctx.H <= 64 * EXACT_LIMIT:  # small clusters: every count vector
-        return exact(ctx)
-    raise IntractableError(f"exact search is intractable here: {why}, and {n:.3g} count vectors over the cluster")
