@@ -142,6 +142,7 @@ with use_clock(lambda: 5 * 3600.0):
 """
 
 
+@pytest.mark.slow
 def test_kill9_mid_preemption_leaves_the_old_state(store, fab):
     with use_clock(lambda: 0.0):
         _fill(store, fab)
