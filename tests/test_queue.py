@@ -740,6 +740,7 @@ def cli(monkeypatch, tmp_path, spec):
     return SimpleNamespace(run=lambda *a: climain.main([str(x) for x in a]), home=home, loaded=loaded)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(cli, capsys, tmp_path):
     assert cli.run("cluster", "init", "--cluster", H100) == 0
     assert (cli.home / ".bandpilot" / "queue.db").is_file()
@@ -784,6 +785,7 @@ def test_cli_end_to_end(cli, capsys, tmp_path):
     assert "last batch #2" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_errors(cli, capsys, tmp_path):
     assert cli.run("queue", "status") == 2
     assert "cluster init" in capsys.readouterr().err
@@ -825,11 +827,13 @@ def test_non_promoted_model_is_a_clear_error(request):
 # ------------------------------------------------------------------------------------------
 # Crashes and concurrency (subprocesses)
 # ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("commit", ["batch", "request"])
 def test_kill9_mid_batch_then_rerun(store, url, commit):
     scenario_kill9(store, url, commit)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("commit", ["batch", "request"])
 def test_two_concurrent_batch_processes(store, url, commit):
     scenario_concurrent(store, url, commit)

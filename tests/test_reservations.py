@@ -148,6 +148,7 @@ def test_cli_status_shows_the_reservation(store, fab, capsys):
     assert json.loads(capsys.readouterr().out)["reservations"][0]["request_id"] == "B"
 
 
+@pytest.mark.slow
 def test_simulated_easy_backfill_stops_small_jobs_starving_a_gang(fab):
     # a 32-GPU gang arrives behind a stream of 8-GPU jobs that always leaves someone running
     jobs = [TraceJob(f"s{i}", 100.0 * i, 8, "small", 1500.0, 0.2) for i in range(40)]
@@ -192,6 +193,7 @@ def test_api_submits_runtime_fields_and_shows_reservations_per_tenant(store, fab
         assert [x["request_id"] for x in ops] == ["B"]
 
 
+@pytest.mark.slow
 def test_summary_fields_and_sweep_axes_with_the_slurm_baseline(tmp_path, fab):
     from bandpilot.cli.main import main
     from bandpilot.simulation.presets import apply_preset
@@ -272,6 +274,7 @@ with use_clock(lambda: 20.0):
 """
 
 
+@pytest.mark.slow
 def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
     import os
     import signal

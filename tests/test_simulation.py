@@ -89,6 +89,7 @@ def test_trace_header_errors():
         parse_trace(HEADER + "\n")
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(alphabet=st.sampled_from(list("ab,0123456789.-e\n #tinf")), max_size=120))
 def test_trace_fuzz_only_trace_errors(body):
@@ -238,6 +239,7 @@ def test_all_policies_and_algorithms_complete_a_small_trace(fab):
 @given(rows=st.lists(st.tuples(st.floats(0, 600), st.sampled_from([1, 2, 3, 4, 8, 12, 16, 32]), st.floats(30, 4000),
                               st.floats(0, 1)), min_size=1, max_size=12),
        policy=st.sampled_from(["fifo", "priority", "sjf", "utility"]), algorithm=st.sampled_from(["bandpilot", "topo", "random"]))
+@pytest.mark.slow
 def test_simulator_invariants_on_random_traces(fab, rows, policy, algorithm):
     t, jobs = 0.0, []
     for i, (gap, k, c, f) in enumerate(rows):
@@ -275,6 +277,7 @@ def _cli(*args):
     return main([str(a) for a in args])
 
 
+@pytest.mark.slow
 def test_cli_simulate_writes_report_and_mlflow_run(tmp_path, mlflow_uri, capsys):
     trace = write_trace(seed001_workload(1)[:12], tmp_path / "t.csv")
     out = tmp_path / "out"
@@ -356,6 +359,7 @@ def test_cli_queue_report(tmp_path, capsys, spec):
     assert "must be in [0, 1]" in err and "no job 'ghost'" in err
 
 
+@pytest.mark.slow
 def test_sweep_table_and_errors(tmp_path, capsys):
     from bandpilot.simulation.sweep import SweepError, load_sweep
 
