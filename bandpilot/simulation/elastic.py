@@ -30,9 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 
-from bandpilot.dispatch.demand import pressure_factor
 from bandpilot.scheduling.elastic import rebalance
 from bandpilot.simulation.curves import curve_for
 from bandpilot.simulation.engine import SimConfig, SimResult, _Run, _Sim
@@ -128,16 +126,10 @@ class ElasticSim(_Sim):
         return len(rep.admitted) + len(rep.resized)
 
     def _rates(self) -> None:
-        if not self.running:
-            return
-        runs = list(self.running.values())
-        masks = np.array([r.mask for r in runs], dtype=np.int64)
-        factors = np.array([pressure_factor(r.rec.comm_fraction, self.cfg.demand) for r in runs])
-        b, solo = self.truth.achieved(masks, factors)
-        for r, bi, si in zip(runs, b, solo):
+        for r, bi, si in self._achieved():
             rec, j = r.rec, self.jobs[r.rec.id]
             k = int(popcount(r.mask).sum())
-            rec.b_standalone = float(si)
+            rec.b_standalone = si
             ref_k = self.truth.reference(k) if k >= 2 else 0.0
             r.ratio = float(bi) / ref_k if ref_k > 0 else 1.0
             ep = self._epochs(rec.id)

@@ -313,16 +313,21 @@ class _Sim:
             self.done += 1
 
     # -- rates and progress ---------------------------------------------------------------
-    def _rates(self) -> None:
+    def _achieved(self) -> list[tuple[Any, float, float]]:
+        """(running job, bandwidth it gets under its co-tenants, standalone bandwidth) for every
+        running job, co-tenant pressure by the configured demand model: the truth both runners share."""
         if not self.running:
-            return
+            return []
         runs = list(self.running.values())
         masks = np.array([r.mask for r in runs], dtype=np.int64)
         factors = np.array([pressure_factor(r.rec.comm_fraction, self.cfg.demand) for r in runs])
         b, solo = self.truth.achieved(masks, factors)
-        for r, bi, si in zip(runs, b, solo):
+        return [(r, float(bi), float(si)) for r, bi, si in zip(runs, b, solo)]
+
+    def _rates(self) -> None:
+        for r, bi, si in self._achieved():
             rec = r.rec
-            rec.b_standalone = float(si)
+            rec.b_standalone = si
             if rec.k < 2 or rec.b_ref <= 0:
                 r.ratio, slow = 1.0, 1.0
             else:
