@@ -56,3 +56,23 @@ def mlflow_uri(tmp_path, monkeypatch) -> str:
     mlflow.set_registry_uri(uri)
     yield uri
     mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI", uri))
+
+
+@pytest.fixture(scope="module")
+def fab():
+    """The emulated 4 x 8 H100 cluster as a fabric (the queue and simulator tests' truth and model)."""
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.topology.cluster import load_cluster
+
+    return make_fabric(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
+
+
+@pytest.fixture
+def store(tmp_path, fab):
+    """A fresh SQLite queue store holding ``fab``'s cluster (test files with their own ``store`` override it)."""
+    from bandpilot import queue as q
+
+    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    s.init_cluster(fab.spec)
+    yield s
+    s.close()

@@ -12,29 +12,17 @@ import sqlalchemy as sa
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.fabric.emulator import make_fabric
 from bandpilot.queue.clock import now, use_clock
 from bandpilot.queue.schema import T_JOBS
 from bandpilot.scheduling.estimates import Estimates, expected_end
 from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceError, TraceJob, format_trace, parse_trace
-from bandpilot.topology.cluster import load_cluster
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 HEADER = "id,submit_s,k,tenant,compute_s,comm_fraction"
 
 
-@pytest.fixture(scope="module")
-def fab():
-    return make_fabric(load_cluster(H100))
-
-
-@pytest.fixture
-def store(tmp_path, fab):
-    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
-    s.init_cluster(fab.spec)
-    yield s
-    s.close()
+# fab (the emulated 4 x 8 H100) and store (a fresh SQLite queue on it): tests/conftest.py
 
 
 def test_clock_override_is_scoped():

@@ -18,26 +18,14 @@ from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
-from bandpilot.fabric.emulator import make_fabric
 from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_AUDIT, T_ESTIMATES, T_REQ
-from bandpilot.topology.cluster import load_cluster
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 H = 3600.0
 
 
-@pytest.fixture(scope="module")
-def fab():
-    return make_fabric(load_cluster(H100))
-
-
-@pytest.fixture
-def store(tmp_path, fab):
-    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
-    s.init_cluster(fab.spec)
-    yield s
-    s.close()
+# fab (the emulated 4 x 8 H100) and store (a fresh SQLite queue on it): tests/conftest.py
 
 
 def _fill(store, fab, *, preemptible=(True, True, False)):

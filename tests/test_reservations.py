@@ -13,26 +13,14 @@ from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
-from bandpilot.fabric.emulator import make_fabric
 from bandpilot.queue.clock import use_clock
 from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
 from bandpilot.simulation.trace import TraceJob
-from bandpilot.topology.cluster import load_cluster
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 
 
-@pytest.fixture(scope="module")
-def fab():
-    return make_fabric(load_cluster(H100))
-
-
-@pytest.fixture
-def store(tmp_path, fab):
-    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
-    s.init_cluster(fab.spec)
-    yield s
-    s.close()
+# fab (the emulated 4 x 8 H100) and store (a fresh SQLite queue on it): tests/conftest.py
 
 
 class Clock:
