@@ -4,15 +4,11 @@ preemptible jobs that let it start, in one transaction, audited; never a non-pre
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from crash import kill_mid_run
 
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
@@ -136,20 +132,7 @@ def test_kill9_mid_preemption_leaves_the_old_state(store, fab):
         _fill(store, fab)
         q.submit(store, [{"id": f"s{i}", "k": 1, "submitted": 5 + i} for i in range(6)])
     before = _raw(store)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    p = subprocess.Popen([sys.executable, "-c", _RUNNER, store.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
-    try:
-        assert p.stdout.readline().strip() == "START", p.stderr.read()
-        time.sleep(2.0)
-        assert p.poll() is None, "batch finished before it could be killed"
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(10)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.stdout.close()
-        p.stderr.close()
+    kill_mid_run(_RUNNER, store.url, after_s=2.0)
     assert _raw(store) == before  # one transaction: no victim evicted, G still pending
     assert q.check_invariants(store) == []
     with use_clock(lambda: 5 * H):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from crash import kill_mid_run
 
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
@@ -264,32 +265,13 @@ with use_clock(lambda: 20.0):
 
 @pytest.mark.slow
 def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
         sched.run_batch(store, Dispatcher(fab), backfill="easy")  # B reserved, D started
         q.submit(store, [{"id": f"s{i}", "k": 1, "time_limit_s": 100, "submitted": 5 + i} for i in range(6)])
     before = q.status(store)["reservations"]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    p = subprocess.Popen([sys.executable, "-c", _RUNNER, store.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
-    try:
-        assert p.stdout.readline().strip() == "START", p.stderr.read()
-        time.sleep(1.5)
-        assert p.poll() is None, "batch finished before it could be killed"
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(10)
-    finally:
-        if p.poll() is None:
-            p.kill()
-        p.stdout.close()
-        p.stderr.close()
+    kill_mid_run(_RUNNER, store.url, after_s=1.5)
     assert q.status(store)["reservations"] == before  # one transaction: the old plan, whole
     assert q.check_invariants(store) == []
     with use_clock(lambda: 20.0):
