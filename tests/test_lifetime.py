@@ -44,8 +44,9 @@ def test_the_pricings_are_registered_and_an_unknown_one_is_a_one_line_error(fab)
     assert {"now", "lifetime"} <= set(strategies.pricings())
     with pytest.raises(PlacementError, match="unknown pricing 'soon'"):
         Dispatcher(fab, pricing="soon")
-    with pytest.raises(SimulationError, match="unknown pricing"):
-        SimConfig(pricing="soon").check()
+    with pytest.raises(SimulationError, match="unknown placement pricing"):
+        SimConfig(placement_pricing="soon").check()
+    SimConfig(placement_pricing="lifetime").check()  # beside the elastic growth pricing, not instead of it
 
 
 def test_without_an_outlook_lifetime_pricing_is_todays_contention(fab):
