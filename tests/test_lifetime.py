@@ -41,7 +41,7 @@ def state_with(spec, jobs: list[tuple[str, np.ndarray, float]]) -> State:
 
 
 def test_the_pricings_are_registered_and_an_unknown_one_is_a_one_line_error(fab):
-    assert {"now", "lifetime"} <= set(strategies.pricings())
+    assert {"now", "lifetime", "lifetime-queue"} <= set(strategies.pricings())
     with pytest.raises(PlacementError, match="unknown pricing 'soon'"):
         Dispatcher(fab, pricing="soon")
     with pytest.raises(SimulationError, match="unknown placement pricing"):
@@ -109,10 +109,11 @@ def test_among_near_equal_hosts_the_choice_leaves_the_next_gang_a_whole_host(fab
     out = Outlook(remaining={"soon": 600.0, "b": 7200.0, "c": 7200.0}, queue=(("me", 4), ("gang", 8)))
     view = State(spec, st.free, st.jobs, outlook=out.for_run(3600.0, "me"))
     host = lambda sel: {g.rpartition(":")[0] for g in sel.gpus}  # noqa: E731
-    assert host(Dispatcher(fab, pricing="lifetime").select(4, view)) == {spec.hosts[3].name}
-    # without the gang behind it the tightest fit stands
+    assert host(Dispatcher(fab, pricing="lifetime-queue").select(4, view)) == {spec.hosts[3].name}
+    # without the gang behind it, or without the lookahead, the tightest fit stands
     alone = State(spec, st.free, st.jobs, outlook=Outlook(remaining=out.remaining).for_run(3600.0, "me"))
-    assert host(Dispatcher(fab, pricing="lifetime").select(4, alone)) == {spec.hosts[0].name}
+    assert host(Dispatcher(fab, pricing="lifetime-queue").select(4, alone)) == {spec.hosts[0].name}
+    assert host(Dispatcher(fab, pricing="lifetime").select(4, view)) == {spec.hosts[0].name}
 
 
 def test_the_outlook_reads_the_store_mix_estimates_and_queue(fab):
