@@ -60,12 +60,12 @@ def _pareto_pruned(ctx: SearchContext, masks: np.ndarray, first: int = 8) -> Fou
     order = np.argsort(-bound, kind="stable")
     best, pos, step = -np.inf, 0, first
     while pos < order.size:
-        cut = best - 1e-9 * max(1.0, abs(best))
+        cut = best - ctx.tie_margin * max(1.0, abs(best))
         if bound[order[pos]] < cut:
             break
         gs = order[pos : pos + step]
         rows = np.flatnonzero(np.isin(grp, gs[bound[gs] >= cut]))
-        p = ctx.pred.predict_best(masks[rows], known=known[rows])
+        p = ctx.pred.predict_best(masks[rows], known=known[rows], margin=ctx.tie_margin)
         value[rows], solo[rows] = p.value, p.standalone
         best = max(best, float(p.value.max()))
         pos += step
@@ -102,7 +102,9 @@ def coarse_count_search(ctx: SearchContext, limit: int) -> Found | None:
                 lo = mid
             else:
                 hi = mid - 1
-    return ctx.best_of(ctx.enumerate(allowed(lo), coarse=True))
+    # standalone bound first, super allocations only for candidates that can still win (the
+    # same choice: up to 4,096 candidates x their contenders were otherwise all sent to the model)
+    return ctx.best_of(ctx.enumerate(allowed(lo), coarse=True), max_pairs=PRUNE_PAIRS)
 
 
 def exact(ctx: SearchContext) -> Found:
