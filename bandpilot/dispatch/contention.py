@@ -276,6 +276,11 @@ class ContentionPredictor:
         solo = allv[:n]
         return Prediction(self._share(n, solo, cont, ci, allv[n:]), solo)
 
+    def share(self, solo: np.ndarray, cont: np.ndarray, ci: np.ndarray, cap_pairs: np.ndarray) -> np.ndarray:
+        """``B̂(S, τ)`` from standalone values, the contender matrix and the capacities of the
+        ``(candidate, job)`` pairs ``np.nonzero(cont)`` (grows with ``solo`` and every capacity)."""
+        return self._share(solo.shape[0], solo, cont, ci, cap_pairs)
+
     def _share(self, n: int, solo: np.ndarray, cont: np.ndarray, ci: np.ndarray, cap_pairs: np.ndarray) -> np.ndarray:
         cap = np.full(n, np.inf)
         np.minimum.at(cap, ci, cap_pairs)
