@@ -36,6 +36,7 @@ from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
+from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
@@ -359,7 +360,8 @@ class _Batch:
                 self.starter = StartOrWait(self.book)
         if self.preempt == "on":
             # asked first: a plan that starts the gang now beats a reservation for later
-            self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
+            kind = LasPreemptPostFilter if self.policy == "las" else PreemptPostFilter
+            self.preemptor = kind.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
             self.placer.post_filters.insert(0, self.preemptor)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
@@ -369,7 +371,8 @@ class _Batch:
         if self.policy in ESTIMATE_POLICIES:
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, self.policy, expected, now())
+        attained = load_attained(conn) if self.policy == "las" else None
+        queue = order_pending(pending, self.policy, expected, now(), attained)
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
