@@ -24,3 +24,4 @@ POLICY = "hrrn"
 BACKFILL = "easy"
 LOCALITY = 0.5
 PREEMPT = "off"
+START_OR_WAIT = "off"
