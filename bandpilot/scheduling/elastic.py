@@ -144,10 +144,44 @@ def _bits(spec: Any, mask: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
+def _steps(model: Any, mask: np.ndarray, free: np.ndarray, n_left: int) -> list[tuple[int, int]]:
+    """One greedy step's candidates ``(host, bits to add)``: while more GPUs are needed than a host
+    holds, a host's free GPUs as one chunk (a 1,024-GPU cluster offers 1,000 single GPUs per step);
+    then single GPUs, of which a host's free GPUs giving the same stage-1 (in-host) value count
+    once (every GPU of an NVSwitch host is alike)."""
+    per_host = int(popcount(free | mask).max()) if free.size else 0
+    stage1 = getattr(model, "stage1", None)
+    out: list[tuple[int, int]] = []
+    for h in np.flatnonzero(free):
+        m = int(free[h])
+        if n_left > per_host:
+            bits = 0
+            for _ in range(n_left):
+                if not m:
+                    break
+                b = m & -m
+                bits |= b
+                m ^= b
+            out.append((int(h), bits))
+            continue
+        seen = set()
+        while m:
+            b = m & -m
+            m ^= b
+            key = b if stage1 is None else float(stage1[h, int(mask[h]) | b])
+            if key not in seen:
+                seen.add(key)
+                out.append((int(h), b))
+    return out
+
+
 def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np.ndarray, n_add: int) -> np.ndarray:
     mask, free = mask.copy(), free.copy()
-    for _ in range(n_add):
-        cand = _bits(spec, free)
+    left = n_add
+    while left > 0:
+        cand = _steps(pred.model, mask, free, left)
+        if not cand:
+            break
         rows = np.repeat(mask[None, :], len(cand), axis=0)
         for i, (h, b) in enumerate(cand):
             rows[i, h] |= b
@@ -158,6 +192,7 @@ def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np
         h, b = cand[best]
         mask[h] |= b
         free[h] &= ~b
+        left -= bin(b).count("1")
     return mask
 
 
