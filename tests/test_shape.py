@@ -177,6 +177,7 @@ def test_shape_select_errors(kw, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_select_shape(tmp_path, capsys):
     from bandpilot.cli.main import main
 
@@ -311,3 +312,41 @@ def test_shape_with_single_host_and_single_domain():
     sel = nvl.select(64, _state(NVL, free), shape="tp=4,pp=2,dp=8", constraints={"single_domain": True})
     dom = {h.name: h.domain for h in NVL.spec.hosts}
     assert len({dom[g.rpartition(":")[0]] for g in sel.ranks}) == 1
+
+
+# ---- search internals: batched scoring, clean unit splits --------------------------------------
+def test_batched_score_equals_one_at_a_time():
+    """All candidates' groups are planned as one batch; no group may see another candidate's groups
+    as siblings, so scoring them together gives exactly what scoring each alone gives."""
+    import copy
+
+    from bandpilot.dispatch.search.shape import candidates
+
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(0, NVL.spec.n_hosts, 3):
+        free[h] = 1
+    jobs = [{"id": "x", "gpus": [f"{NVL.spec.hosts[h].name}:3" for h in (0, 21, 39)], "demand_gbps": 40.0}]
+    st_ = _state(NVL, free, jobs)
+    pred = ContentionPredictor(NVL, st_)
+    shp = Shape.parse("tp=4,pp=2,dp=8")
+    cands = candidates(NVL.spec, st_.free, shp, pred, {})
+    assert len(cands) >= 3
+    together = [copy.deepcopy(c) for c in cands]
+    score(pred, shp, together)
+    for c, t in zip(cands, together):
+        score(pred, shp, [c])
+        assert c.step_ms == pytest.approx(t.step_ms, rel=1e-12) and c.axis_gbps == pytest.approx(t.axis_gbps, rel=1e-12)
+
+
+def test_clean_hosts_without_the_bandwidth_seed():
+    """A heavy cross-host tenant on hosts 0 and 1: the shape search (default: no bandwidth-only
+    seed) puts the job on the clean hosts 2 and 3, where blind's GPU-id order takes 0 and 1."""
+    jobs = [{"id": "t", "gpus": [f"h100-{h}:{i}" for h in (0, 1) for i in range(4, 8)], "demand_gbps": 400.0}]
+    st_ = _state(H100, {h: 4 for h in range(4)}, jobs)
+    disp = Dispatcher(H100)
+    assert disp.shape_bandwidth_seed is False
+    sel = disp.select(8, st_, shape="tp=4,dp=2")
+    assert {g.rpartition(":")[0] for g in sel.ranks} == {"h100-2", "h100-3"}
+    blind = disp.select(8, st_, "blind", shape="tp=4,dp=2")
+    assert {g.rpartition(":")[0] for g in blind.ranks} == {"h100-0", "h100-1"}
+    assert sel.placement["step_ms"] < blind.placement["step_ms"]
