@@ -350,3 +350,44 @@ def test_clean_hosts_without_the_bandwidth_seed():
     blind = disp.select(8, st_, "blind", shape="tp=4,dp=2")
     assert {g.rpartition(":")[0] for g in blind.ranks} == {"h100-0", "h100-1"}
     assert sel.placement["step_ms"] < blind.placement["step_ms"]
+
+
+def test_placer_merit_is_step_time_for_shapes():
+    from bandpilot.scheduling.placer import merit
+
+    st_ = _state(H100, {0: 6, 1: 6, 2: 4, 3: 8})
+    disp = Dispatcher(H100)
+    shaped, blind = disp.select(16, st_, shape="tp=4,dp=4"), disp.select(16, st_, "blind", shape="tp=4,dp=4")
+    assert merit(shaped) == -shaped.placement["step_ms"] and merit(shaped) > merit(blind)
+    plain = disp.select(4, st_)
+    assert merit(plain) == plain.predicted_gbps > 0
+
+
+@pytest.mark.slow
+def test_queue_submit_shape_flags(tmp_path, capsys):
+    import sqlalchemy as sa
+
+    from bandpilot import queue as q
+    from bandpilot.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(H100.spec)
+    store.close()
+    base = ["queue", "submit", "--store", url]
+    assert main(base + ["--id", "s1", "--shape", "tp=4,pp=2,dp=2", "--traffic", "tp=1GiB", "--compute-ms", "20"]) == 0
+    assert main(base + ["--id", "s2", "-k", "8", "--shape", "tp=4,dp=2"]) == 0
+    capsys.readouterr()
+    for bad, msg in ((["-k", "6", "--shape", "tp=4,dp=2"], "but k=6"), (["--shape", "tp=4,dp=2,xx=1"], "unknown key"),
+                     (["-k", "8", "--traffic", "tp=1GiB"], "need --shape")):
+        assert main(base + bad) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+    store = q.Store(url)
+    with store.read() as conn:
+        rows = {r[0]: (r[1], json.loads(r[2])) for r in conn.execute(sa.select(q.T_REQ.c.id, q.T_REQ.c.k, q.T_REQ.c.shape))}
+    store.close()
+    assert set(rows) == {"s1", "s2"}  # the bad submissions stored nothing
+    k, doc = rows["s1"]
+    assert k == 16 and Shape.parse(doc) == Shape.parse({"tp": 4, "pp": 2, "dp": 2, "traffic": {"tp": 2.0**30}, "compute_ms": 20.0})
+    assert rows["s2"][0] == 8 and Shape.parse(rows["s2"][1]).tp == 4

@@ -41,7 +41,7 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOBS, T_REQ
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.placer import Deferred, Placer, merit
 from bandpilot.scheduling.postfilter import Plan, Unschedulable
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
@@ -163,10 +163,12 @@ class PreemptPostFilter:
         best = self._best(req, u.state, u.hidden, elig)
         if best is None:
             return None
-        cost, gbps, name, victims, sel = best
+        cost, _, name, victims, sel = best
         why = f"waited {waited / 3600:.1f} h" if starving else f"priority {req.priority}"
+        step = (getattr(sel, "placement", None) or {}).get("step_ms")
+        pred = f"{float(sel.predicted_gbps or 0.0):.0f} GB/s" + (f", step {step:.1f} ms" if step is not None else "")
         detail = (f"evict {', '.join(v.id for v in victims)}; admit {req.id} on {name}: "
-                  f"{gbps:.0f} GB/s predicted ({why}; {cost:.2f} GPU-h lost)")
+                  f"{pred} predicted ({why}; {cost:.2f} GPU-h lost)")
         return PreemptPlan(self.name, "preempted", detail, tuple(v.id for v in victims), sel, cost,
                            tuple((v.id, v.remaining_s(self.now)) for v in victims))
 
@@ -228,7 +230,7 @@ class PreemptPostFilter:
             if len(need) < len(victims):
                 victims = need
             cost = sum(v.cost_gpu_h(self.now) for v in victims)
-            return cost, float(sel.predicted_gbps), name, victims, sel
+            return cost, merit(sel), name, victims, sel  # shaped: by step time
         return None
 
 
