@@ -32,6 +32,7 @@ QUIET_ENV = {
 #: API setting stops `api serve` with the variable's name but not every other command.
 _NUMBERS: dict[str, tuple[type, float | None, float]] = {
     "api_threads": (int, 12, 1),  # BANDPILOT_API_THREADS
+    "api_async_db": (int, 1, 0),  # BANDPILOT_API_ASYNC_DB (1: hot calls over asyncpg on PostgreSQL; 0: threads)
     "api_max_pending": (int, 100, 0),  # BANDPILOT_API_MAX_PENDING (pending requests per tenant)
     "api_max_pending_gpus": (int, None, 0),  # BANDPILOT_API_MAX_PENDING_GPUS (their GPUs together; unset: no cap)
     "dispatch_s": (float, 10.0, 0.0),  # BANDPILOT_DISPATCH_S (`api serve`: seconds between batches, 0 = off)
@@ -58,6 +59,10 @@ class Settings:
     @property
     def api_threads(self) -> int:
         return int(self._number("api_threads"))  # type: ignore[arg-type]
+
+    @property
+    def api_async_db(self) -> bool:
+        return bool(self._number("api_async_db"))
 
     @property
     def api_max_pending(self) -> int:

@@ -123,3 +123,15 @@ def test_every_visible_parameter_says_what_it_is():
 
     walk(typer.main.get_command(app), [])
     assert bare == []
+
+
+def test_the_api_command_starts_without_the_other_command_modules():
+    """`bandpilot api` imports only its own command module (start-up time, issue 25); the module in
+    OWN_MODULE really defines the command."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from bandpilot.cli.main import OWN_MODULE, _load_commands, app; _load_commands(['api', '--port', '1']); "
+            "assert [c.name for c in app.registered_commands] == ['api'], app.registered_commands; "
+            "assert 'bandpilot.cli.queue' not in sys.modules and 'bandpilot.scheduling' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -393,18 +393,23 @@ def test_kill_9_mid_resize_leaves_the_old_generation(tmp_path):
 def test_growth_that_slows_the_job_is_refused():
     from bandpilot.dispatch.state import State
     from bandpilot.fabric.emulator import make_fabric
-    from bandpilot.scheduling.elastic import _grow_priced, grow_ratio
+    from bandpilot.scheduling.elastic import _grow_priced, _Round, grow_ratio
+    from bandpilot.scheduling.elastic_pricing import PRICERS
 
     spec = load_cluster(H100)
     fab = make_fabric(spec)
     h0, h1 = spec.hosts[0].name, spec.hosts[1].name
     mine = spec.to_mask([f"{h0}:{i}" for i in range(8)])
-    st_ = State(spec, State.idle(spec).free & ~mine, ())
-    # 8 on one NVSwitch host -> 9 across two hosts (8+1 runs at the 1+1 NIC rate): slower, refused
-    _, _, k = _grow_priced(fab, st_, mine, 8, 9, 1, 0.5)
-    assert k == 8
+    st_ = State.idle(spec)  # the cluster without the job
+
+    def rnd(f, pricing):
+        return _Round(fab, False, "full", {}, {"x": Candidate("x", 8, 1, 16, 1, 1.0, True)}, {"x": f}, PRICERS[pricing], "fit-k")
+
+    for pricing in PRICERS:  # no co-tenants: both pricers agree
+        # 8 on one NVSwitch host -> 9 across two hosts (8+1 runs at the 1+1 NIC rate): slower, refused
+        assert _grow_priced(rnd(0.5, pricing), st_, "x", mine, 8, 9)[2] == 8
     # a compute-bound job (f = 0.05) gains from 8 -> 16 across two hosts
-    grown, value, k = _grow_priced(fab, st_, mine, 8, 16, 1, 0.05)
+    grown, value, k = _grow_priced(rnd(0.05, "welfare"), st_, "x", mine, 8, 16)
     assert k == 16 and value is not None and len(spec.from_mask(grown)) == 16
     assert grow_ratio(0.05, 8, 240.0, 16, value) < 0.98 and grow_ratio(0.5, 8, 240.0, 9, 38.0) > 1
 

@@ -108,6 +108,24 @@ def test_hrrn_orders_short_first_and_ages_long_waiters():
     assert [p.req.id for p in order_pending(pend2, "hrrn", exp, now=20010.0)][0] == "long-old"
 
 
+def test_hrrn_ages_a_very_long_job_as_if_it_were_the_cap_long():
+    from bandpilot.scheduling.policies import HRRN_AGE_CAP_S, Pending, order_pending
+
+    mk = lambda rid, sub: Pending(q.Request(rid, 16, submitted_at=sub), 0, sub)  # noqa: E731
+    day, t = 24 * 3600.0, 30 * 3600.0
+    # a 24 h gang waiting 30 h vs a 1 h job waiting 5 h: uncapped ratios 2.25 vs 6 (the short one
+    # first); with the 24 h capped to 8 h the gang's ratio is 1 + 30/8 = 4.75 < 6 - and at 50 h
+    # waited its 7.25 overtakes the short one's 6, where uncapped (3.08) it would still lose.
+    assert HRRN_AGE_CAP_S == 8 * 3600.0
+    exp = {"gang": day, "short": 3600.0}
+    order = lambda now, sub_short: [p.req.id for p in order_pending([mk("gang", 0.0), mk("short", sub_short)], "hrrn", exp, now=now)]  # noqa: E731
+    assert order(t, t - 5 * 3600.0) == ["short", "gang"]
+    assert order(50 * 3600.0, 45 * 3600.0) == ["gang", "short"]
+    # below the cap nothing changes: plain response ratios
+    exp2 = {"gang": 4 * 3600.0, "short": 3600.0}
+    assert [p.req.id for p in order_pending([mk("gang", 0.0), mk("short", 3.5 * 3600)], "hrrn", exp2, now=4 * 3600.0)] == ["gang", "short"]
+
+
 def test_an_overdue_job_is_expected_to_run_half_its_estimate_more():
     from bandpilot.scheduling.estimates import OVERDUE_SHARE
 

@@ -62,10 +62,8 @@ def test_predict_matches_predict_masks(trained, het):
 
 
 def test_batching_and_padding_do_not_change_predictions(trained, het, monkeypatch):
-    import bandpilot.model.surrogate as surrogate_mod
-
-    monkeypatch.setattr(surrogate_mod, "MEMO_MAX_HOSTS", 0)  # the network itself, not remembered rows
     sur = trained.surrogate
+    monkeypatch.setattr(sur, "memo_enabled", False)  # the network itself, not remembered patterns
     cross = random_cross_masks(het.spec, 200, seed=5)  # > 64 rows: exercises dedupe too
     batch = sur.predict_masks(np.concatenate([cross, cross[:50]]))
     single = np.array([sur.predict_masks(m[None, :])[0] for m in cross[:30]])

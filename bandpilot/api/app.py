@@ -64,7 +64,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
                token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
                model_uri: str | None = None, policy: str = "hrrn", max_pending: int | None = None,
                max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
-               auth_window_s: float = 60.0) -> Any:
+               auth_window_s: float = 60.0, async_db: bool | None = None) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
     valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
     batch that often with ``model_uri`` (default the cluster's champion) and ``policy`` (None: off).
@@ -72,7 +72,10 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     exempt): at most ``max_pending`` pending requests (``$BANDPILOT_API_MAX_PENDING``, default 100)
     asking for at most ``max_pending_gpus`` GPUs together (``$BANDPILOT_API_MAX_PENDING_GPUS``,
     default twice the cluster); over that, 429 with ``Retry-After: retry_after_s``. A client with
-    ``auth_failures`` failed authentications within ``auth_window_s`` is slowed down (429)."""
+    ``auth_failures`` failed authentications within ``auth_window_s`` is slowed down (429).
+    ``async_db``: on PostgreSQL, serve authentication, submit and list over asyncpg on the event
+    loop (:mod:`bandpilot.queue.pgasync`; default ``$BANDPILOT_API_ASYNC_DB``, on); the pool opens
+    with the app's lifespan, so without it those calls take the request threads as on SQLite."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
     batches = BatchLoop(st, dispatch_s, model_uri=model_uri, policy=policy)
@@ -84,6 +87,11 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
         # Request threads: each holds a store connection for one short transaction; more threads than
         # that only fight over the GIL (anyio's default is 40).
         anyio.to_thread.current_default_thread_limiter().total_tokens = threads or settings().api_threads
+        use_async = st.backend == "postgresql" and (settings().api_async_db if async_db is None else async_db)
+        if use_async:
+            from bandpilot.queue.pgasync import PgAsync
+
+            app.state.pg = await PgAsync.open(st)
         sampler.start()
         batches.start()
         try:
@@ -91,6 +99,9 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
         finally:
             batches.close()
             sampler.close()
+            if app.state.pg is not None:
+                await app.state.pg.close()
+                app.state.pg = None
 
     app = FastAPI(
         title="BandPilot", version="0.2", lifespan=lifespan, default_response_class=JSONResponse,
@@ -98,6 +109,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
                     "Authenticate with `Authorization: Bearer <token>` (`bandpilot tokens create --tenant T`).",
     )
     app.state.store = st
+    app.state.pg = None  # the asyncpg path, opened by the lifespan (PostgreSQL only)
     app.state.tokens = TokenCache(token_ttl)
     app.state.batches = batches
     app.state.auth_failures = FailedAuth(limit=auth_failures, window_s=auth_window_s)

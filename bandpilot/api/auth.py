@@ -52,14 +52,17 @@ class TokenCache:
         return hit[0] if hit is not None and hit[1] > time.monotonic() else None
 
     def lookup(self, store: Store, token: str | None) -> Principal | None:
+        hit = self.cached(token)
+        if hit is not None:
+            return hit
+        return self.remember(token, authenticate(store, token))
+
+    def remember(self, token: str | None, p: Principal | None) -> Principal | None:
+        """Record the lookup of ``token`` (a valid one for ``ttl``; an invalid one is forgotten); returns ``p``."""
         if not token or self.ttl <= 0:
-            return authenticate(store, token)
+            return p
         key = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
-        hit = self._hits.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0]
-        p = authenticate(store, token)
         with self._lock:
             if p is None:
                 self._hits.pop(key, None)
@@ -107,7 +110,11 @@ async def principal(request: Request, cred: HTTPAuthorizationCredentials | None 
     cache: TokenCache = request.app.state.tokens
     p = cache.cached(token)
     if p is None:
-        p = await run_in_threadpool(cache.lookup, store_of(request), token)
+        pg = request.app.state.pg  # PostgreSQL: looked up on the event loop (bandpilot.queue.pgasync)
+        if pg is not None:
+            p = cache.remember(token, await pg.authenticate(token))
+        else:
+            p = await run_in_threadpool(cache.lookup, store_of(request), token)
     if p is None:
         failures: FailedAuth = request.app.state.auth_failures
         wait = failures.failed(request.client.host if request.client else "?")

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Optional
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
 
 from bandpilot.api.auth import principal, shown_id, store_of, stored_id
 from bandpilot.api.fastjson import JSONResponse
@@ -79,7 +80,40 @@ RequestId = Path(..., max_length=200, description="The request's id as submitted
 @router.post("", status_code=201, summary="Submit a gang request",
              responses={409: {"description": "The tenant already has a request with this id"},
                         429: {"description": "The tenant is at its pending-request or GPU limit (Retry-After)"}})
-def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
+async def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(principal)) -> JSONResponse:
+    pg = request.app.state.pg
+    if pg is None or p.admin or (body.tenant is not None and body.tenant != p.tenant):
+        return await run_in_threadpool(_submit, body, request, p)
+    # a tenant's own submit on PostgreSQL: the same checks on the event loop (bandpilot.queue.pgasync)
+    rid = body.id or new_request_id()
+    key = _key(p, rid)
+    doc = body.model_dump(exclude_none=True, exclude={"tenant"})
+    doc["id"], doc["tenant"] = key, p.tenant
+    with _refusals():
+        out = await pg.submit(doc, actor=p.actor, own_ids=[key, rid], shown=rid, limits=request.app.state.limits,
+                              detail={"k": body.k, "tenant": p.tenant})
+    return JSONResponse({**out, "id": rid}, status_code=201)
+
+
+def _key(p: Principal, rid: str) -> str:
+    key = stored_id(p, rid)
+    if len(key) > 200:
+        raise HTTPException(422, f"id: at most {199 - len(p.tenant)} characters for tenant {p.tenant!r}")
+    return key
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """A tenant over its limits: 429 with Retry-After; an id it already has: 409."""
+    try:
+        yield
+    except QuotaExceeded as exc:
+        raise HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
+    except DuplicateId as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+def _submit(body: SubmitBody, request: Request, p: Principal) -> JSONResponse:
     store = store_of(request)
     tenant, guard = p.tenant, None
     if body.tenant is not None and body.tenant != p.tenant:
@@ -88,33 +122,30 @@ def submit_request(body: SubmitBody, request: Request, p: Principal = Depends(pr
             raise HTTPException(403, f"tenant {p.tenant!r} cannot submit for tenant {body.tenant!r}")
         tenant = check_tenant(body.tenant)
     rid = body.id or new_request_id()
-    key = stored_id(p, rid)
-    if len(key) > 200:
-        raise HTTPException(422, f"id: at most {199 - len(p.tenant)} characters for tenant {p.tenant!r}")
+    key = _key(p, rid)
     if not p.admin:
         guard = tenant_guard(store, tenant, body.k, [key, rid], rid, request.app.state.limits)
     doc = body.model_dump(exclude_none=True, exclude={"tenant"})
     doc["id"], doc["tenant"] = key, tenant
-    try:
-        with audited(store, p.actor, "submit", key, {"k": body.k, "tenant": tenant}):
-            submit(store, [doc], labels=["body"], guard=guard)
-    except QuotaExceeded as exc:
-        raise HTTPException(429, str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
-    except DuplicateId as exc:
-        raise HTTPException(409, str(exc)) from None
+    with _refusals(), audited(store, p.actor, "submit", key, {"k": body.k, "tenant": tenant}):
+        submit(store, [doc], labels=["body"], guard=guard)
     return JSONResponse(_one(request, p, key), status_code=201)
 
 
 @router.get("", summary="List requests (a tenant's own; all for admins)")
-def list_(request: Request, p: Principal = Depends(principal),
-          status: Optional[str] = Query(None, description=" | ".join(REQUEST_STATUSES)),
-          tenant: Optional[str] = Query(None, description="Admins: only this tenant."),
-          limit: int = Query(500, ge=1, le=10_000)) -> JSONResponse:
+async def list_(request: Request, p: Principal = Depends(principal),
+                status: Optional[str] = Query(None, description=" | ".join(REQUEST_STATUSES)),
+                tenant: Optional[str] = Query(None, description="Admins: only this tenant."),
+                limit: int = Query(500, ge=1, le=10_000)) -> JSONResponse:
     if not p.admin:
         if tenant is not None and tenant != p.tenant:
             raise HTTPException(403, f"tenant {p.tenant!r} cannot list tenant {tenant!r}")
         tenant = p.tenant
-    rows = list_requests(store_of(request), status=status, tenant=tenant, limit=limit)
+    pg = request.app.state.pg
+    if pg is not None:
+        rows = await pg.list(status=status, tenant=tenant, limit=limit)
+    else:
+        rows = await run_in_threadpool(list_requests, store_of(request), status=status, tenant=tenant, limit=limit)
     if not p.admin:
         for r in rows:
             r["id"] = shown_id(p, r["id"])

@@ -271,6 +271,8 @@ def rebalance_cmd(
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy for admissions."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for resized and new jobs: full | comm."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
+    growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (seed 001's: while min_k fits, then every job that fits)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -286,7 +288,7 @@ def rebalance_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
-                    policy=policy)
+                    policy=policy, pricing=growth_pricing, admission=admission)
     doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting}
     if as_json:
         _echo_json(doc)

@@ -35,6 +35,8 @@ def simulate_cmd(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
+    growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
+    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (seed 001's: while its min_k fits, then every job that fits; baseline)."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -64,7 +66,7 @@ def simulate_cmd(
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, locality=locality, elastic=_on_off(elastic, "--elastic"), blind=blind_growth,
-                    resize_s=resize_s, preempt=preempt)
+                    resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:

@@ -82,19 +82,22 @@ def read_intra_table(path: str | Path, n_gpus: int) -> list[TableRow]:
         mask = 0
         for i in idx:
             mask |= 1 << i
-        out.append(
-            TableRow(
-                (mask,),
-                (row.get("OP") or "").strip(),
-                _int(row.get("data_size(B)"), "data_size(B)", path, line),
-                _bandwidth(row.get("Bandwidth(GB/s)"), path, line),
-                line,
-            )
-        )
+        out.append(_table_row((mask,), row, path, line))
     if not out:
         raise DataError(f"{path}: table has a header but no rows")
     return out
 
+
+
+def _table_row(masks: tuple[int, ...], row: dict, path: Path, line: int) -> TableRow:
+    """The columns every table layout shares (op, size, bandwidth), checked the same way."""
+    return TableRow(
+        masks,
+        (row.get("OP") or "").strip(),
+        _int(row.get("data_size(B)"), "data_size(B)", path, line),
+        _bandwidth(row.get("Bandwidth(GB/s)"), path, line),
+        line,
+    )
 
 def parse_mapping(raw: str, n_hosts: int, n_gpus: int, path: Path, line: int) -> tuple[int, ...]:
     """Parse ``GPU_Mapping_Across_Nodes``: ``[[0,1],[0],[],[]]`` or binary ``[[1,1,0,..],[..]]``."""
@@ -139,15 +142,7 @@ def read_inter_table(path: str | Path, n_hosts: int, n_gpus: int) -> list[TableR
         total = _int(row.get("Total_GPU_Count"), "Total_GPU_Count", path, line)
         if total != sum(bin(m).count("1") for m in masks):
             raise DataError(f"{path}:{line}: Total_GPU_Count {total} disagrees with the mapping")
-        out.append(
-            TableRow(
-                masks,
-                (row.get("OP") or "").strip(),
-                _int(row.get("data_size(B)"), "data_size(B)", path, line),
-                _bandwidth(row.get("Bandwidth(GB/s)"), path, line),
-                line,
-            )
-        )
+        out.append(_table_row(masks, row, path, line))
     if not out:
         raise DataError(f"{path}: table has a header but no rows")
     return out

@@ -138,6 +138,10 @@ class HierarchicalNet(nn.Module):
     """
 
     kind = "hierarchical"
+    #: the output does not depend on the order of the host tokens (no positional encoding,
+    #: attention pooling) and sees domain labels only through equality (``same_dom``, ``xdom``):
+    #: the prediction memo may key rows by their canonical pattern (bandpilot.model.canonical)
+    token_symmetric = True
 
     def __init__(self, n_types: int, max_gpus: int, hidden: int = 32, layers: int = 6, heads: int = 4,
                  head_layers: int = 3, dropout: float = 0.0, min_intra: bool = True,
@@ -372,6 +376,7 @@ class HierarchicalEnsemble(nn.Module):
     """
 
     kind = "hierarchical"
+    token_symmetric = True  # every member is (HierarchicalNet.token_symmetric)
 
     def __init__(self, members: int = 3, **cfg: Any) -> None:
         super().__init__()

@@ -21,6 +21,7 @@ from torch import nn
 
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
+from bandpilot.model.canonical import PatternKeys
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.networks import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
@@ -56,10 +57,10 @@ REPLAY_FILE = "replay.npz"
 
 
 # ------------------------------------------------------------------------------------------
-#: Prediction memo (:meth:`Surrogate._predict_model`): clusters up to this many hosts (a row is
-#: its key), at most this many bytes of keys.
+#: Prediction memo (:meth:`Surrogate._predict_model`): at most this many remembered inputs; nets
+#: that are not token-symmetric key rows by their bytes, on clusters up to this many hosts.
+MEMO_ENTRIES = 1 << 20
 MEMO_MAX_HOSTS = 4096
-MEMO_BYTES = 64 * 1024 * 1024
 
 
 class Surrogate:
@@ -86,6 +87,10 @@ class Surrogate:
         self._max_gpus = int(spec.gpus_per_host.max())
         self._full = spec.full_masks
         self.memory: PatternMemory | None = None  # measured-pattern corrections (see bandpilot.model.memory)
+        #: the prediction memo (off: every cross-host row goes through the net - the reference path)
+        self.memo_enabled = True
+        #: rows the net was actually run on since construction (memo misses; informational)
+        self.forward_rows = 0
 
     def __repr__(self) -> str:
         return f"Surrogate({self.kind}, cluster={self.spec.name!r}, uri={self.uri!r}, version={self.model_version!r})"
@@ -146,35 +151,51 @@ class Surrogate:
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
     def _predict_model(self, masks: np.ndarray) -> np.ndarray:
-        """Model output for cross-host rows, remembered per row while the weights, the stage-1
-        tables and the mode stay the same: a scheduler or a simulation asks about the same rows
-        decision after decision (the running set changes one job at a time)."""
-        H = masks.shape[1]
-        if H > MEMO_MAX_HOSTS or masks.shape[0] == 0:
+        """Model output for cross-host rows, remembered while the weights, the stage-1 tables and
+        the mode stay the same: a scheduler or a simulation asks about the same inputs decision
+        after decision. A token-symmetric net (:mod:`~bandpilot.model.canonical`) is asked once
+        per canonical pattern - rows alike up to host order and domain names share one forward
+        row, within a call and across calls; other nets remember exact rows."""
+        if masks.shape[0] == 0 or not self.memo_enabled:
+            return self._predict_uncached(masks)
+        rows = np.ascontiguousarray(masks, dtype=np.int64)
+        keys = self._memo_keys(rows)
+        if keys is None:
             return self._predict_uncached(masks)
         token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
         memo = getattr(self, "_memo", None)
         if memo is None or memo[0] != token:
             memo = self._memo = (token, {})
         table = memo[1]
-        rows = np.ascontiguousarray(masks, dtype=np.int64)
-        keys = [r.tobytes() for r in rows]
-        out = np.empty(rows.shape[0])
+        uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        vals = np.empty(uniq.size)
+        ukeys = uniq.tolist()
         miss = []
-        for i, key in enumerate(keys):
+        for i, key in enumerate(ukeys):
             v = table.get(key)
             if v is None:
                 miss.append(i)
             else:
-                out[i] = v
+                vals[i] = v
         if miss:
-            vals = self._predict_uncached(rows[miss])
-            out[miss] = vals
-            if len(table) + len(miss) > MEMO_BYTES // (8 * H):
+            got = self._predict_uncached(rows[first[miss]])
+            vals[miss] = got
+            if len(table) + len(miss) > MEMO_ENTRIES:
                 table.clear()
-            for i, v in zip(miss, vals.tolist()):
-                table[keys[i]] = v
-        return out
+            for i, v in zip(miss, got.tolist()):
+                table[ukeys[i]] = v
+        return vals[inverse.ravel()]
+
+    def _memo_keys(self, rows: np.ndarray) -> np.ndarray | None:
+        """Memo keys of cross-host rows (canonical patterns, or the rows' bytes), None: no memo."""
+        if self.kind == "hierarchical" and getattr(self.net, "token_symmetric", False):
+            keyer = getattr(self, "_keyer", None)
+            if keyer is None or keyer[0] is not self.stage1:
+                keyer = self._keyer = (self.stage1, PatternKeys(self.stage1, self._hosts, self._max_gpus))
+            return keyer[1].keys(rows)
+        if rows.shape[1] > MEMO_MAX_HOSTS:
+            return None
+        return rows.view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
 
     def _predict_uncached(self, masks: np.ndarray) -> np.ndarray:
         if self.kind == "hierarchical" and masks.shape[0] > 64:
@@ -190,6 +211,7 @@ class Surrogate:
 
     def _forward(self, masks: np.ndarray, chunk: int = 8192) -> np.ndarray:
         out = np.empty(masks.shape[0])
+        self.forward_rows += masks.shape[0]
         with torch.inference_mode(), _threads_for(masks.shape[0]):
             for s in range(0, masks.shape[0], chunk):
                 t = to_torch(self.tokens(masks[s : s + chunk]))

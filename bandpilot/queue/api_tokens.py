@@ -87,14 +87,30 @@ def revoke(store: Store, *, token_id: str | None = None, tenant: str | None = No
     return ids
 
 
+def token_id(token: str | None) -> str | None:
+    """The public id of a well-formed token (None for anything else)."""
+    m = _TOKEN_RE.match(token or "")
+    return None if m is None else m.group(1)
+
+
+def principal_of(row: Any, token: str) -> Principal | None:
+    """The principal of ``token`` given its ``bp_tokens`` row (tenant, admin, secret_sha256,
+    revoked_at; None: no such id); None if revoked or the secret does not match."""
+    if row is None or row["revoked_at"] is not None or not hmac.compare_digest(row["secret_sha256"], _sha(token)):
+        return None
+    return Principal(row["tenant"], bool(row["admin"]), token[3:13])
+
+
+#: The one lookup authentication needs (also run by the API's async PostgreSQL path).
+TOKEN_LOOKUP = sa.select(T_TOKENS.c.tenant, T_TOKENS.c.admin, T_TOKENS.c.secret_sha256,
+                         T_TOKENS.c.revoked_at).where(T_TOKENS.c.id == sa.bindparam("id"))
+
+
 def authenticate(store: Store, token: str | None) -> Principal | None:
     """The principal of a valid, unrevoked token; None for anything else (malformed, unknown, revoked)."""
-    m = _TOKEN_RE.match(token or "")
-    if m is None:
+    tid = token_id(token)
+    if tid is None:
         return None
     with store.read(snapshot=False) as conn:
-        r = conn.execute(sa.select(T_TOKENS.c.tenant, T_TOKENS.c.admin, T_TOKENS.c.secret_sha256, T_TOKENS.c.revoked_at)
-                         .where(T_TOKENS.c.id == m.group(1))).first()
-    if r is None or r.revoked_at is not None or not hmac.compare_digest(r.secret_sha256, _sha(token)):
-        return None
-    return Principal(r.tenant, bool(r.admin), m.group(1))
+        r = conn.execute(TOKEN_LOOKUP, {"id": tid}).mappings().first()
+    return principal_of(r, token)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from bandpilot.queue.store import AUDIT_CONTEXT, Store
 OUTCOMES = ("ok", "denied", "error")
 
 
-def _row(actor: str, action: str, target: str | None, detail: Mapping[str, Any] | str | None) -> dict[str, Any]:
+def audit_row(actor: str, action: str, target: str | None, detail: Mapping[str, Any] | str | None) -> dict[str, Any]:
     text = detail if isinstance(detail, str) or detail is None else json.dumps(detail, sort_keys=True, default=str)
     return {"actor": actor[:200], "action": action[:64], "target": target, "detail": text[:4000] if text else None}
 
@@ -32,7 +32,7 @@ def record(store: Store, actor: str, action: str, target: str | None = None, *, 
         raise ValueError(f"unknown audit outcome {outcome!r}")
     token = AUDIT_CONTEXT.set(None)  # this write is the record itself
     ts = now()
-    row = _row(actor, action, target, {**(detail if isinstance(detail, Mapping) else
+    row = audit_row(actor, action, target, {**(detail if isinstance(detail, Mapping) else
                                           {} if detail is None else {"detail": detail}), "count": 1}
                if coalesce_s else detail)
     try:
@@ -69,7 +69,7 @@ def audited(store: Store, actor: str, action: str, target: str | None = None,
     """Audit the change made inside the block: the first write transaction in it carries the row.
     If the block raises, nothing of the change is stored and an ``error`` row records the attempt;
     a block that wrote nothing records ``ok`` on its own."""
-    entry: dict[str, Any] = {"row": _row(actor, action, target, detail), "written": False}
+    entry: dict[str, Any] = {"row": audit_row(actor, action, target, detail), "written": False}
     token = AUDIT_CONTEXT.set(entry)
     try:
         yield entry

@@ -15,6 +15,7 @@ from bandpilot.queue.clock import now
 from bandpilot.queue.requests import Request, coerce, validate_request
 from bandpilot.queue.schema import T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
+from bandpilot.topology.cluster import ClusterSpec
 
 
 _EXISTING = sa.select(T_REQ.c.id).where(T_REQ.c.id.in_(sa.bindparam("ids", expanding=True)))
@@ -41,6 +42,44 @@ class SubmitError(RequestError):
         super().__init__(f"{more}{self.errors[0]}; nothing submitted{hint}", code=code)
 
 
+def check_requests(requests: Iterable[Request | Mapping[str, Any]], spec: ClusterSpec, *,
+                   labels: Sequence[str] | None = None, errors: Sequence[str] = ()
+                   ) -> tuple[list[Request], list[str], dict[str, str]]:
+    """Validate requests against ``spec`` (:func:`validate_request`) and among themselves (an id
+    given twice): the valid ones, every error (``errors`` first), and each valid id's label."""
+    errs = list(errors)
+    good: list[Request] = []
+    where: dict[str, str] = {}
+    for n, item in enumerate(requests):
+        w = labels[n] if labels is not None else f"request[{n}]"
+        try:
+            req = coerce(item, w)
+            validate_request(req, spec, w)
+        except RequestError as exc:
+            errs.append(str(exc))
+            continue
+        if req.id in where:
+            errs.append(f"{w}: duplicate request id {req.id!r} (also at {where[req.id]})")
+            continue
+        where[req.id] = w
+        good.append(req)
+    return good, errs, where
+
+
+def request_row(r: Request, ts: float) -> dict[str, Any]:
+    """The ``bp_requests`` row of a new pending request submitted at ``ts``."""
+    return {
+        "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
+        "constraints": r.constraints.key if r.constraints.to_dict() else None,
+        "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
+        "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
+        "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
+        "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
+        "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step,
+        "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
+    }
+
+
 def submit(
     store: Store,
     requests: Iterable[Request | Mapping[str, Any]],
@@ -59,23 +98,7 @@ def submit(
     ``guard(conn)`` runs first inside the transaction and may refuse by raising (e.g. a tenant's
     limits, :mod:`bandpilot.queue.quotas`).
     """
-    spec = store.spec
-    errs = list(errors)
-    good: list[Request] = []
-    where: dict[str, str] = {}
-    for n, item in enumerate(requests):
-        w = labels[n] if labels is not None else f"request[{n}]"
-        try:
-            req = coerce(item, w)
-            validate_request(req, spec, w)
-        except RequestError as exc:
-            errs.append(str(exc))
-            continue
-        if req.id in where:
-            errs.append(f"{w}: duplicate request id {req.id!r} (also at {where[req.id]})")
-            continue
-        where[req.id] = w
-        good.append(req)
+    good, errs, where = check_requests(requests, store.spec, labels=labels, errors=errors)
     ts = now()
     with store.write() as conn:
         if guard is not None and good:
@@ -90,19 +113,7 @@ def submit(
             good = [r for r in good if r.id not in existing]
         if errs and not partial:
             raise SubmitError(errs, len(good), "duplicate_id" if first_dup and existing else "invalid_request")
-        rows = [
-            {
-                "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
-                "constraints": r.constraints.key if r.constraints.to_dict() else None,
-                "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
-                "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
-                "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
-                "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
-                "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step,
-                "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
-            }
-            for r in good
-        ]
+        rows = [request_row(r, ts) for r in good]
         if rows:
             try:
                 conn.execute(sa.insert(T_REQ), rows)

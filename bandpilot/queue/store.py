@@ -349,6 +349,11 @@ class Store:
         return self._spec
 
     @property
+    def loaded_spec(self) -> ClusterSpec | None:
+        """The spec if already read (no query); None before the first use of :attr:`spec`."""
+        return self._spec
+
+    @property
     def initialized(self) -> bool:
         with self.read() as conn:
             return conn.execute(sa.select(T_CLUSTER.c.id)).first() is not None

@@ -77,7 +77,7 @@ def status(store: Store) -> dict[str, Any]:
     }
 
 
-def _reservation_doc(r: Any) -> dict[str, Any]:
+def reservation_doc(r: Any) -> dict[str, Any]:
     return {"request_id": r["request_id"], "tenant": r["tenant"], "rank": r["rank"], "start": iso(r["start_at"]), "start_at": r["start_at"],
             "gpus": json.loads(r["gpus"]), "predicted_gbps": r["predicted_gbps"], "mode": r["mode"],
             "computed": iso(r["computed_at"]), "batch_id": r["batch_id"]}
@@ -86,7 +86,7 @@ def _reservation_doc(r: Any) -> dict[str, Any]:
 def reservations_in(conn: sa.Connection) -> list[dict[str, Any]]:
     """The reservations the last batch made (earliest rank first)."""
     q = sa.select(T_RESERVE, T_REQ.c.tenant).join(T_REQ, T_REQ.c.id == T_RESERVE.c.request_id).order_by(T_RESERVE.c.rank)
-    return [_reservation_doc(r) for r in conn.execute(q).mappings()]
+    return [reservation_doc(r) for r in conn.execute(q).mappings()]
 
 
 def describe_reservation(r: dict[str, Any]) -> str:
@@ -110,6 +110,23 @@ def _list_stmt(status: bool, tenant: bool, request_id: bool, limit: bool) -> sa.
     return q
 
 
+def request_doc(r: Any, reservation: dict[str, Any] | None) -> dict[str, Any]:
+    """A request as listed: its row joined with its assignment (``gpus`` ... ``assigned_at`` None
+    when it has none) and the reservation a batch made for it."""
+    return {
+        "id": r["id"], "tenant": r["tenant"], "k": r["k"], "priority": r["priority"], "utility": r["utility"],
+        "constraints": json.loads(r["constraints"]) if r["constraints"] else {},
+        "submitted": iso(r["submitted_at"]), "status": r["status"], "reason": r["reason"],
+        "detail": r["detail"], "attempts": r["attempts"],
+        "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
+        "predicted_gbps": r["predicted_gbps"], "standalone_gbps": r["standalone_gbps"],
+        "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
+        "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
+        "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
+        "checkpoint_every_s": r["checkpoint_every_s"], "reservation": reservation, **elastic_doc(r),
+    }
+
+
 def list_requests(
     store: Store, status: str | None = None, tenant: str | None = None, limit: int | None = None,
     request_id: str | None = None,
@@ -122,22 +139,7 @@ def list_requests(
     with store.read(snapshot=False) as conn:
         reserved = {r["request_id"]: r for r in reservations_in(conn)}
         for r in conn.execute(q, {k: v for k, v in params.items() if v is not None}).mappings():
-            out.append(
-                {
-                    "id": r["id"], "tenant": r["tenant"], "k": r["k"], "priority": r["priority"], "utility": r["utility"],
-                    "constraints": json.loads(r["constraints"]) if r["constraints"] else {},
-                    "submitted": iso(r["submitted_at"]), "status": r["status"], "reason": r["reason"],
-                    "detail": r["detail"], "attempts": r["attempts"],
-                    "gpus": json.loads(r["gpus"]) if r["gpus"] else [],
-                    "predicted_gbps": r["predicted_gbps"], "standalone_gbps": r["standalone_gbps"],
-                    "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
-                    "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
-                    "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
-                    "checkpoint_every_s": r["checkpoint_every_s"],
-                    "reservation": reserved.get(r["id"]) if r["status"] == "pending" else None,
-                    **elastic_doc(r),
-                }
-            )
+            out.append(request_doc(r, reserved.get(r["id"]) if r["status"] == "pending" else None))
         running = [d["id"] for d in out if d["gpus"]]
         gens = current_generations(conn, running) if running else {}
         for d in out:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import sqlalchemy as sa
@@ -42,6 +42,9 @@ from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.scheduling.batch import load_pending, model_version_of, _write_assignment
+from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
+    DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
+from bandpilot.topology.cluster import popcount
 from bandpilot.scheduling.policies import order_pending, utility_prior
 
 
@@ -63,15 +66,44 @@ def _snap(c: Candidate, x: float) -> int:
     return min(c.hi, c.lo + int(math.floor((x - c.lo) / c.step + 1e-9)) * c.step)
 
 
-def elastic_quotas(cands: Sequence[Candidate], n_gpus: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class Admission:
+    """When does a pending request join the quotas? ``need``: the GPUs it claims for admission
+    (running jobs always claim their ``min_k``); ``fill_leftovers``: after the quotas, requests still
+    waiting start on whatever is left free (at the largest size that fits)."""
+
+    name: str
+    need: Callable[[Candidate, int], int]
+    fill_leftovers: bool
+    doc: str
+
+
+#: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
+#: default (best measured, README issue 22): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
+#: once, every one slowly - processor sharing, which on a burst doubles mean JCT against first come,
+#: first served - and crowds the NICs.
+ADMISSIONS = {a.name: a for a in (
+    Admission("fit-k", lambda c, n: max(c.lo, min(c.k, n)), False,
+              "while the requested k of every admitted request fits; quotas then water-fill into the ranges"),
+    Admission("min-k", lambda c, n: c.lo, True,
+              "seed 001's: while min_k fits, then the leftovers (every request that fits runs, small)"),
+)}
+DEFAULT_ADMISSION = "fit-k"
+
+
+def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION) -> dict[str, int]:
     """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
-    most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``."""
+    most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
+    pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits."""
     admitted: list[Candidate] = []
-    used = 0
+    used = need = 0
+    rule = ADMISSIONS[admission]
     for c in sorted(cands, key=lambda c: not c.running):  # running first, then the given order
-        if c.running or used + c.lo <= n_gpus:
+        nk = c.lo if c.running else rule.need(c, n_gpus)
+        if c.running or need + nk <= n_gpus:
             admitted.append(c)
             used += c.lo
+            need += nk
     if not admitted:
         return {}
     if used > n_gpus:
@@ -142,22 +174,15 @@ def _seed_hosts(mask: np.ndarray, free: np.ndarray) -> list[int]:
     return list(dict.fromkeys(own + top))
 
 
-def grow_gpus(model: Any, state: State, mask: np.ndarray, n_add: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
-    """``mask`` plus ``n_add`` free GPUs of ``state`` (which must not hold the job itself), and the
-    grown set's predicted bandwidth under contention (None when blind).
+def grow_rows(model: Any, state: State, mask: np.ndarray, n_add: int) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate grown sets ``mask`` + ``n_add`` free GPUs of ``state`` (which must not hold the
+    job itself) and their predicted bandwidth ``B(S ∪ new)`` under contention.
 
     One GPU at a time is myopic where bandwidth follows the smallest per-host count (2+2 beats
     3+1 on the H100 fabric, but the first step prefers 3): so the candidates are the per-GPU
     greedy growth and, for the job's own hosts and the hosts with the most free GPUs, "as many as
-    possible from that host first, then greedy"; the one with the highest predicted ``B(S ∪ new)`` wins."""
-    mask = mask.copy()
+    possible from that host first, then greedy"."""
     free = state.free & ~mask
-    if blind:
-        for h, b in _bits(state.spec, free)[:n_add]:
-            mask[h] |= b
-        return mask, None
-    if n_add <= 0:
-        return mask, None
     pred = ContentionPredictor(model, state)
     cands = [_greedy_add(pred, state.spec, mask, free, n_add)]
     for h in _seed_hosts(mask, free):
@@ -168,10 +193,24 @@ def grow_gpus(model: Any, state: State, mask: np.ndarray, n_add: int, *, blind: 
             f[hh] &= ~b
         cands.append(_greedy_add(pred, state.spec, m, f, n_add - len(bits)))
     rows = np.unique(np.array(cands), axis=0)
-    p = pred.predict(rows)
+    return rows, pred.predict(rows).value
+
+
+def grow_gpus(model: Any, state: State, mask: np.ndarray, n_add: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
+    """``mask`` plus ``n_add`` free GPUs of ``state`` (which must not hold the job itself), and the
+    grown set's predicted bandwidth under contention (None when blind): of :func:`grow_rows`, the
+    one with the highest predicted ``B(S ∪ new)`` (ties: fewer hosts)."""
+    mask = mask.copy()
+    if blind:
+        for h, b in _bits(state.spec, state.free & ~mask)[:n_add]:
+            mask[h] |= b
+        return mask, None
+    if n_add <= 0:
+        return mask, None
+    rows, value = grow_rows(model, state, mask, n_add)
     n_hosts = (rows != 0).sum(axis=1)
-    best = int(np.lexsort((np.arange(len(rows)), n_hosts, -np.round(p.value, 6)))[0])
-    return rows[best].copy(), float(p.value[best])
+    best = int(np.lexsort((np.arange(len(rows)), n_hosts, -np.round(value, 6)))[0])
+    return rows[best].copy(), float(value[best])
 
 
 def shrink_gpus(model: Any, state: State, mask: np.ndarray, n_remove: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
@@ -214,13 +253,18 @@ class RebalanceReport:
 def rebalance(
     store: Store, dispatcher: Any, *, at_boundary: Iterable[str] | None = None, blind: bool = False,
     algorithm: str = "bandpilot", demand: str = DEFAULT_DEMAND, epochs: dict[str, int] | None = None,
-    policy: str = "utility",
+    policy: str = "utility", pricing: str = DEFAULT_PRICING, admission: str = DEFAULT_ADMISSION,
 ) -> RebalanceReport:
     """One epoch-boundary round: quotas over the running elastic jobs in ``at_boundary`` (all
     running elastic jobs when None) and the pending queue (in ``policy`` order); shrinks, grows and
-    admissions in one transaction. Jobs not at a boundary keep their GPUs."""
+    admissions in one transaction, growths and admission sizes priced by ``pricing``
+    (:data:`~bandpilot.scheduling.elastic_pricing.PRICERS`), pending requests admitted by
+    ``admission`` (:data:`ADMISSIONS`). Jobs not at a boundary keep their GPUs."""
+    if pricing not in PRICERS:
+        raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
+    if admission not in ADMISSIONS:
+        raise RequestError(f"unknown elastic admission {admission!r}: use one of {', '.join(ADMISSIONS)}")
     spec = dispatcher.model.spec
-    model = dispatcher.model
     rep = RebalanceReport()
     eligible = None if at_boundary is None else set(at_boundary)
     with store.write() as conn:
@@ -231,7 +275,7 @@ def rebalance(
         cands: list[Candidate] = []
         held: dict[str, np.ndarray] = {}
         n_play = state.n_free
-        comm: dict[str, float | None] = {}
+        fracs: dict[str, float | None] = {r.id: r.comm_fraction for r in running}
         for r in running:
             lo = r.k if r.min_k is None else r.min_k
             hi = r.k if r.max_k is None else r.max_k
@@ -239,7 +283,6 @@ def rebalance(
                 continue
             gpus = json.loads(r.gpus)
             held[r.id] = spec.to_mask(gpus)
-            comm[r.id] = r.comm_fraction
             n_play += len(gpus)
             u = r.utility if r.utility is not None else prior
             cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
@@ -248,51 +291,71 @@ def rebalance(
         for p in order:
             u = p.req.utility if p.req.utility is not None else prior
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False))
-        rep.quotas = elastic_quotas(cands, n_play)
+        rep.quotas = elastic_quotas(cands, n_play, admission)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
-        steps = {c.id: c.step for c in cands if c.running}
-        _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs or {}, steps)
+        ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
+                     PRICERS[pricing], admission)
+        _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
-        _admit(conn, rep, state, reqs, dispatcher, algorithm, demand)
+        _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
     return rep
 
 
-#: Communication fraction assumed for a job that declares none (growth pricing only).
-DEFAULT_COMM = 0.5
-#: A growth must cut the predicted epoch time by at least this much (it costs a restart).
-GROW_GAIN = 0.02
+@dataclass
+class _Round:
+    model: Any
+    blind: bool
+    demand: str
+    epochs: dict[str, int]
+    running: dict[str, Candidate]
+    fracs: dict[str, float | None]
+    pricer: Any
+    admission: str
 
+    def f(self, jid: str) -> float:
+        f = self.fracs.get(jid)
+        return DEFAULT_COMM if f is None else float(f)
 
-def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float) -> float:
-    """The scheduler's predicted epoch time at ``k1`` GPUs on bandwidth ``b1`` relative to now
-    (``k0`` on ``b0``; ``f`` the job's collective share now): ``(1 - f) · k0 / k1 + f · r(k1) / r(k0) · b0 / b1``
-    with ``r(k) = 2 (k - 1) / k`` (ring all-reduce). Compute is taken to scale perfectly (optimistic
-    about growing); a 1-GPU job's ``f`` is read as its share at 2 GPUs on the predicted set."""
-    comp = (1.0 - f) * k0 / k1
-    if k1 < 2:
-        return comp
-    r1 = 2.0 * (k1 - 1) / k1
-    if k0 < 2:
-        return comp + f * r1
-    return comp + f * r1 / (2.0 * (k0 - 1) / k0) * b0 / max(b1, 1e-9)
+    def context(self, others: State, jid: str, mask: np.ndarray | None) -> Context:
+        return Context(self.model, others, jid, self.f(jid), self.fracs, self.demand, mask)
 
 
 def _predict(model: Any, state: State, mask: np.ndarray) -> float:
     return float(ContentionPredictor(model, state).predict(mask[None, :]).value[0])
 
 
-def _grow_priced(model, others, mask, cur, target, step, f) -> tuple[np.ndarray, float | None, int]:
-    """The largest growth up to ``target`` whose predicted epoch time beats the current one by
-    :data:`GROW_GAIN` (``B(S ∪ new)`` under contention); ``(mask, None, cur)`` if none does."""
-    b0 = _predict(model, others, mask) if cur > 1 else 0.0
-    for k in range(target, cur, -step):
-        grown, value = grow_gpus(model, others, mask, k - cur)
-        if grow_ratio(f, cur, b0, k, value or 0.0) < 1.0 - GROW_GAIN:
-            return grown, value, k
-    return mask, None, cur
+def _growth_sizes(c: Candidate, cur: int, target: int, local: int) -> list[int]:
+    """The sizes a growth from ``cur`` toward ``target`` is priced at: the target, halvings of the
+    increment, one step, and the size that fills the free GPUs of the job's own hosts (growth that
+    stays off the NICs); at most a handful, so pricing stays cheap on large clusters."""
+    out = {target, _snap(c, cur + c.step), _snap(c, min(target, cur + local))}
+    d = target - cur
+    while d > c.step:
+        d //= 2
+        out.add(_snap(c, cur + d))
+    return sorted((k for k in out if cur < k <= target), reverse=True)
 
 
-def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs, steps) -> None:
+def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: int, target: int) -> tuple[np.ndarray, float | None, int]:
+    """The growth up to ``target`` the pricer takes (``B(S ∪ new)`` under contention, and for
+    ``welfare`` what it imposes on co-tenants); ``(mask, None, cur)`` if none."""
+    c = rnd.running[jid]
+    b0 = _predict(rnd.model, others, mask) if cur > 1 else 0.0
+    own = mask != 0
+    local = int(popcount(np.where(own, others.free & ~mask, 0)).sum())
+    grown: list[Grown] = []
+    for k in _growth_sizes(c, cur, target, local):
+        rows, value = grow_rows(rnd.model, others, mask, k - cur)
+        n_hosts = (rows != 0).sum(axis=1)
+        for i in np.lexsort((np.arange(len(rows)), n_hosts, -np.round(value, 6))):  # best own bandwidth first
+            grown.append((k, rows[i].copy(), float(value[i])))
+    pick = rnd.pricer.growth(rnd.context(others, jid, mask), cur, b0, grown)
+    if pick is None:
+        return mask, None, cur
+    return pick[1], pick[2], pick[0]
+
+
+def _resize_all(conn, rep, state, held, rnd: _Round) -> None:
     spec = state.spec
     ts = now()
     jobs = {j.id: j for j in state.jobs}
@@ -305,43 +368,44 @@ def _resize_all(conn, rep, state, held, comm, model, blind, demand, epochs, step
             continue
         others = state.without_job(jid)
         if target < cur:
-            mask, value = shrink_gpus(model, others, held[jid], cur - target, blind=blind)
-        elif blind:
-            mask, value = grow_gpus(model, others, held[jid], target - cur, blind=True)
+            mask, value = shrink_gpus(rnd.model, others, held[jid], cur - target, blind=rnd.blind)
+        elif rnd.blind:
+            mask, value = grow_gpus(rnd.model, others, held[jid], target - cur, blind=True)
         else:
-            f = comm.get(jid)
-            mask, value, target = _grow_priced(model, others, held[jid], cur, target, steps.get(jid, 1),
-                                               DEFAULT_COMM if f is None else f)
+            mask, value, target = _grow_priced(rnd, others, jid, held[jid], cur, target)
             rep.quotas[jid] = target
             if target == cur:
                 continue
         gpus = spec.from_mask(mask)
-        solo = float(model.predict_masks(mask[None, :])[0]) if target > 1 else 0.0
-        pressed = solo * pressure_factor(comm.get(jid), demand)
-        rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), epochs.get(jid), value, pressed), ts, "scheduler"))
+        solo = float(rnd.model.predict_masks(mask[None, :])[0]) if target > 1 else 0.0
+        pressed = solo * pressure_factor(rnd.fracs.get(jid), rnd.demand)
+        rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), rnd.epochs.get(jid), value, pressed), ts, "scheduler"))
         state = others.with_job(jid, gpus, pressed)
 
 
-def _admit(conn, rep, state, reqs, dispatcher, algorithm, demand) -> None:
-    """Admissions at their quotas; then, in queue order, waiting requests on what is still free
-    (growths the model refused leave GPUs the quotas counted on), each at the largest size of its
-    range up to its requested k that fits."""
+def _admit(conn, rep, state, reqs, dispatcher, algorithm, rnd: _Round) -> None:
+    """Admissions at their quotas; then, if the admission rule fills leftovers, waiting requests in
+    queue order on what is still free (growths the model refused leave GPUs the quotas counted on),
+    each at the largest size of its range up to its requested k that fits."""
     ts = now()
     version = model_version_of(dispatcher)
     uri = getattr(dispatcher, "model_uri", None) or getattr(getattr(dispatcher, "model", None), "uri", None)
     plan = [(rid, q) for rid, q in rep.quotas.items() if rid in reqs]
     waiting = []
+    place = lambda st, req, q: _admit_one(conn, rep, st, req, q, dispatcher, algorithm, rnd, ts, uri, version)  # noqa: E731
     for rid, q in plan:
-        state, ok = _admit_one(conn, rep, state, reqs[rid], q, dispatcher, algorithm, demand, ts, uri, version)
+        state, ok = place(state, reqs[rid], q)
         if not ok:
             waiting.append(rid)
-    for rid in [r for r in reqs if r not in rep.quotas]:
+    leftovers = [r for r in reqs if r not in rep.quotas] if ADMISSIONS[rnd.admission].fill_leftovers else []
+    waiting += [r for r in reqs if r not in rep.quotas and r not in leftovers]
+    for rid in leftovers:
         req = reqs[rid]
         fit = [k for k in req.sizes() if k <= min(req.k, state.n_free)]
         if not fit:
             waiting.append(rid)
             continue
-        state, ok = _admit_one(conn, rep, state, req, fit[-1], dispatcher, algorithm, demand, ts, uri, version)
+        state, ok = place(state, req, fit[-1])
         if not ok:
             waiting.append(rid)
     rep.waiting = waiting
@@ -360,9 +424,10 @@ def _best_gbps(dispatcher: Any, k: int) -> float:
     return _BEST[key]
 
 
-def _size_options(req: Request, q: int) -> list[int]:
-    """``q`` and a few smaller sizes of the range (halvings, and ``min_k``): a smaller gang on one
-    host may beat a larger one spread over fragments."""
+def _size_options(req: Request, q: int, one_host: int = 0) -> list[int]:
+    """``q`` and a few smaller sizes of the range (halvings, ``min_k``, and the largest that fits
+    the roomiest host's ``one_host`` free GPUs): a smaller gang on one host may beat a larger one
+    spread over fragments."""
     sizes = [k for k in req.sizes() if k <= q]
     out: list[int] = []
     x = q
@@ -371,34 +436,46 @@ def _size_options(req: Request, q: int) -> list[int]:
         if k not in out:
             out.append(k)
         x //= 2
-    if req.lo in sizes and req.lo not in out:
-        out.append(req.lo)
+    local = [s for s in sizes if s <= one_host]
+    for k in ([req.lo] if req.lo in sizes else []) + local[-1:]:
+        if k not in out:
+            out.append(k)
     return out
 
 
-def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, demand, ts, uri, version) -> tuple[State, bool]:
-    """Place ``req`` at the size of :func:`_size_options` with the lowest predicted epoch time
-    (:func:`grow_ratio` against its declared ``k`` on the best idle placement)."""
+def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts, uri, version) -> tuple[State, bool]:
+    """Place ``req`` at the size of :func:`_size_options` the pricer picks: its predicted epoch time
+    (:func:`grow_ratio` against its declared ``k`` on the best idle placement; for ``welfare`` plus
+    what the placement imposes on co-tenants)."""
     f = DEFAULT_COMM if req.comm_fraction is None else req.comm_fraction
-    best = None
-    for k in _size_options(req, q):
+    ref = req.k if req.k > 1 else 2
+    b_ref = _best_gbps(dispatcher, ref)
+    scale = req.k / ref if req.k == 1 else 1
+
+    def own_cost(k: int, b: float) -> float:
+        return grow_ratio(f, ref, b_ref, k, b) * scale
+
+    one_host = int(popcount(state.free).max()) if state.free.size else 0
+    options, sels = [], []
+    for k in _size_options(req, q, one_host):
         try:
             sel = dispatcher.select(k, state, algorithm, constraints=req.constraints.to_dict() or None)
         except Exception as exc:  # noqa: BLE001 - a placement failure: try the next size / next round
             if type(exc).__name__ != "PlacementError":
                 raise
             continue
-        ref = req.k if req.k > 1 else 2
-        cost = grow_ratio(f, ref, _best_gbps(dispatcher, ref), k, float(sel.predicted_gbps or 0.0)) * (req.k / ref if req.k == 1 else 1)
-        if best is None or cost < best[0] - 1e-9:
-            best = (cost, k, sel)
-    if best is None:
+        options.append((k, state.spec.to_mask(list(sel.gpus)), float(sel.predicted_gbps or 0.0)))
+        sels.append(sel)
+    pick = rnd.pricer.admission(Context(rnd.model, state, req.id, f, {**rnd.fracs, req.id: req.comm_fraction},
+                                        rnd.demand), own_cost, options)
+    if pick is None:
         return state, False
-    _, q, sel = best
+    q, sel = options[pick][0], sels[pick]
     # the job starts at q (its range allows it): the assignment and job rows say q, the request keeps k
-    if _write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, demand) != "assigned":
+    if _write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, rnd.demand) != "assigned":
         return state, False
-    pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, demand)
+    pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, rnd.demand)
     rep.admitted[req.id] = list(sel.gpus)
     rep.quotas[req.id] = q
+    rnd.fracs[req.id] = req.comm_fraction
     return state.with_job(req.id, list(sel.gpus), pressed), True

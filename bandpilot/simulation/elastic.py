@@ -91,7 +91,8 @@ class ElasticSim(_Sim):
             else:
                 self.waiting_resize = True
         rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
-                        demand=self.cfg.demand, policy=self.cfg.policy,
+                        demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
+                        admission=self.cfg.admission,
                         epochs={jid: int(max(0.0, self.running[jid].progress) * self._epochs(jid)) for jid in at})
         self.batches += 1
         for rz in rep.resized:

@@ -46,6 +46,8 @@ from bandpilot.queue import Request, Store, release_many, report_entropy, set_es
 from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
+from bandpilot.scheduling.elastic import ADMISSIONS, DEFAULT_ADMISSION
+from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, PRICERS
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
@@ -74,6 +76,8 @@ class SimConfig:
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
+    pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
+    admission: str = DEFAULT_ADMISSION  # elastic admission: fit-k (requested k fits) | min-k (seed 001's: min_k fits)
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
@@ -95,6 +99,10 @@ class SimConfig:
             raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
         if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
             raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
+        if self.admission not in ADMISSIONS:
+            raise SimulationError(f"unknown elastic admission {self.admission!r}: use one of {', '.join(ADMISSIONS)}")
+        if self.pricing not in PRICERS:
+            raise SimulationError(f"unknown growth pricing {self.pricing!r}: use one of {', '.join(PRICERS)}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
