@@ -303,12 +303,15 @@ def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, expos
         by_clean = np.lexsort((loc, -cap, -clean))
         counts["clean" + tag] = _counts_greedy(cap, by_clean, G)
         by_clean = by_clean[cap[by_clean] > 0]
-        m = int(np.searchsorted(np.cumsum(cap[by_clean]), G)) + 1
-        if 1 < m <= by_clean.size:
-            n = np.zeros(U, dtype=np.int64)
-            n[by_clean[:m]] = _balanced(cap[by_clean[:m]] // block, G // block) * block
-            if n.sum() == G:
-                counts["clean-balanced" + tag] = n
+        m0 = int(np.searchsorted(np.cumsum(cap[by_clean]), G)) + 1
+        # the fewest units, and twice as many: spread groups share each unit's NICs with fewer siblings
+        spreads = ((m0, "clean-balanced"), (min(2 * m0, by_clean.size), "clean-spread"))  # all units: no gain
+        for i, (m, name) in enumerate(spreads):
+            if 1 < m <= by_clean.size and all(m != prev for prev, _ in spreads[:i]):
+                n = np.zeros(U, dtype=np.int64)
+                n[by_clean[:m]] = _balanced(cap[by_clean[:m]] // block, G // block) * block
+                if n.sum() == G:
+                    counts[name + tag] = n
     return counts
 
 
