@@ -391,3 +391,16 @@ def test_queue_submit_shape_flags(tmp_path, capsys):
     k, doc = rows["s1"]
     assert k == 16 and Shape.parse(doc) == Shape.parse({"tp": 4, "pp": 2, "dp": 2, "traffic": {"tp": 2.0**30}, "compute_ms": 20.0})
     assert rows["s2"][0] == 8 and Shape.parse(rows["s2"][1]).tp == 4
+
+
+def test_spanning_tp_groups_are_balanced_halves():
+    """No host has room for a TP=8 group: the two spanning groups are 4+4 on two hosts each (the
+    H100 fabric runs a 4+4 ring at ~3.5x a 7+1 one), where GPU-id order cuts 5+3 and 2+5+1."""
+    st_ = _state(H100, {h: 5 for h in range(4)})
+    disp = Dispatcher(H100)
+    sel = disp.select(16, st_, shape="tp=8,dp=2")
+    for i in (0, 8):
+        hosts = [g.rpartition(":")[0] for g in sel.ranks[i:i + 8]]
+        assert sorted(hosts.count(h) for h in set(hosts)) == [4, 4], hosts
+    blind = disp.select(16, st_, "blind", shape="tp=8,dp=2")
+    assert sel.placement["axis_gbps"]["tp"] > 1.5 * blind.placement["axis_gbps"]["tp"]

@@ -228,24 +228,51 @@ def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
 
 
 def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: np.ndarray, shape: Shape,
-          n_groups: np.ndarray, exposed: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
+          n_groups: np.ndarray, exposed: np.ndarray | None = None,
+          rack: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
     """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
-    the leftover GPUs (locality order) until there are ``pp * dp``."""
+    the leftover GPUs (locality order) until there are ``pp * dp``; with ``rack`` (rack per unit),
+    spanning groups are first two halves on two units of one rack (a 4+4 TP group in a rack runs at
+    3.5x a 7+1 one on the H100 fabric), see :func:`_paired`."""
     tp, G = shape.tp, shape.pp * shape.dp
     groups: list[list[tuple[int, int]]] = []
-    left: list[tuple[int, int]] = []
+    left: dict[int, list[tuple[int, int]]] = {}
     need = G - int(n_groups.sum())  # spanning groups: only then do the leftovers matter
+    enough = need * tp * (1 if rack is None else 2)  # pairing halves wants more units to choose from
+    n_left = 0
     for u in order:
         n = int(n_groups[u])
-        if n == 0 and (need <= 0 or len(left) >= need * tp):
+        if n == 0 and (need <= 0 or n_left >= enough):
             continue
         g = _unit_gpus(spec, free, units[u], exposed)
         groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
-        left += g[n * tp:]
+        left[int(u)] = g[n * tp:]
+        n_left += len(g) - n * tp
+    if len(groups) < G and rack is not None:
+        groups += _paired(left, rack, G - len(groups), tp)
     if len(groups) < G:
-        extra = [left[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
+        rest = [x for u in left for x in left[u]]
+        extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
         groups += [e for e in extra if len(e) == tp]
     return groups[:G] if len(groups) >= G else []
+
+
+def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int) -> list[list[tuple[int, int]]]:
+    """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
+    rack first, then across racks; takes the GPUs it uses out of ``left``."""
+    half, out = tp // 2, []
+    for same_rack in (True, False):
+        while len(out) < need:
+            pools = [u for u in left if len(left[u]) >= half]
+            pools.sort(key=lambda u: -len(left[u]))
+            pair = next(((a, b) for i, a in enumerate(pools) for b in pools[i + 1:]
+                         if not same_rack or rack[a] == rack[b]), None)
+            if pair is None:
+                break
+            out.append(left[pair[0]][:half] + left[pair[1]][:half])
+            for u in pair:
+                left[u] = left[u][half:]
+    return out
 
 
 def _counts_greedy(cap: np.ndarray, order: np.ndarray, G: int) -> np.ndarray:
@@ -358,17 +385,18 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
     free_u = np.bincount(unit, weights=popcount(free), minlength=U)
 
-    def emit(label: str, fr: np.ndarray, n: np.ndarray) -> None:
+    def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
         clean = label.startswith("clean")
-        if fr is free and (n.tobytes(), clean) in done:  # several unit orders often agree
+        if fr is free and (n.tobytes(), clean, paired) in done:  # several unit orders often agree
             return
-        done.add((n.tobytes(), clean))
+        done.add((n.tobytes(), clean, paired))
         used = np.flatnonzero(n)
         rest = np.flatnonzero(n == 0)  # locality order, unused last
         if clean:  # spanning groups' leftovers from the least exposed, fullest units first
             rest = rest[np.lexsort((rest, -free_u[rest], exposed_u[rest]))]
-        groups = _take(spec, fr, units, np.concatenate([used, rest]), shape, n, pred.exposed if clean else None)
-        for p in _layouts(groups, shape, label) if groups else []:
+        groups = _take(spec, fr, units, np.concatenate([used, rest]), shape, n, pred.exposed if clean else None,
+                       rack_of_unit if paired else None)
+        for p in _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []:
             key = np.stack([p.hosts, p.idx]).tobytes()
             if key not in seen:
                 seen.add(key)
@@ -376,6 +404,8 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
 
     for label, n in counts.items():
         emit(label, free, n)
+        if n.sum() < G and shape.tp % 2 == 0:  # spanning TP groups: also as rack-local halves
+            emit(label, free, n, paired=True)
     for label, m in seeds.items():
         c = cap_of(m)
         emit(label, m, np.minimum(c, _counts_greedy(c, np.lexsort((loc, -c)), G)))
