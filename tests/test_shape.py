@@ -65,6 +65,7 @@ def test_parser_fuzz_text(text):
     assert Shape.parse(str(s)) == s
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["tp", "pp", "dp", "ep", "traffic", "compute_ms", "model", "zz"]),
                        st.one_of(st.integers(-3, 70000), st.floats(allow_nan=True), st.none(), st.booleans(),
@@ -404,3 +405,23 @@ def test_spanning_tp_groups_are_balanced_halves():
         assert sorted(hosts.count(h) for h in set(hosts)) == [4, 4], hosts
     blind = disp.select(16, st_, "blind", shape="tp=8,dp=2")
     assert sel.placement["axis_gbps"]["tp"] > 1.5 * blind.placement["axis_gbps"]["tp"]
+
+
+def test_screening_sample_spreads_over_each_kind():
+    """Screening keeps ``sample`` groups of each kind spread like np.linspace, and one single-host group."""
+    from bandpilot.dispatch.search.shape import _sampled
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        kind = rng.integers(0, 3, size=(int(rng.integers(1, 4)), int(rng.integers(1, 60))))
+        spans, single = kind == 0, kind == 2
+        for sample in (1, 4, 16):
+            sel = _sampled(spans, single, sample)
+            for c in range(kind.shape[0]):
+                want = np.zeros(kind.shape[1], dtype=bool)
+                for k_ in (spans[c], ~spans[c] & ~single[c]):
+                    g = np.flatnonzero(k_)
+                    want[g[np.linspace(0, g.size - 1, min(sample, g.size)).astype(int)] if g.size else g] = True
+                want[np.flatnonzero(single[c])[:1]] = True
+                assert np.array_equal(sel[c], want)
+    assert _sampled(spans, single, None).all()

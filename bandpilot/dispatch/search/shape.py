@@ -122,17 +122,20 @@ class _Rows:
 
 def _sampled(spans: np.ndarray, single: np.ndarray, sample: int | None) -> np.ndarray:
     """Groups scored per candidate ``(C, n)``: all, or (screening) at most ``sample`` spanning and
-    ``sample`` in-domain multi-tray groups, each spread over the candidate's groups of that kind, and
-    one single-host group (identical hosts: one speaks for all)."""
-    sel = np.ones(spans.shape, dtype=bool)
+    ``sample`` in-domain multi-tray groups, each spread evenly over the candidate's groups of that
+    kind, and one single-host group (identical hosts: one speaks for all)."""
     if sample is None:
-        return sel
-    for c in range(spans.shape[0]):
-        sel[c] = False
-        for kind in (spans[c], ~spans[c] & ~single[c]):
-            g = np.flatnonzero(kind)
-            sel[c, g[np.linspace(0, g.size - 1, min(sample, g.size)).astype(int)] if g.size else g] = True
-        sel[c, np.flatnonzero(single[c])[:1]] = True
+        return np.ones(spans.shape, dtype=bool)
+    sel = np.zeros(spans.shape, dtype=bool)
+    j = np.arange(sample)
+    for kind in (spans, ~spans & ~single, single):
+        rank = np.cumsum(kind, axis=1) - 1  # a group's index among the candidate's groups of its kind
+        cnt = kind.sum(axis=1)[:, None]
+        take = min(sample, 1) if kind is single else sample
+        # rank == floor(j * (cnt - 1) / (take - 1)) for some j < take: np.linspace's spread
+        pos = (j[None, :take] * (cnt - 1)) // max(take - 1, 1)
+        hit = (rank[:, :, None] == pos[:, None, :]).any(axis=2) | (cnt <= take)
+        sel |= kind & hit
     return sel
 
 
