@@ -108,9 +108,10 @@ class Dispatcher:
         self.pricing = pricing
         strategies.pricing(pricing)
         self._domains = domain_index(self.spec.hosts)[0]
-        #: shaped requests: also seed the shape search with the bandwidth-only set (better step
-        #: times on busy clusters, at the cost of one bandwidth-only search per select)
-        self.shape_bandwidth_seed = True
+        #: shaped requests: also seed the shape search with the bandwidth-only set. Off by default:
+        #: the shape search's own clean / water-filled unit splits reach the same step times
+        #: (measured, ``python -m benchmarks shape``) without the bandwidth-only search's cost
+        self.shape_bandwidth_seed = False
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""

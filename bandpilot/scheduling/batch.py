@@ -37,8 +37,10 @@ from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
+from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
+from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
@@ -224,6 +226,7 @@ def run_batch(
     locality: float | None = None,
     pricing: str | None = None,
     preempt: str = "off",
+    start_or_wait: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -246,6 +249,10 @@ def run_batch(
     ``preempt="on"`` (:mod:`bandpilot.scheduling.preemption`): a starving or higher-priority gang
     that cannot start may evict preemptible jobs (victims back to pending, the gang assigned, one
     savepoint); ``report.preempted`` lists what was evicted.
+    ``start_or_wait="on"`` (:mod:`bandpilot.scheduling.startwait`; needs ``easy`` or ``conservative``
+    backfill): a gang that could start now waits for a nearby running-job end when the service time
+    a better predicted placement saves exceeds the queueing it adds (deferred as
+    ``waits_for_better_placement``, holding a reservation).
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -261,6 +268,7 @@ def run_batch(
         raise RequestError(str(exc)) from None
     check_backfill(backfill)
     check_preempt(preempt)
+    check_start_wait(start_or_wait)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
@@ -276,6 +284,7 @@ def run_batch(
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
     b.after_each = after_each
     b.preempt = preempt
+    b.start_or_wait = start_or_wait
     if commit == "batch":
         b.in_one_transaction()
     else:
@@ -299,6 +308,8 @@ class _Batch:
         self.book: Book | None = None
         self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
+        self.start_or_wait = "off"
+        self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
 
     # ---- the two commit modes ----------------------------------------------------------------
@@ -355,9 +366,12 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
+            if self.start_or_wait == "on":
+                self.starter = StartOrWait(self.book)
         if self.preempt == "on":
             # asked first: a plan that starts the gang now beats a reservation for later
-            self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
+            kind = LasPreemptPostFilter if self.policy == "las" else PreemptPostFilter
+            self.preemptor = kind.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
             self.placer.post_filters.insert(0, self.preemptor)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
@@ -367,7 +381,8 @@ class _Batch:
         if self.policy in ESTIMATE_POLICIES:
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, self.policy, expected, now())
+        attained = load_attained(conn) if self.policy == "las" else None
+        queue = order_pending(pending, self.policy, expected, now(), attained)
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
@@ -422,6 +437,11 @@ class _Batch:
                 return self.preempt_for(conn, p, plan, batch_id, out)
             out.status, out.reason, out.detail = d.status, plan.reason, plan.detail
             return out
+        if self.starter is not None:
+            wait = self.starter.consider(req, sel)
+            if wait is not None:  # a nearby end gives a placement that saves more than the wait costs
+                out.reason, out.detail = wait.reason, wait.detail
+                return out
         try:
             res = _write_assignment(conn, req, sel, batch_id, ts, self.uri, self.version, self.algorithm, self.demand)
         except _Conflict as exc:

@@ -30,6 +30,16 @@ _SHORT = {
 }
 
 
+def merit(sel: Any) -> float:
+    """Higher is better: a shaped selection by its predicted step time (what the job runs at; a
+    placement with more GB/s on an axis that moves few bytes is not faster), any other by its
+    predicted GB/s."""
+    placement = getattr(sel, "placement", None)
+    if placement and placement.get("step_ms") is not None:
+        return -float(placement["step_ms"])
+    return float(getattr(sel, "predicted_gbps", None) or 0.0)
+
+
 class Deferred(Exception):
     def __init__(self, status: str, reason: str, detail: str) -> None:
         super().__init__(detail)
@@ -153,7 +163,7 @@ class Placer:
                     raise
                 last = d_err
                 continue
-            if best is None or float(sel.predicted_gbps) > float(best.predicted_gbps):
+            if best is None or merit(sel) > merit(best):
                 best = sel
         if best is None:
             raise last or Deferred("deferred", "constraint_unmet", f"no domain can host {req.k} GPUs")

@@ -25,3 +25,4 @@ BACKFILL = "easy"
 LOCALITY = 0.5
 PRICING = "now"
 PREEMPT = "off"
+START_OR_WAIT = "off"

@@ -258,11 +258,18 @@ class SearchContext:
         return out
 
     # -- evaluation -----------------------------------------------------------------------
+    @property
+    def tie_margin(self) -> float:
+        """Relative distance below the best value within which :meth:`choose` weighs candidates
+        (pruned evaluations score every candidate that close)."""
+        # lifetime pricings widen it: their estimates are rough (near_tie)
+        return max(_REL_TIE, self.locality, getattr(self.pred, "near_tie", 0.0))
+
     def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None, max_pairs: int = 8192) -> Prediction:
         """Contention-aware values of candidates (pruned by the standalone bound in batches of
         more than ``max_pairs`` super allocations: candidates that cannot win come back as
         ``-inf``); ``cols``: rows given on those host columns only."""
-        return self.pred.predict_best(masks, max_pairs=max_pairs, cols=cols)
+        return self.pred.predict_best(masks, max_pairs=max_pairs, cols=cols, margin=self.tie_margin)
 
     def masks_from_counts(self, counts: np.ndarray) -> np.ndarray:
         counts = np.atleast_2d(counts)
@@ -276,11 +283,10 @@ class SearchContext:
         tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order.
         ``cols``: the rows are given on those host columns only."""
         vmax = float(value.max())
-        # a pricing may widen "near-equal" (lifetime: its estimates are uncertain) and bring a queue
-        # lookahead that decides among near-equal candidates (lifetime-queue)
+        # a pricing may widen "near-equal" (tie_margin) and bring a queue lookahead that decides among
+        # near-equal candidates (lifetime-queue)
         protect = getattr(self.pred, "protect", None) if getattr(self.pred, "lookahead", 0) else None
-        tie = max(_REL_TIE, self.locality, getattr(self.pred, "near_tie", 0.0))
-        near = np.flatnonzero(value >= vmax - tie * max(1.0, abs(vmax)))
+        near = np.flatnonzero(value >= vmax - self.tie_margin * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
         used = masks[near] != 0
