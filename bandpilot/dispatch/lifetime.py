@@ -120,13 +120,12 @@ class LifetimePredictor(ContentionPredictor):
         #: share of the candidate's life each running contender still presses
         self.present = np.clip(rem / T, 0.0, 1.0) if rem.size else rem
         self._demand_now = self.job_demand * self.present
-        gone = {j.id: float(np.clip(1.0 - outlook.remaining.get(j.id, math.inf) / T, 0.0, 1.0)) for j in state.jobs}
-        H = self.spec.n_hosts
-        turn = np.zeros(H)  # time-weighted GPUs per host that turn over to the queue during the run
-        for j in state.jobs:
-            w = gone[j.id]
-            if w > 0:
-                turn += w * popcount(j.mask)
+        # time-weighted GPUs per host that turn over to the queue during the run: a job ending after
+        # r_j frees its GPUs for the share 1 - r_j / T of the candidate's life
+        turn = np.zeros(self.spec.n_hosts)
+        if state.jobs:
+            gone = np.clip(1.0 - np.array([outlook.remaining.get(j.id, math.inf) for j in state.jobs]) / T, 0.0, 1.0)
+            turn = gone @ popcount(np.array([j.mask for j in state.jobs], dtype=np.int64))
         self.free_w = float(np.clip(1.0 - outlook.fill_s / T, 0.0, 1.0))
         self.fcount = popcount(state.free).astype(float)
         rate = outlook.cross_share / max(outlook.slice_gpus, 1.0)  # future co-tenants per turnover GPU

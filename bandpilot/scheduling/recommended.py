@@ -18,6 +18,11 @@ improves the ``full``-demand mean and p95 (4.64 -> 4.52 h, 20.9 -> 18.0 h), but 
 largest-JCT miss (86.0 -> 71.4 h vs Slurm-like's 43.0 h) and costs the ``comm``-demand mean (4.54 ->
 5.47 h): the starving 24 h gang is kept off the free GPUs by the hrrn leader's EASY reservation
 (not by running jobs), and too few preemptible jobs sit where it would fit.
+
+Lifetime pricing (``--placement-pricing lifetime``, :mod:`bandpilot.dispatch.lifetime`) is measured
+but not the default: placement alone it is within the seed-to-seed spread of the 0.5 margin (8
+seeds), and in this queue it is worse on 2 seeds (mean 4.04 -> 4.80 h under ``full``, 4.20 -> 4.87 h
+under ``comm``).
 """
 
 POLICY = "hrrn"
