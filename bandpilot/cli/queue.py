@@ -87,17 +87,27 @@ def submit_cmd(
     min_k: Optional[int] = typer.Option(None, "--min-k", help="Elastic: the fewest GPUs the job can run on (default k)."),
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Elastic: the most GPUs the job can use (default k)."),
     k_step: Optional[int] = typer.Option(None, "--k-step", help="Elastic: sizes are min-k plus multiples of this."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="Parallelism shape tp=T,pp=P,dp=D[,ep=E][,model=PRESET] "
+                                        "(k = tp*pp*dp; --k may be left out); placed per axis, rank map stored."),
+    traffic: Optional[str] = typer.Option(None, "--traffic", help="With --shape: bytes per step per GPU per axis, "
+                                          "e.g. tp=4GiB,dp=1.5e9 (default: the shape's preset model)."),
+    compute_ms: Optional[float] = typer.Option(None, "--compute-ms", help="With --shape: compute time per step (ms)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Queue requests from a JSONL file (one object per line) or from the flags."""
     from bandpilot import queue as q
 
-    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None
+    from bandpilot.cli.common import shape_flags
+
+    shp = shape_flags(shape, traffic, compute_ms)  # one-line errors for a bad --shape / --traffic
+    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None or shp is not None
     if file is not None and flags_used:
-        raise RequestError("give either a JSONL file or --k/--id flags, not both")
-    if file is None and k is None:
-        raise RequestError("nothing to submit: give a JSONL file or --k")
+        raise RequestError("give either a JSONL file or --k/--id/--shape flags, not both")
+    if file is None and k is None and shp is None:
+        raise RequestError("nothing to submit: give a JSONL file, --k or --shape")
+    if shp is not None and k is None:
+        k = shp.k  # the shape fixes k; an explicit --k is checked against it (Request.from_dict)
     if file is not None:
         requests, errors, labels = _read_jsonl(file)
     else:
@@ -105,7 +115,8 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         extra = (("utility", utility), ("time_limit_s", time_limit), ("comm_fraction", comm_fraction),
                  ("checkpoint_s", checkpoint_s), ("min_k", min_k), ("max_k", max_k), ("k_step", k_step),
-                 ("preemptible", preemptible or None), ("constraints", cons or None))
+                 ("preemptible", preemptible or None), ("constraints", cons or None),
+                 ("shape", shp.to_dict() if shp is not None else None))
         doc.update({key: v for key, v in extra if v is not None})
         requests, errors, labels = [q.Request.from_dict(doc, "flags")], [], ["flags"]
     st = _store(store)

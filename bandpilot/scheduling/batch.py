@@ -30,10 +30,11 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressure_factor
 from bandpilot.dispatch.state import State
-from bandpilot.errors import ModelError, RequestError
+from bandpilot.errors import ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
+from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
@@ -223,6 +224,7 @@ def run_batch(
     backfill: str = "greedy",
     max_reservations: int | None = None,
     locality: float | None = None,
+    pricing: str | None = None,
     preempt: str = "off",
     start_or_wait: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
@@ -240,7 +242,10 @@ def run_batch(
     gangs a reservation (start time and GPUs) that later requests may not delay. ``locality`` (the
     dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
     gain more than this relative bandwidth - a placement lives for hours and a spread one meets
-    more co-tenants than the ones running now.
+    more co-tenants than the ones running now. ``pricing`` (the dispatcher's own when None; registered
+    in :mod:`bandpilot.dispatch.strategies`): ``lifetime`` prices each placement over its estimated
+    run time with the batch's :mod:`~bandpilot.scheduling.outlook` (co-tenants that end, later
+    cross-host jobs on its hosts), ``now`` against the jobs running now.
     ``preempt="on"`` (:mod:`bandpilot.scheduling.preemption`): a starving or higher-priority gang
     that cannot start may evict preemptible jobs (victims back to pending, the gang assigned, one
     savepoint); ``report.preempted`` lists what was evicted.
@@ -269,6 +274,11 @@ def run_batch(
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
         if hasattr(dispatcher, "with_locality"):
             dispatcher = dispatcher.with_locality(float(locality))
+    if pricing is not None and hasattr(dispatcher, "with_pricing"):
+        try:
+            dispatcher = dispatcher.with_pricing(pricing)
+        except PlacementError as exc:
+            raise RequestError(str(exc)) from None
     store.refresh()
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
@@ -376,6 +386,10 @@ class _Batch:
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
+        if getattr(self.dispatcher, "pricing", "now") == "lifetime":  # the future each placement is priced over
+            est = Estimates.load(conn)
+            self.placer.estimates, self.placer.demand = est, self.demand
+            self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
         quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
         self.report.quotas = quotas
         return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)

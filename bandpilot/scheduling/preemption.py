@@ -41,7 +41,7 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOBS, T_REQ
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.placer import Deferred, Placer, merit
 from bandpilot.scheduling.postfilter import Plan, Unschedulable
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
@@ -162,8 +162,10 @@ class PreemptPostFilter:
         if best is None:
             return None
         cost, gbps, name, victims, sel = best
+        step = (getattr(sel, "placement", None) or {}).get("step_ms")
+        pred = f"{gbps:.0f} GB/s" + (f", step {step:.1f} ms" if step is not None else "")
         detail = (f"evict {', '.join(v.id for v in victims)}; admit {req.id} on {name}: "
-                  f"{gbps:.0f} GB/s predicted ({why}; {cost:.2f} GPU-h lost)")
+                  f"{pred} predicted ({why}; {cost:.2f} GPU-h lost)")
         return PreemptPlan(self.name, "preempted", detail, tuple(v.id for v in victims), sel, cost,
                            tuple((v.id, v.remaining_s(self.now)) for v in victims),
                            tuple((v.id, v.k * max(0.0, self.now - v.started_at)) for v in victims))
@@ -234,7 +236,7 @@ class PreemptPostFilter:
             if len(need) < len(victims):
                 victims = need
             cost = sum(v.cost_gpu_h(self.now) for v in victims)
-            return cost, float(sel.predicted_gbps), name, victims, sel
+            return cost, merit(sel), name, victims, sel  # shaped: by step time
         return None
 
 

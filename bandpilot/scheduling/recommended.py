@@ -25,5 +25,6 @@ without preemption and wastes ~5 % of GPU-hours with it: a named policy, not a d
 POLICY = "hrrn"
 BACKFILL = "easy"
 LOCALITY = 0.5
+PRICING = "now"
 PREEMPT = "off"
 START_OR_WAIT = "off"

@@ -74,6 +74,7 @@ class SimConfig:
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
+    placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
     start_or_wait: str = recommended.START_OR_WAIT  # off | on (bandpilot.scheduling.startwait)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
@@ -97,6 +98,9 @@ class SimConfig:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
         if not 0.0 <= self.locality < 1.0:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
+        if self.placement_pricing not in strategies.pricings():
+            raise SimulationError(f"unknown placement pricing {self.placement_pricing!r}: use one of "
+                                  f"{', '.join(strategies.pricings())}")
         if self.preempt not in PREEMPT_MODES:
             raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
         if self.start_or_wait not in START_WAIT_MODES:
@@ -261,7 +265,8 @@ class _Sim:
         self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality,
-                        preempt=self.cfg.preempt, start_or_wait=self.cfg.start_or_wait)
+                        pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
+                        start_or_wait=self.cfg.start_or_wait)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:
