@@ -141,3 +141,26 @@ def test_run_batch_prices_over_the_queue_outlook(store, fab):
     assert q.check_invariants(store) == []
     with pytest.raises(RequestError, match="unknown pricing 'soon'"):
         sched.run_batch(store, Dispatcher(fab), pricing="soon")
+
+
+def test_each_request_is_priced_over_its_own_estimate_and_pressure(store, fab):
+    """The batch hands the dispatcher the outlook with the request's time limit, id and pressure
+    under the demand model; jobs started earlier in the batch are in its running set."""
+    seen = []
+
+    class Recording(Dispatcher):
+        def select(self, k, state, algorithm=None, **kw):
+            seen.append(state.outlook)
+            return super().select(k, state, algorithm, **kw)
+
+    q.submit(store, [{"id": "a", "k": 16, "time_limit_s": 7200, "comm_fraction": 0.4, "submitted": 0},
+                     {"id": "b", "k": 8, "time_limit_s": 600, "submitted": 1}])
+    sched.run_batch(store, Recording(fab), pricing="lifetime", demand="comm")
+    a, b = seen
+    assert (a.request_id, a.run_s, a.comm_fraction, a.press_factor) == ("a", 7200.0, 0.4, 0.4)
+    assert (b.request_id, b.run_s, b.press_factor) == ("b", 600.0, 1.0)
+    assert b.remaining["a"] == 7200.0 and b.comm["a"] == 0.4 and ("a", 16) not in b.queue
+    seen.clear()
+    q.submit(store, [{"id": "c", "k": 2, "submitted": 2}])
+    sched.run_batch(store, Recording(fab), pricing="now")
+    assert seen == [None]  # priced now: no outlook is built
