@@ -21,9 +21,16 @@ profile over the candidate's estimated run time ``T``:
   host with ``u`` turnover GPUs (time-weighted) expects ``q · u / g`` more co-tenants, each
   pressing ``p``. Their capacity is the candidate's hosts as a whole, ``B̂(full hosts of S)``.
 
-Single-host candidates stay uncontended (the predictor's rule), so lifetime pricing is what makes a
-host-local placement win when spreading only looks better against today's co-tenants. The
-candidate's own pressure on others is symmetric: the same future jobs meet it on the same NICs.
+What the candidate imposes counts against it: the slowdown ``max(1, D/C)`` its pressure adds to each
+running contender (for as long as they overlap) and to the expected later co-tenants (for its whole
+run), in GPU-seconds of communication, converted into its own terms as
+``1 / (1 / B_life + harm / (k · f · T · d_S))`` (never above ``B̂(S)``, so the searches' standalone
+bound still prunes). Single-host candidates stay uncontended (the predictor's rule), so lifetime
+pricing is what makes a host-local placement win when spreading only looks better against today's
+co-tenants. Candidates within :data:`NEAR_TIE` of the best are near-equal: fewer hosts, then (the
+``lifetime-queue`` pricing only) :meth:`LifetimePredictor.protect`'s lookahead over the next pending
+gangs, then the tightest fit decide. Measured in the README ("Placement alone"): within the
+seed-to-seed spread of the 0.5 locality margin, so not the default.
 """
 
 from __future__ import annotations
