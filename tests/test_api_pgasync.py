@@ -215,3 +215,12 @@ def test_the_pool_bounds_connections_and_never_reuses_a_broken_or_failed_one(sto
         return peak
 
     assert _run(store, go) == 10  # PgAsync.open's default size
+
+
+def test_an_unreachable_server_is_a_store_error_naming_the_store(tmp_path):
+    class Gone:  # what PgAsync reads of a Store
+        url = safe_url = "postgresql://postgres@127.0.0.1:1/test"
+        schema = None
+
+    with pytest.raises(q.StoreError, match=r"cannot open store postgresql://postgres@127.0.0.1:1/test: "):
+        asyncio.run(PgAsync.open(Gone()))

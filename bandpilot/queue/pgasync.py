@@ -169,12 +169,14 @@ class PgAsync:
         import asyncpg
 
         args = connect_args(store)
-        pool = _Pool(lambda: asyncpg.connect(**args), size)
+        # a server that cannot be reached is a StoreError (a JSON 500 naming the store), as on the
+        # synchronous path
+        pool = _Pool(lambda: _db(store, asyncpg.connect(**args)), size)
         try:
             async with pool.acquire():  # reachable now: a wrong URL fails the start-up, not a request
                 pass
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise StoreError(f"cannot open store {store.safe_url}: {exc}") from None
+        except StoreError as exc:
+            raise StoreError(f"cannot open store {store.safe_url}: {str(exc).split(': ', 1)[-1]}") from None
         return cls(store, pool)
 
     async def close(self) -> None:
