@@ -22,7 +22,9 @@ Measured rows: on ``h100-16m`` (the measured 4 x 8 H100 tables in ``../shared/da
 ``$BANDPILOT_DATA``; shapes with k <= 32, TP 2-8, PP 1-4, DP 2-4) the same run uses the measured
 tables (:class:`bandpilot.fabric.trace.TraceFabric`) where the emulated clusters use the emulator:
 truth = the tables under the contention rule, guide = the tables with 5 % noise on cross-host rows.
-Printed as absent when the data is missing (``--no-measured`` skips them).
+Idle, ``--measured-busy`` (8) busy and ``--measured-frag`` (2) frag states, ``--measured-seeds`` (3)
+seeds pooled. Printed as ABSENT when the data is missing (``--no-measured`` skips them, ``--clusters``
+with no name runs them alone).
 
 Step times use the shape's preset model (llama-8b volumes and compute, see
 :mod:`bandpilot.dispatch.shape`), the same for every algorithm.
