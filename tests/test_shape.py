@@ -500,3 +500,16 @@ def test_bench_measured_rows_need_tables():
 
     with pytest.raises(SystemExit, match="no measured tables"):
         run_measured(ROOT / "params" / "clusters" / "h100.yaml", busy=0, seed=0)
+
+
+@pytest.mark.slow
+def test_bench_measured_rows_on_the_real_h100_tables(shared_data):
+    """On the real h100-16m tables (skips without ../shared/data): every count pattern a placement
+    or tenant uses is priced from the tables, idle and busy."""
+    from benchmarks.bench_shape import run_measured
+
+    rows = run_measured(shared_data / "h100-16m", busy=1, seed=0, shapes=[(8, 1, 4), (4, 2, 2), (2, 1, 4)])
+    assert {r["state"] for r in rows} == {"idle", "busy0"} and rows[0]["cluster"] == "h100-16m (measured)"
+    assert all(np.isfinite(r[a]["true"]) and r[a]["true"] > 0 for r in rows for a in ("shape", "blind", "segment", "bandpilot"))
+    # 100 % TP groups in one host where the free GPUs have room (the issue's rule)
+    assert all(r["tp_in"] == r["tp_n"] for r in rows if r["room"])
