@@ -158,12 +158,15 @@ def main() -> None:
     ap.add_argument("--small-per-k", type=int, default=3, help="4 x 8 H100: states per k (0: skip)")
     ap.add_argument("--queue", type=int, default=1000, help="queued requests on 100,008 GPUs (0: skip)")
     ap.add_argument("--only-queue", action="store_true", help="the queue case alone")
+    ap.add_argument("--only-small", action="store_true", help="the 4 x 8 H100 case alone")
     args = ap.parse_args()
     ks = KS[::2] if args.quick else KS
     clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS
     print(f"load: {open('/proc/loadavg').read().strip()}")
     if args.only_queue:
         clusters, args.small_per_k = {}, 0
+    if args.only_small:
+        clusters, args.queue = {}, 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, (trays, t50, t99) in clusters.items():
             r = bench_cluster(name, trays, args.states, args.seed, ks, Path(tmp))

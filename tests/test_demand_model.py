@@ -158,3 +158,35 @@ def test_simulated_jobs_run_faster_when_co_tenants_talk_less(fab):
     assert out["comm"] < out["full"]
     with pytest.raises(SimulationError, match="unknown demand model"):
         simulate(jobs, Dispatcher(fab), fab, SimConfig(demand="nope"))
+
+
+def test_truth_matches_the_contention_formula_job_by_job(fab):
+    """Every running job against all the others (single-host, cross-host, idle ones mixed) equals
+    the formula applied to that one job: contenders share a host, capacity is the worst union."""
+    spec = fab.spec
+    rng = np.random.default_rng(4)
+    free = spec.full_masks.copy()
+    masks = []
+    while free.any() and len(masks) < 12:
+        hs = rng.choice(np.flatnonzero(free), size=min(int(rng.integers(1, 4)), int((free != 0).sum())), replace=False)
+        m = np.zeros(spec.n_hosts, dtype=np.int64)
+        for h in hs:
+            bits = [b for b in range(8) if free[h] >> b & 1]
+            for b in rng.choice(bits, size=min(len(bits), int(rng.integers(1, 4))), replace=False):
+                m[h] |= np.int64(1) << int(b)
+        free &= ~m
+        masks.append(m)
+    masks = np.array(masks)
+    f = rng.uniform(0.0, 1.0, len(masks))
+    got, solo = TrueBandwidth(fab).achieved(masks, f)
+    for i, m in enumerate(masks):
+        d = float(fab.predict_masks(m[None, :])[0])
+        assert solo[i] == pytest.approx(d)
+        cross = lambda x: (x != 0).sum() >= 2 and fab.predict_masks(x[None, :])[0] > 0  # noqa: E731
+        cont = [j for j in range(len(masks)) if j != i and cross(m) and cross(masks[j]) and ((m != 0) & (masks[j] != 0)).any()]
+        if not cont:
+            assert got[i] == pytest.approx(d)
+            continue
+        cap = min(float(fab.predict_masks((m | masks[j])[None, :])[0]) for j in cont)
+        dem = d + sum(f[j] * float(fab.predict_masks(masks[j][None, :])[0]) for j in cont)
+        assert got[i] == pytest.approx(d if dem <= cap else d / dem * cap, rel=1e-9)

@@ -66,3 +66,31 @@ def test_count_search_evaluates_less_and_agrees():
             everything = b.best_of(b.enumerate(pareto=True), max_pairs=10**9)
             assert np.array_equal(pruned.mask, everything.mask)
             assert a.pred.evaluations <= b.pred.evaluations
+
+
+@pytest.mark.slow
+def test_pruned_choices_see_every_near_tie_of_the_locality_margin():
+    """With a lifetime-locality margin, ``choose`` weighs every candidate within it: pruning must
+    score all of them (it used to stop at 1e-9 below the best), in the coarse search too."""
+    fab = make_fabric(load_cluster("params/clusters/h100.yaml"))
+    rng = np.random.default_rng(11)
+    compared = 0
+    for _ in range(8):
+        st = _state(fab, rng, int(rng.integers(1, 4)))
+        for k in (4, 9, 13):
+            if k > st.n_free:
+                continue
+            for loc in (0.0, 0.05, 0.2):
+                masks = SearchContext(fab, st, st.free, k).enumerate(coarse=True)
+                if masks.shape[0] < 2:
+                    continue
+                full = SearchContext(fab, st, st.free, k, locality=loc).best_of(masks, max_pairs=10**9)
+                ctx = SearchContext(fab, st, st.free, k, locality=loc)
+                p = ctx.evaluate(masks, max_pairs=0)
+                ref = ctx.pred.predict(masks).value
+                near = ref >= ref.max() - max(1e-9, loc) * max(1.0, abs(ref.max()))
+                np.testing.assert_allclose(p.value[near], ref[near], rtol=1e-12)
+                got = ctx.best_of(masks, max_pairs=count_vector.PRUNE_PAIRS)
+                assert np.array_equal(got.mask, full.mask)
+                compared += 1
+    assert compared >= 10

@@ -276,6 +276,11 @@ class ContentionPredictor:
         solo = allv[:n]
         return Prediction(self._share(n, solo, cont, ci, allv[n:]), solo)
 
+    def share(self, solo: np.ndarray, cont: np.ndarray, ci: np.ndarray, cap_pairs: np.ndarray) -> np.ndarray:
+        """``B̂(S, τ)`` from standalone values, the contender matrix and the capacities of the
+        ``(candidate, job)`` pairs ``np.nonzero(cont)`` (grows with ``solo`` and every capacity)."""
+        return self._share(solo.shape[0], solo, cont, ci, cap_pairs)
+
     def _share(self, n: int, solo: np.ndarray, cont: np.ndarray, ci: np.ndarray, cap_pairs: np.ndarray) -> np.ndarray:
         cap = np.full(n, np.inf)
         np.minimum.at(cap, ci, cap_pairs)
@@ -285,7 +290,8 @@ class ContentionPredictor:
         return np.where(demand <= cap, solo, shared)
 
     def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256,
-                     cols: np.ndarray | None = None, known: np.ndarray | None = None) -> Prediction:
+                     cols: np.ndarray | None = None, known: np.ndarray | None = None,
+                     margin: float = 1e-9) -> Prediction:
         """Like :meth:`predict`, but only as far as needed to find the maximum and its near-ties.
 
         Uses ``B̂(S, τ) <= B̂(S)``: one call gives every candidate's standalone value; super
@@ -294,6 +300,8 @@ class ContentionPredictor:
         of every candidate left. Candidates never scored get ``-inf``. Small batches (at most
         ``max_pairs`` super allocations) take the single-call path of :meth:`predict`. ``known``:
         standalone values already evaluated (NaN where not), not sent to the model again.
+        ``margin``: relative distance below the best within which every candidate is scored (the
+        caller's tie margin: a choice among near-ties must see all of them).
         """
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
@@ -315,7 +323,7 @@ class ContentionPredictor:
         best = float(value.max()) if free_of.any() else -np.inf
         pos, step = 0, first
         while pos < todo.size:
-            bound = best - 1e-9 * max(1.0, abs(best))
+            bound = best - margin * max(1.0, abs(best))
             if solo[todo[pos]] < bound:
                 break
             idx = todo[pos : pos + step]

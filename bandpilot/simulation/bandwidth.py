@@ -70,20 +70,25 @@ class TrueBandwidth:
         if n == 0:
             return np.zeros(0), np.zeros(0)
         solo = self.standalone(masks)
-        used = (masks != 0).astype(np.float32)
-        cross = used.sum(axis=1) >= 2
-        active = cross & (solo > 0)
-        share = (used @ used.T) > 0.5
-        cont = share & active[:, None] & active[None, :]
-        np.fill_diagonal(cont, False)
-        ci, cj = np.nonzero(cont)
-        if ci.size == 0:
+        used = masks != 0
+        # only cross-host jobs with demand contend: pairs among them alone (most running jobs are
+        # single-host; an n x n product of all of them per event was most of this function)
+        act = np.flatnonzero((used.sum(axis=1) >= 2) & (solo > 0))
+        if act.size < 2:
             return solo.copy(), solo
+        sub = used[act].astype(np.float32)
+        share = (sub @ sub.T) > 0.5
+        np.fill_diagonal(share, False)
+        ai, aj = np.nonzero(share)
+        if ai.size == 0:
+            return solo.copy(), solo
+        ci, cj = act[ai], act[aj]
         caps_pair = self.standalone(masks[ci] | masks[cj])
         cap = np.full(n, np.inf)
         np.minimum.at(cap, ci, caps_pair)
         press = solo if pressure_factors is None else solo * np.asarray(pressure_factors, dtype=float)
-        demand = solo + cont.astype(float) @ press
+        demand = solo.copy()
+        np.add.at(demand, ci, press[cj])
         with np.errstate(divide="ignore", invalid="ignore"):
             shared = np.where(demand > 0, solo / demand * cap, 0.0)
         return np.where(demand <= cap, solo, shared), solo

@@ -41,37 +41,63 @@ def count_search(ctx: SearchContext, allowed: np.ndarray | None = None, pareto: 
 
 
 def _pareto_pruned(ctx: SearchContext, masks: np.ndarray, first: int = 8) -> Found | None:
-    """Best of Pareto candidates, count vector by count vector in descending standalone bound.
+    """Best of Pareto candidates, count vector by count vector in descending value bound.
 
-    Every candidate of a count vector is at most the standalone value of that count vector's
-    best-subset row (``B̂(S, τ) <= B̂(S)``, and ``B̂`` is monotone in each host's stage-1 value,
-    the hierarchy the whole count-vector search rests on), so one standalone row per count vector
-    bounds all its Pareto variants; count vectors whose bound is below the best value found are
-    never scored (``-inf``), and those within the tie margin always are - the choice among the
-    scored ones is the one :meth:`SearchContext.best_of` makes over all rows."""
+    ``B̂`` is monotone in each host's stage-1 value (the hierarchy the whole count-vector search
+    rests on), so the count vector's best-subset row bounds the standalone value of all its Pareto
+    variants, and per contending job a row taking on every host the option whose union with the
+    job's GPUs there is best bounds the capacity of their super allocations (the contenders are
+    the same for every variant: they depend on the hosts used). ``B̂(S, τ)`` grows with both, so
+    the contention formula on the two bounds bounds every variant's value (:func:`_value_bounds`).
+    Count vectors whose bound is below the best value found are never scored (``-inf``), those
+    within the tie margin always are - the choice among the scored ones is the one
+    :meth:`SearchContext.best_of` makes over all rows."""
     counts = popcount(masks)
     reps, grp = unique_rows(counts)
     rep_masks = ctx.masks_from_counts(reps)
-    bound = ctx.pred.raw(rep_masks)
+    solo_bound = ctx.pred.raw(rep_masks)
+    bound = _value_bounds(ctx, reps, rep_masks, solo_bound)
     # the best-subset row of each count vector is one of its candidates: its value is known
-    known = np.where((masks == rep_masks[grp]).all(axis=1), bound[grp], np.nan)
+    known = np.where((masks == rep_masks[grp]).all(axis=1), solo_bound[grp], np.nan)
     value = np.full(masks.shape[0], -np.inf)
     solo = np.full(masks.shape[0], -np.inf)
     order = np.argsort(-bound, kind="stable")
     best, pos, step = -np.inf, 0, first
     while pos < order.size:
-        cut = best - 1e-9 * max(1.0, abs(best))
+        cut = best - ctx.tie_margin * max(1.0, abs(best))
         if bound[order[pos]] < cut:
             break
         gs = order[pos : pos + step]
         rows = np.flatnonzero(np.isin(grp, gs[bound[gs] >= cut]))
-        p = ctx.pred.predict_best(masks[rows], known=known[rows])
+        p = ctx.pred.predict_best(masks[rows], known=known[rows], margin=ctx.tie_margin)
         value[rows], solo[rows] = p.value, p.standalone
         best = max(best, float(p.value.max()))
         pos += step
         step *= 2
     i = ctx.choose(masks, value)
     return Found(masks[i].copy(), float(value[i]), float(solo[i]), masks.shape[0])
+
+
+def _value_bounds(ctx: SearchContext, reps: np.ndarray, rep_masks: np.ndarray, solo_bound: np.ndarray) -> np.ndarray:
+    """Upper bound of ``B̂(S, τ)`` over the Pareto variants of each count vector (see
+    :func:`_pareto_pruned`): one capacity-bound row per (count vector, contending job)."""
+    pred = ctx.pred
+    cont = pred.contenders(rep_masks)
+    ci, ji = np.nonzero(cont)
+    if ci.size == 0:
+        return solo_bound  # nobody contends: the value is the standalone value
+    jobs = pred.job_masks
+    rows = rep_masks[ci] | jobs[ji]
+    best_union: dict[tuple[int, int, int], int] = {}
+    for r, (c, j) in enumerate(zip(ci.tolist(), ji.tolist())):
+        for h in np.flatnonzero(ctx.exposed & (reps[c] > 0) & (jobs[j] != 0)).tolist():
+            key = (h, int(reps[c, h]), int(jobs[j, h]))
+            got = best_union.get(key)
+            if got is None:
+                opts = ctx.options(h, key[1])
+                got = best_union[key] = int(opts[np.argmax(ctx.stage1[h, opts | key[2]])]) | key[2]
+            rows[r, h] = got
+    return pred.share(solo_bound, cont, ci, pred.raw(rows))
 
 
 def coarse_count_search(ctx: SearchContext, limit: int) -> Found | None:
@@ -102,7 +128,9 @@ def coarse_count_search(ctx: SearchContext, limit: int) -> Found | None:
                 lo = mid
             else:
                 hi = mid - 1
-    return ctx.best_of(ctx.enumerate(allowed(lo), coarse=True))
+    # standalone bound first, super allocations only for candidates that can still win (the
+    # same choice: up to 4,096 candidates x their contenders were otherwise all sent to the model)
+    return ctx.best_of(ctx.enumerate(allowed(lo), coarse=True), max_pairs=PRUNE_PAIRS)
 
 
 def exact(ctx: SearchContext) -> Found:
