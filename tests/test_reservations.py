@@ -330,3 +330,32 @@ def test_a_holder_that_has_not_waited_long_enough_is_not_kept(store, fab, monkey
     with use_clock(clock):
         mid, _ = _drain_scenario(store, fab, clock, 10 * 3600.0, monkeypatch)  # G waited 9 h < 10 h
     assert [r["request_id"] for r in mid.reservations] == ["S"]
+
+
+@pytest.mark.parametrize("slack, t_starts", [(1.0, True), (3.0, False)])
+def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_its_estimate(store, fab, monkeypatch,
+                                                                                            slack, t_starts):
+    """G drains the cluster for A's expected end (100,000 s); at 9 h, T (8 GPUs, 40,000 s limit) would
+    end by 72,400 s: plain EASY backfills it, at 3x its estimate (112,400 s + 9 h) it could delay G."""
+    from bandpilot.scheduling import reservations
+
+    monkeypatch.setattr(reservations, "DRAIN_AFTER_S", 8 * 3600.0)
+    monkeypatch.setattr(reservations, "DRAIN_ESTIMATE_SLACK", slack)
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    clock = Clock()
+    with use_clock(clock):
+        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy")
+        clock.t = 10.0
+        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy")
+        clock.t = 9 * 3600.0
+        q.submit(store, [{"id": "T", "k": 8, "time_limit_s": 40_000, "submitted": clock.t}])
+        rep = sched.run_batch(store, d, policy="hrrn", backfill="easy")
+    out = {o.request_id: o for o in rep.outcomes}
+    assert [r["request_id"] for r in rep.reservations] == ["G"]
+    assert (out["T"].status == "assigned") is t_starts
+    if not t_starts:
+        assert out["T"].reason == "protects_reservation"
+    assert q.check_invariants(store) == []
