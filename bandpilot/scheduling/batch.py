@@ -387,7 +387,7 @@ class _Batch:
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
-        if getattr(self.dispatcher, "pricing", "now") == "lifetime":  # the future each placement is priced over
+        if getattr(self.dispatcher, "pricing", "now") != "now":  # the future each placement is priced over
             est = Estimates.load(conn)
             self.placer.estimates, self.placer.demand = est, self.demand
             self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
