@@ -112,6 +112,12 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)}, 2 reservations (conservative 2)": (replace(RECOMMENDED, backfill="conservative"),
                                                                    {(reservations, "MAX_CONSERVATIVE"): 2}),
         f"{label(RECOMMENDED)} + start-or-wait": replace(RECOMMENDED, start_or_wait="on"),
+        f"{label(RECOMMENDED)} + drain target after 8 h": (RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
+        f"{label(RECOMMENDED)} + drain target after 24 h": (RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 24 * H}),
+        f"{label(RECOMMENDED)} + drain target after 8 h, backfill safe at 3x": (
+            RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 8 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
+        f"{label(RECOMMENDED)} + drain target after 24 h, backfill safe at 3x": (
+            RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 24 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
         "las + bandpilot (locality 0.5) + easy": replace(RECOMMENDED, policy="las"),
         "las + bandpilot (locality 0.5) + easy + preempt": replace(RECOMMENDED, policy="las", preempt="on"),
         # the recommended queue with the other placement pricing (lifetime <-> now)
