@@ -47,6 +47,23 @@ def _cpu_s(pid: int) -> float:
     return sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK") + sum(_cpu_s(int(k)) for k in kids)
 
 
+def _postgres_cpu_s() -> float:
+    """CPU seconds used so far by every PostgreSQL process on this machine (other users' queries
+    included: an upper bound for the benchmark's share)."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() not in ("postgres", "postmaster"):
+                continue
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,9 +160,10 @@ def main() -> int:
                 return 1
             time.sleep(0.2)
         time.sleep(3.0 if args.workers > 1 else 0.0)  # the first worker answered; let the others start
-        t0, cpu0 = time.perf_counter(), _cpu_s(proc.pid)
+        t0, cpu0, pg0, me0 = time.perf_counter(), _cpu_s(proc.pid), _postgres_cpu_s(), time.process_time()
         lat, acked, errors = asyncio.run(_run(base, tokens, args.duration, args.think))
         wall, cpu = time.perf_counter() - t0, _cpu_s(proc.pid) - cpu0
+        pg_cpu, client_cpu = _postgres_cpu_s() - pg0, time.process_time() - me0
     finally:
         proc.terminate()
         proc.wait(15)
@@ -171,7 +189,9 @@ def main() -> int:
           f"other errors: {len(errors) - n5xx}; acknowledged submits {len(acked)}, stored {len(ids)}, "
           f"lost {len(lost)}, duplicated {dup}, stored but cut off unanswered {unacked}")
     print(f"server CPU {cpu:.1f} s = {cpu / max(n, 1) * 1000:.2f} ms per request (the load-independent cost; "
-          f"latency on a shared machine also depends on what else runs)")
+          f"latency on a shared machine also depends on what else runs); the clients "
+          f"{client_cpu / max(n, 1) * 1000:.2f} ms, PostgreSQL {pg_cpu / max(n, 1) * 1000:.2f} ms per request "
+          f"(every postgres process: other users included); server process at {cpu / wall:.0%} of one core")
     ok = n5xx == 0 and p99 <= 200 and not lost and dup == 0
     print(f"target (no 5xx, p99 <= 200 ms, nothing lost or duplicated): {'met' if ok else 'MISSED'}")
     if schema:

@@ -6,6 +6,8 @@ Workload: seed 001's 50-job shape (:func:`~bandpilot.simulation.workloads.seed00
 job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the stated range
 ``min_k = max(1, k / 4)``, ``max_k = min(2 k, 32)``, step 1, compute scaling efficiency 0.9 per
 doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), ``resize_s = 30``.
+Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags.
+``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
 ignore the ranges. Targets (issue 22): mean JCT >= 45 % below FIFO, p95 >= 25 % below, makespan
@@ -30,7 +32,9 @@ from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.simulation.elastic import simulate  # noqa: E402
 from bandpilot.simulation.engine import SimConfig  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
-from bandpilot.simulation.workloads import seed001_workload  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.simulation.workloads import public_trace_workload, seed001_workload  # noqa: E402
+from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
 #: Fixed-gang baselines as the queue ran them before reservations (greedy backfill, no locality margin)
@@ -41,7 +45,13 @@ CONFIGS = {
     "utility (fixed gangs)": replace(PLAIN, policy="utility"),
     "best non-elastic (hrrn + easy + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
+    "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
+    "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
+    "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
+                                                                          admission="min-k", pricing="self"),
+    "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
+                                                                                 admission="min-k", pricing="self", blind=True),
     "elastic + utility, step = min_k": SimConfig(policy="utility", elastic=True),
     "elastic + utility, step = min_k, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     # the other demand model (co-tenant pressure scaled by the communication fraction), both sides
@@ -57,10 +67,41 @@ def workload(seed: int, n_gpus: int, step: bool = False) -> list:
             for j in seed001_workload(seed)]
 
 
+def scale(n_jobs: int, configs: list[str]) -> int:
+    """Helios-shaped jobs (offered load 0.9, ranges ``k/4 .. 2k``) on the emulated 1,024-GPU
+    ``h100-128`` with the emulator as a perfect predictor: FIFO fixed gangs vs elastic, wall time."""
+    spec = load_cluster(ROOT / "params" / "clusters" / "h100-128.yaml")
+    fab = make_fabric(spec)
+    jobs = [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, spec.n_gpus))
+            for j in public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)]
+    print(f"{n_jobs} Helios-shaped jobs on {spec.n_gpus} GPUs (emulated); load before {open('/proc/loadavg').read().split()[:3]}")
+    out = {}
+    for name in configs:
+        t0 = time.perf_counter()
+        out[name] = summarize(simulate(jobs, Dispatcher(fab, seed=0), fab, SCALE[name]))
+        r = out[name]
+        print(f"- {name}: mean JCT {r['avg_jct_s']:.0f} s, p95 {r['p95_jct_s']:.0f} s, makespan {r['makespan_s']:.0f} s, "
+              f"{r['completed']}/{r['jobs']} done, {r.get('resizes', 0)} resizes, simulation {time.perf_counter() - t0:.0f} s "
+              f"(load {open('/proc/loadavg').read().split()[:3]})", flush=True)
+    if "fifo" in out and "elastic" in out:
+        rel = (out["elastic"]["avg_jct_s"] / out["fifo"]["avg_jct_s"] - 1) * 100
+        print(f"elastic vs FIFO mean JCT: {rel:+.1f} % (target <= -25 %)")
+    return 0
+
+
+#: The scale run's configurations (``--scale N --scale-configs fifo,elastic``).
+SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
+         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--scale", type=int, default=0, help="instead: N Helios-shaped jobs on the emulated 1,024-GPU cluster")
+    ap.add_argument("--scale-configs", default="fifo,elastic", help=f"of {', '.join(SCALE)}")
     args = ap.parse_args()
+    if args.scale:
+        return scale(args.scale, args.scale_configs.split(","))
     truth, what = truth_fabric()
     print(f"truth: {what}; load before {open('/proc/loadavg').read().split()[:3]}\n")
     rows: dict[str, list[dict]] = {k: [] for k in CONFIGS}

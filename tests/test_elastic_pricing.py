@@ -5,6 +5,7 @@ for the slowdown it imposes on the co-tenants of its NICs; the admission rules. 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.state import State
@@ -78,3 +79,47 @@ def test_fit_k_admits_while_the_requested_sizes_fit_and_min_k_while_the_minimums
     low = elastic_quotas(cands, 32, "min-k")
     assert set(fit) == {"r", "p0", "p1", "p2"} and sum(fit.values()) == 32  # 8 (r's min 2 counts) + 3 x 8
     assert set(low) == {"r", *(f"p{i}" for i in range(6))} and sum(low.values()) == 32
+
+
+def test_growth_steps_count_alike_gpus_once_and_take_whole_hosts_when_far(fab):
+    from bandpilot.scheduling.elastic import _steps
+
+    spec = fab.spec
+    st, mine = _crowded(fab)
+    free = st.free & ~mine
+    one = _steps(fab, mine, free, 1)
+    assert sorted(h for h, _ in one) == [1, 2]  # one candidate per NVSwitch host (its GPUs are alike)
+    far = _steps(fab, mine, free, 12)  # more than a host holds: each host's free GPUs as one chunk
+    assert [(h, bin(b).count("1")) for h, b in far] == [(1, 4), (2, 4)]
+    assert all(b & ~int(free[h]) == 0 for h, b in one + far) and spec.n_hosts == 4
+
+
+@pytest.mark.slow
+def test_simulator_skips_rounds_that_would_decide_the_same(fab, tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from bandpilot import queue as q
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.queue.clock import use_clock
+    from bandpilot.simulation import elastic as sim_el
+    from bandpilot.simulation.bandwidth import TrueBandwidth
+    from bandpilot.simulation.engine import SimConfig
+    from bandpilot.simulation.workloads import seed001_workload
+
+    calls = []
+    orig = sim_el.rebalance
+    monkeypatch.setattr(sim_el, "rebalance", lambda store, d, **kw: calls.append(kw["at_boundary"]) or orig(store, d, **kw))
+    jobs = [replace(j, submit_s=0.0, min_k=max(1, j.k // 4), max_k=min(32, 2 * j.k)) for j in seed001_workload(0)[:12]]
+    store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    store.init_cluster(fab.spec)
+    sim = sim_el.ElasticSim(jobs, Dispatcher(fab), TrueBandwidth(fab), SimConfig(policy="utility", elastic=True), store, None)
+    with use_clock(lambda: 0.0):
+        sim._to_submit += jobs
+        sim.pending.update(j.id for j in jobs)
+        assert sim._batch(0.0) > 0 and len(calls) == 1  # the burst: admissions
+        assert sim.pending  # the rest waits on a full cluster
+        assert sim._batch(60.0) == 0 and len(calls) == 1  # no boundary, nothing freed or queued: skipped
+        sim.pending.add("late")  # a new arrival is a new state: the round runs again
+        sim._batch(120.0)
+        assert len(calls) == 2
+    store.close()

@@ -65,6 +65,7 @@ def test_parser_fuzz_text(text):
     assert Shape.parse(str(s)) == s
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["tp", "pp", "dp", "ep", "traffic", "compute_ms", "model", "zz"]),
                        st.one_of(st.integers(-3, 70000), st.floats(allow_nan=True), st.none(), st.booleans(),
@@ -177,6 +178,7 @@ def test_shape_select_errors(kw, msg):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_select_shape(tmp_path, capsys):
     from bandpilot.cli.main import main
 
@@ -311,3 +313,115 @@ def test_shape_with_single_host_and_single_domain():
     sel = nvl.select(64, _state(NVL, free), shape="tp=4,pp=2,dp=8", constraints={"single_domain": True})
     dom = {h.name: h.domain for h in NVL.spec.hosts}
     assert len({dom[g.rpartition(":")[0]] for g in sel.ranks}) == 1
+
+
+# ---- search internals: batched scoring, clean unit splits --------------------------------------
+def test_batched_score_equals_one_at_a_time():
+    """All candidates' groups are planned as one batch; no group may see another candidate's groups
+    as siblings, so scoring them together gives exactly what scoring each alone gives."""
+    import copy
+
+    from bandpilot.dispatch.search.shape import candidates
+
+    free = {h: 4 for h in range(NVL.spec.n_hosts)}
+    for h in range(0, NVL.spec.n_hosts, 3):
+        free[h] = 1
+    jobs = [{"id": "x", "gpus": [f"{NVL.spec.hosts[h].name}:3" for h in (0, 21, 39)], "demand_gbps": 40.0}]
+    st_ = _state(NVL, free, jobs)
+    pred = ContentionPredictor(NVL, st_)
+    shp = Shape.parse("tp=4,pp=2,dp=8")
+    cands = candidates(NVL.spec, st_.free, shp, pred, {})
+    assert len(cands) >= 3
+    together = [copy.deepcopy(c) for c in cands]
+    score(pred, shp, together)
+    for c, t in zip(cands, together):
+        score(pred, shp, [c])
+        assert c.step_ms == pytest.approx(t.step_ms, rel=1e-12) and c.axis_gbps == pytest.approx(t.axis_gbps, rel=1e-12)
+
+
+def test_clean_hosts_without_the_bandwidth_seed():
+    """A heavy cross-host tenant on hosts 0 and 1: the shape search (default: no bandwidth-only
+    seed) puts the job on the clean hosts 2 and 3, where blind's GPU-id order takes 0 and 1."""
+    jobs = [{"id": "t", "gpus": [f"h100-{h}:{i}" for h in (0, 1) for i in range(4, 8)], "demand_gbps": 400.0}]
+    st_ = _state(H100, {h: 4 for h in range(4)}, jobs)
+    disp = Dispatcher(H100)
+    assert disp.shape_bandwidth_seed is False
+    sel = disp.select(8, st_, shape="tp=4,dp=2")
+    assert {g.rpartition(":")[0] for g in sel.ranks} == {"h100-2", "h100-3"}
+    blind = disp.select(8, st_, "blind", shape="tp=4,dp=2")
+    assert {g.rpartition(":")[0] for g in blind.ranks} == {"h100-0", "h100-1"}
+    assert sel.placement["step_ms"] < blind.placement["step_ms"]
+
+
+def test_placer_merit_is_step_time_for_shapes():
+    from bandpilot.scheduling.placer import merit
+
+    st_ = _state(H100, {0: 6, 1: 6, 2: 4, 3: 8})
+    disp = Dispatcher(H100)
+    shaped, blind = disp.select(16, st_, shape="tp=4,dp=4"), disp.select(16, st_, "blind", shape="tp=4,dp=4")
+    assert merit(shaped) == -shaped.placement["step_ms"] and merit(shaped) > merit(blind)
+    plain = disp.select(4, st_)
+    assert merit(plain) == plain.predicted_gbps > 0
+
+
+@pytest.mark.slow
+def test_queue_submit_shape_flags(tmp_path, capsys):
+    import sqlalchemy as sa
+
+    from bandpilot import queue as q
+    from bandpilot.cli.main import main
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    store = q.Store(url)
+    store.init_cluster(H100.spec)
+    store.close()
+    base = ["queue", "submit", "--store", url]
+    assert main(base + ["--id", "s1", "--shape", "tp=4,pp=2,dp=2", "--traffic", "tp=1GiB", "--compute-ms", "20"]) == 0
+    assert main(base + ["--id", "s2", "-k", "8", "--shape", "tp=4,dp=2"]) == 0
+    capsys.readouterr()
+    for bad, msg in ((["-k", "6", "--shape", "tp=4,dp=2"], "but k=6"), (["--shape", "tp=4,dp=2,xx=1"], "unknown key"),
+                     (["-k", "8", "--traffic", "tp=1GiB"], "need --shape")):
+        assert main(base + bad) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+    store = q.Store(url)
+    with store.read() as conn:
+        rows = {r[0]: (r[1], json.loads(r[2])) for r in conn.execute(sa.select(q.T_REQ.c.id, q.T_REQ.c.k, q.T_REQ.c.shape))}
+    store.close()
+    assert set(rows) == {"s1", "s2"}  # the bad submissions stored nothing
+    k, doc = rows["s1"]
+    assert k == 16 and Shape.parse(doc) == Shape.parse({"tp": 4, "pp": 2, "dp": 2, "traffic": {"tp": 2.0**30}, "compute_ms": 20.0})
+    assert rows["s2"][0] == 8 and Shape.parse(rows["s2"][1]).tp == 4
+
+
+def test_spanning_tp_groups_are_balanced_halves():
+    """No host has room for a TP=8 group: the two spanning groups are 4+4 on two hosts each (the
+    H100 fabric runs a 4+4 ring at ~3.5x a 7+1 one), where GPU-id order cuts 5+3 and 2+5+1."""
+    st_ = _state(H100, {h: 5 for h in range(4)})
+    disp = Dispatcher(H100)
+    sel = disp.select(16, st_, shape="tp=8,dp=2")
+    for i in (0, 8):
+        hosts = [g.rpartition(":")[0] for g in sel.ranks[i:i + 8]]
+        assert sorted(hosts.count(h) for h in set(hosts)) == [4, 4], hosts
+    blind = disp.select(16, st_, "blind", shape="tp=8,dp=2")
+    assert sel.placement["axis_gbps"]["tp"] > 1.5 * blind.placement["axis_gbps"]["tp"]
+
+
+def test_screening_sample_spreads_over_each_kind():
+    """Screening keeps ``sample`` groups of each kind spread like np.linspace, and one single-host group."""
+    from bandpilot.dispatch.search.shape import _sampled
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        kind = rng.integers(0, 3, size=(int(rng.integers(1, 4)), int(rng.integers(1, 60))))
+        spans, single = kind == 0, kind == 2
+        for sample in (1, 4, 16):
+            sel = _sampled(spans, single, sample)
+            for c in range(kind.shape[0]):
+                want = np.zeros(kind.shape[1], dtype=bool)
+                for k_ in (spans[c], ~spans[c] & ~single[c]):
+                    g = np.flatnonzero(k_)
+                    want[g[np.linspace(0, g.size - 1, min(sample, g.size)).astype(int)] if g.size else g] = True
+                want[np.flatnonzero(single[c])[:1]] = True
+                assert np.array_equal(sel[c], want)
+    assert _sampled(spans, single, None).all()

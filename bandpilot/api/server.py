@@ -33,7 +33,9 @@ def app_from_env() -> Any:
 def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
           graceful_s: float = 8.0, sample_s: float | None = 60.0, token_ttl: float = 5.0,
           log_level: str = "warning", dispatch_s: float | None = None, model_uri: str | None = None,
-          policy: str = "hrrn") -> None:
+          policy: str = "hrrn", store: Any = None) -> None:
+    """Serve until stopped. ``store``: an open :class:`Store` on ``store_url`` to serve from (one
+    process; opening a second costs start-up time), closed at the end."""
     import uvicorn
 
     from bandpilot.api.app import create_app
@@ -46,7 +48,7 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
                                        "first": True, "dispatch_s": dispatch_s, "model_uri": model_uri, "policy": policy})
         uvicorn.run("bandpilot.api.server:app_from_env", factory=True, workers=workers, **common)
         return
-    store = Store(store_url, pool_size=POOL)
+    store = store if store is not None and workers == 1 else Store(store_url, pool_size=POOL)
     # uvicorn's own handlers: stop accepting, let requests in flight finish (each is one transaction),
     # give up on stragglers after graceful_s - well inside a service manager's 10 s stop window.
     server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl,

@@ -44,8 +44,11 @@ def api_cmd(
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C;
     pending requests are assigned every --dispatch-s seconds with the cluster's champion model."""
-    from bandpilot.api.server import serve
-    s = cli_store(store)
+    from bandpilot.api.server import POOL, serve
+    from bandpilot.cli.common import store_url
+    from bandpilot.queue import Store
+
+    s = Store(store_url(store), create=False, pool_size=POOL if workers == 1 else None)  # the server's own: opened once
     if not s.initialized:
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
     from bandpilot.scheduling.policies import POLICIES
@@ -55,9 +58,10 @@ def api_cmd(
     uri = model or f"models:/bandpilot-{s.spec.name}@champion"
     loop = f"batches every {dispatch_s:g} s with {uri}" if dispatch_s else "no batches (--dispatch-s 0)"
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}; {loop}", err=True)
-    s.close()
+    if workers > 1:
+        s.close()
     serve(s.url, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl,
-          dispatch_s=dispatch_s or None, model_uri=model, policy=policy)
+          dispatch_s=dispatch_s or None, model_uri=model, policy=policy, store=s if workers == 1 else None)
 
 
 @tokens_app.command("create")

@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
+from bandpilot.errors import RequestError
+
 console = Console(stderr=False)
 err_console = Console(stderr=True)
 
@@ -33,3 +35,20 @@ def cli_store(url: str | None, *, create: bool = False) -> Any:
     from bandpilot.queue import Store
 
     return Store(store_url(url), create=create)
+
+
+def shape_flags(shape: str | None, traffic: str | None, compute_ms: float | None):
+    """The --shape with its --traffic / --compute-ms, parsed once (None without --shape); used by
+    ``select`` and ``queue submit``."""
+    if shape is None:
+        if traffic is not None or compute_ms is not None:
+            raise RequestError("--traffic and --compute-ms need --shape")
+        return None
+    from bandpilot.dispatch.shape import Shape, parse_traffic
+
+    doc = Shape.parse(shape, "--shape").to_dict()
+    if traffic is not None:
+        doc["traffic"] = parse_traffic(traffic, "--traffic")
+    if compute_ms is not None:
+        doc["compute_ms"] = compute_ms
+    return Shape.parse(doc, "--shape")

@@ -87,17 +87,27 @@ def submit_cmd(
     min_k: Optional[int] = typer.Option(None, "--min-k", help="Elastic: the fewest GPUs the job can run on (default k)."),
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Elastic: the most GPUs the job can use (default k)."),
     k_step: Optional[int] = typer.Option(None, "--k-step", help="Elastic: sizes are min-k plus multiples of this."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="Parallelism shape tp=T,pp=P,dp=D[,ep=E][,model=PRESET] "
+                                        "(k = tp*pp*dp; --k may be left out); placed per axis, rank map stored."),
+    traffic: Optional[str] = typer.Option(None, "--traffic", help="With --shape: bytes per step per GPU per axis, "
+                                          "e.g. tp=4GiB,dp=1.5e9 (default: the shape's preset model)."),
+    compute_ms: Optional[float] = typer.Option(None, "--compute-ms", help="With --shape: compute time per step (ms)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Queue requests from a JSONL file (one object per line) or from the flags."""
     from bandpilot import queue as q
 
-    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None
+    from bandpilot.cli.common import shape_flags
+
+    shp = shape_flags(shape, traffic, compute_ms)  # one-line errors for a bad --shape / --traffic
+    flags_used = k is not None or req_id is not None or min_k is not None or max_k is not None or shp is not None
     if file is not None and flags_used:
-        raise RequestError("give either a JSONL file or --k/--id flags, not both")
-    if file is None and k is None:
-        raise RequestError("nothing to submit: give a JSONL file or --k")
+        raise RequestError("give either a JSONL file or --k/--id/--shape flags, not both")
+    if file is None and k is None and shp is None:
+        raise RequestError("nothing to submit: give a JSONL file, --k or --shape")
+    if shp is not None and k is None:
+        k = shp.k  # the shape fixes k; an explicit --k is checked against it (Request.from_dict)
     if file is not None:
         requests, errors, labels = _read_jsonl(file)
     else:
@@ -105,7 +115,8 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         extra = (("utility", utility), ("time_limit_s", time_limit), ("comm_fraction", comm_fraction),
                  ("checkpoint_s", checkpoint_s), ("min_k", min_k), ("max_k", max_k), ("k_step", k_step),
-                 ("preemptible", preemptible or None), ("constraints", cons or None))
+                 ("preemptible", preemptible or None), ("constraints", cons or None),
+                 ("shape", shp.to_dict() if shp is not None else None))
         doc.update({key: v for key, v in extra if v is not None})
         requests, errors, labels = [q.Request.from_dict(doc, "flags")], [], ["flags"]
     st = _store(store)
@@ -390,7 +401,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
@@ -399,6 +410,7 @@ def dispatch_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
+    start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -426,7 +438,8 @@ def dispatch_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, demand=demand, locality=locality, preempt=preempt)
+                          backfill=backfill, demand=demand, locality=locality, preempt=preempt,
+                          start_or_wait=start_or_wait)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from bandpilot.cli.common import console
+from bandpilot.cli.common import console, shape_flags
 from bandpilot.cli.main import app
 from bandpilot.dispatch import strategies
 from bandpilot.errors import RequestError
@@ -64,7 +64,7 @@ def select_cmd(
         "whole_domains": whole_domains,
         "segment": segment,
     }
-    shp = _shape(shape, traffic, compute_ms)
+    shp = shape_flags(shape, traffic, compute_ms)
     sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints, shape=shp)
     out = sel.to_dict()
     if fabric is not None and model is not None:
@@ -87,22 +87,6 @@ def select_cmd(
     for host in sel.hosts:
         idx = [g.rpartition(":")[2] for g in sel.gpus if g.rpartition(":")[0] == host]
         console.print(f"  {host}: {', '.join(idx)}")
-
-
-def _shape(shape: str | None, traffic: str | None, compute_ms: float | None):
-    """The --shape with its --traffic / --compute-ms, parsed once (None without --shape)."""
-    if shape is None:
-        if traffic is not None or compute_ms is not None:
-            raise RequestError("--traffic and --compute-ms need --shape")
-        return None
-    from bandpilot.dispatch.shape import Shape, parse_traffic
-
-    doc = Shape.parse(shape, "--shape").to_dict()
-    if traffic is not None:
-        doc["traffic"] = parse_traffic(traffic, "--traffic")
-    if compute_ms is not None:
-        doc["compute_ms"] = compute_ms
-    return Shape.parse(doc, "--shape")
 
 
 def _truth(fabric, st, sel, shp) -> dict:

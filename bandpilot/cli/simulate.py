@@ -22,7 +22,7 @@ def simulate_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn"),
+    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
@@ -32,6 +32,7 @@ def simulate_cmd(
     backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
+    start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
@@ -66,7 +67,8 @@ def simulate_cmd(
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, locality=locality, elastic=_on_off(elastic, "--elastic"), blind=blind_growth,
-                    resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission)
+                    resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
+                    start_or_wait=start_or_wait)
     cfg.check()
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:

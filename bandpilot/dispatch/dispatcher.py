@@ -93,7 +93,7 @@ class Dispatcher:
     """Contention-aware GPU dispatcher guided by one bandwidth model."""
 
     def __init__(self, model: BandwidthModel, seed: int = 0, frag_tie: float | None = None,
-                 locality: float = 0.0) -> None:
+                 locality: float = 0.0, pricing: str = "now") -> None:
         self.spec = check_model(model)
         self.model = model
         self.seed = int(seed)
@@ -104,10 +104,14 @@ class Dispatcher:
             raise ValueError(f"locality must be in [0, 1), got {locality!r}")
         #: relative predicted-bandwidth gain below which a placement on fewer hosts is preferred
         self.locality = float(locality)
+        #: how model-guided searches value a candidate (strategies.register_pricing: now | lifetime)
+        self.pricing = pricing
+        strategies.pricing(pricing)
         self._domains = domain_index(self.spec.hosts)[0]
-        #: shaped requests: also seed the shape search with the bandwidth-only set (better step
-        #: times on busy clusters, at the cost of one bandwidth-only search per select)
-        self.shape_bandwidth_seed = True
+        #: shaped requests: also seed the shape search with the bandwidth-only set. Off by default:
+        #: the shape search's own clean / water-filled unit splits reach the same step times
+        #: (measured, ``python -m benchmarks shape``) without the bandwidth-only search's cost
+        self.shape_bandwidth_seed = False
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""
@@ -117,6 +121,15 @@ class Dispatcher:
             raise ValueError(f"locality must be in [0, 1), got {locality!r}")
         other = copy.copy(self)
         other.locality = float(locality)
+        return other
+
+    def with_pricing(self, pricing: str) -> "Dispatcher":
+        """The same dispatcher (model, caches) valuing candidates with another registered pricing."""
+        if pricing == self.pricing:
+            return self
+        strategies.pricing(pricing)  # an unknown name fails here, in one line
+        other = copy.copy(self)
+        other.pricing = pricing
         return other
 
     @classmethod
@@ -200,11 +213,15 @@ class Dispatcher:
                                  else f"{k} GPUs requested but only {st.n_free} of the cluster's {n} GPUs are free")
         free = self._filter(st, k, cons)
         pred = ContentionPredictor(guide, st)
-        got = strategy.run(Job(guide, st, free, k, cons, pred, self._domains, self.seed, self.frag_tie, self.locality))
-        if isinstance(got, Found):
+        if strategy.kind == strategies.MODEL_GUIDED and self.pricing != "now":
+            score = strategies.pricing(self.pricing)(guide, st)
+        else:
+            score = pred
+        got = strategy.run(Job(guide, st, free, k, cons, score, self._domains, self.seed, self.frag_tie, self.locality))
+        if isinstance(got, Found) and score is pred:
             mask, value, solo = got.mask, got.value, got.standalone
-        else:  # a baseline's mask: the model predicts it
-            mask = got
+        else:  # a baseline's mask (or a lifetime price): the model predicts it against the jobs running now
+            mask = got.mask if isinstance(got, Found) else got
             p = pred.predict(np.asarray(mask)[None, :])
             value, solo = float(p.value[0]), float(p.standalone[0])
 
@@ -224,7 +241,7 @@ class Dispatcher:
             standalone_gbps=solo,
             algorithm=algorithm,
             search_ms=(time.perf_counter() - t0) * 1e3,
-            evaluations=pred.evaluations,
+            evaluations=pred.evaluations + (score.evaluations if score is not pred else 0),
             k=k,
             mask=mask,
         )

@@ -44,6 +44,9 @@ class State:
     spec: ClusterSpec
     free: np.ndarray
     jobs: tuple[Job, ...] = ()
+    #: what the queue expects of the future (:class:`bandpilot.dispatch.lifetime.Outlook`: run-time
+    #: estimates, the arrival mix) for lifetime pricing; None: price against the jobs running now
+    outlook: Any = field(default=None, compare=False, repr=False)
 
     @property
     def n_free(self) -> int:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from bandpilot.dispatch.builtin_strategies import Job
 
 __all__ = [
-    "BASELINE", "KINDS", "MODEL_GUIDED", "ORACLE", "Strategy", "get", "help_text", "label", "names", "register",
+    "BASELINE", "KINDS", "MODEL_GUIDED", "ORACLE", "Strategy", "get", "help_text", "label", "names",
+    "pricing", "pricings", "register", "register_pricing",
 ]
 
 MODEL_GUIDED, BASELINE, ORACLE = "model-guided", "baseline", "oracle"
@@ -114,3 +115,39 @@ for _s in (
     Strategy("exact", ORACLE, "true optimum by enumeration (raises if intractable)", _B + "exact", "Exact"),
 ):
     register(_s)
+
+
+# ---- pricings: how a model-guided search values a candidate -------------------------------------
+# A pricing is a factory ``(model, state) -> ContentionPredictor`` (``"module:callable"``, imported on
+# first use): the search's scores come from it, so a new notion of "what a placement is worth"
+# plugs in here without touching any search loop. Baselines and oracles keep today's contention.
+_PRICINGS: dict[str, tuple[str, Union[str, Callable[..., Any]]]] = {}
+
+
+def register_pricing(name: str, help: str, target: Union[str, Callable[..., Any]]) -> None:
+    if name in _PRICINGS:
+        raise ValueError(f"pricing {name!r} is already registered")
+    _PRICINGS[name] = (help, target)
+
+
+def pricing(name: str) -> Callable[..., Any]:
+    """The predictor factory of a registered pricing; an unknown name is a one-line error."""
+    try:
+        _, fn = _PRICINGS[name]
+    except KeyError:
+        raise PlacementError("invalid_request", f"unknown pricing {name!r}; choose from {list(_PRICINGS)}") from None
+    if isinstance(fn, str):
+        module, _, attr = fn.partition(":")
+        fn = getattr(importlib.import_module(module), attr)
+    return fn
+
+
+def pricings() -> tuple[str, ...]:
+    """Registered pricing names."""
+    return tuple(_PRICINGS)
+
+
+register_pricing("now", "against the jobs running now (the paper's B(S, tau))",
+                 "bandpilot.dispatch.contention:ContentionPredictor")
+register_pricing("lifetime", "over the estimated run time: co-tenants that end, later cross-host jobs on the hosts "
+                 "(needs the queue's outlook; else as now)", "bandpilot.dispatch.lifetime:pricing_predictor")

@@ -236,18 +236,13 @@ class Store:
     def migrate(self) -> int:
         """Apply pending migrations in order, each recorded in ``bp_schema``; returns the version."""
         target = schema_version()
-        try:
-            with self.read() as conn:
-                cur = self.current_version(conn)
-        except StoreError:
-            raise
-        except sa.exc.DBAPIError as exc:
-            raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
+        done = self._applied()
+        cur = max(done, default=0)
         if cur == 0 and not self.create:
             raise StoreError(self._missing(f"{self.safe_url} is not a BandPilot queue store"))
         if cur > target:
             raise StoreError(f"store {self.safe_url} has schema v{cur}, newer than this BandPilot (v{target}); upgrade BandPilot")
-        if cur == target and not self._missing_versions():
+        if cur == target and all(v in done for v, _, _ in _schema.MIGRATIONS):
             return cur
         with self.write() as conn:
             if self.backend == "postgresql":
@@ -268,10 +263,22 @@ class Store:
     def _missing(self, what: str) -> str:
         return f"{what}: create it with `bandpilot cluster init --cluster SPEC --store {self.safe_url}`"
 
-    def _missing_versions(self) -> list[int]:
-        with self.read() as conn:
-            done = set(conn.execute(sa.select(T_SCHEMA.c.version)).scalars())
-        return [v for v, _, _ in _schema.MIGRATIONS if v not in done]
+    def _applied(self) -> set[int]:
+        """The migrations recorded, in one query (every process start opens a store: the API's
+        start-up is a target); empty for a database without ``bp_schema``."""
+        try:
+            with self.read(snapshot=False) as conn:
+                return set(conn.execute(_VERSIONS).scalars())
+        except sa.exc.ProgrammingError as exc:  # PostgreSQL: undefined table
+            if getattr(exc.orig, "pgcode", None) == "42P01":
+                return set()
+            raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
+        except StoreError as exc:  # SQLite's missing table arrives as an OperationalError -> StoreError
+            if "no such table: bp_schema" in str(exc):
+                return set()
+            raise
+        except sa.exc.DBAPIError as exc:
+            raise StoreError(f"cannot open store {self.safe_url}: {_dberr(exc)}") from None
 
     # -- cluster --------------------------------------------------------------------------
     def init_cluster(self, spec: ClusterSpec, *, force: bool = False) -> bool:
@@ -391,6 +398,7 @@ _ACTIVE_JOBS_STMT = (
 
 
 IDLE_PING_S = 10.0
+_VERSIONS = sa.select(T_SCHEMA.c.version)
 _AUDIT_INSERT = sa.insert(T_AUDIT)  # built once; the values travel as parameters
 
 

@@ -30,14 +30,17 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressure_factor
 from bandpilot.dispatch.state import State
-from bandpilot.errors import ModelError, RequestError
+from bandpilot.errors import ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
+from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
+from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
+from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
@@ -221,7 +224,9 @@ def run_batch(
     backfill: str = "greedy",
     max_reservations: int | None = None,
     locality: float | None = None,
+    pricing: str | None = None,
     preempt: str = "off",
+    start_or_wait: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -237,10 +242,17 @@ def run_batch(
     gangs a reservation (start time and GPUs) that later requests may not delay. ``locality`` (the
     dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
     gain more than this relative bandwidth - a placement lives for hours and a spread one meets
-    more co-tenants than the ones running now.
+    more co-tenants than the ones running now. ``pricing`` (the dispatcher's own when None; registered
+    in :mod:`bandpilot.dispatch.strategies`): ``lifetime`` prices each placement over its estimated
+    run time with the batch's :mod:`~bandpilot.scheduling.outlook` (co-tenants that end, later
+    cross-host jobs on its hosts), ``now`` against the jobs running now.
     ``preempt="on"`` (:mod:`bandpilot.scheduling.preemption`): a starving or higher-priority gang
     that cannot start may evict preemptible jobs (victims back to pending, the gang assigned, one
     savepoint); ``report.preempted`` lists what was evicted.
+    ``start_or_wait="on"`` (:mod:`bandpilot.scheduling.startwait`; needs ``easy`` or ``conservative``
+    backfill): a gang that could start now waits for a nearby running-job end when the service time
+    a better predicted placement saves exceeds the queueing it adds (deferred as
+    ``waits_for_better_placement``, holding a reservation).
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -256,16 +268,23 @@ def run_batch(
         raise RequestError(str(exc)) from None
     check_backfill(backfill)
     check_preempt(preempt)
+    check_start_wait(start_or_wait)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
         if hasattr(dispatcher, "with_locality"):
             dispatcher = dispatcher.with_locality(float(locality))
+    if pricing is not None and hasattr(dispatcher, "with_pricing"):
+        try:
+            dispatcher = dispatcher.with_pricing(pricing)
+        except PlacementError as exc:
+            raise RequestError(str(exc)) from None
     store.refresh()
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
     b.after_each = after_each
     b.preempt = preempt
+    b.start_or_wait = start_or_wait
     if commit == "batch":
         b.in_one_transaction()
     else:
@@ -289,6 +308,8 @@ class _Batch:
         self.book: Book | None = None
         self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
+        self.start_or_wait = "off"
+        self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
 
     # ---- the two commit modes ----------------------------------------------------------------
@@ -345,9 +366,12 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
+            if self.start_or_wait == "on":
+                self.starter = StartOrWait(self.book)
         if self.preempt == "on":
             # asked first: a plan that starts the gang now beats a reservation for later
-            self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
+            kind = LasPreemptPostFilter if self.policy == "las" else PreemptPostFilter
+            self.preemptor = kind.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now())
             self.placer.post_filters.insert(0, self.preemptor)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
@@ -357,10 +381,15 @@ class _Batch:
         if self.policy in ESTIMATE_POLICIES:
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        queue = order_pending(pending, self.policy, expected, now())
+        attained = load_attained(conn) if self.policy == "las" else None
+        queue = order_pending(pending, self.policy, expected, now(), attained)
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
+        if getattr(self.dispatcher, "pricing", "now") == "lifetime":  # the future each placement is priced over
+            est = Estimates.load(conn)
+            self.placer.estimates, self.placer.demand = est, self.demand
+            self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
         quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
         self.report.quotas = quotas
         return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
@@ -408,6 +437,11 @@ class _Batch:
                 return self.preempt_for(conn, p, plan, batch_id, out)
             out.status, out.reason, out.detail = d.status, plan.reason, plan.detail
             return out
+        if self.starter is not None:
+            wait = self.starter.consider(req, sel)
+            if wait is not None:  # a nearby end gives a placement that saves more than the wait costs
+                out.reason, out.detail = wait.reason, wait.detail
+                return out
         try:
             res = _write_assignment(conn, req, sel, batch_id, ts, self.uri, self.version, self.algorithm, self.demand)
         except _Conflict as exc:

@@ -144,10 +144,41 @@ def _bits(spec: Any, mask: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
+def _steps(model: Any, mask: np.ndarray, free: np.ndarray, n_left: int) -> list[tuple[int, int]]:
+    """One greedy step's candidates ``(host, bits to add)``: while more GPUs are needed than a host
+    holds, a host's free GPUs as one chunk (a 1,024-GPU cluster offers 1,000 single GPUs per step);
+    then single GPUs, of which a host's free GPUs giving the same stage-1 (in-host) value count
+    once (every GPU of an NVSwitch host is alike)."""
+    per_host = int(popcount(free | mask).max()) if free.size else 0
+    stage1 = getattr(model, "stage1", None)
+    out: list[tuple[int, int]] = []
+    for h in np.flatnonzero(free):
+        m = int(free[h])
+        if n_left > per_host:
+            bits = 0
+            for _ in range(n_left):
+                if not m:
+                    break
+                b = m & -m
+                bits |= b
+                m ^= b
+            out.append((int(h), bits))
+            continue
+        bits = np.array([1 << i for i in range(m.bit_length()) if m >> i & 1], dtype=np.int64)
+        if stage1 is not None:
+            _, first = np.unique(np.asarray(stage1[h, int(mask[h]) | bits]), return_index=True)
+            bits = bits[np.sort(first)]
+        out.extend((int(h), int(b)) for b in bits)
+    return out
+
+
 def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np.ndarray, n_add: int) -> np.ndarray:
     mask, free = mask.copy(), free.copy()
-    for _ in range(n_add):
-        cand = _bits(spec, free)
+    left = n_add
+    while left > 0:
+        cand = _steps(pred.model, mask, free, left)
+        if not cand:
+            break
         rows = np.repeat(mask[None, :], len(cand), axis=0)
         for i, (h, b) in enumerate(cand):
             rows[i, h] |= b
@@ -158,11 +189,12 @@ def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np
         h, b = cand[best]
         mask[h] |= b
         free[h] &= ~b
+        left -= bin(b).count("1")
     return mask
 
 
 #: Hosts with the most free GPUs tried as "fill this host first" growth seeds (besides the job's own).
-SEED_HOSTS = 8
+SEED_HOSTS = 3
 
 
 def _seed_hosts(mask: np.ndarray, free: np.ndarray) -> list[int]:
@@ -294,7 +326,7 @@ def rebalance(
         rep.quotas = elastic_quotas(cands, n_play, admission)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
-                     PRICERS[pricing], admission)
+                     PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k))
         _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
@@ -311,10 +343,14 @@ class _Round:
     fracs: dict[str, float | None]
     pricer: Any
     admission: str
+    best_gbps: Callable[[int], float] | None = None  # best idle-cluster bandwidth of a size (growth bounds)
 
     def f(self, jid: str) -> float:
         f = self.fracs.get(jid)
         return DEFAULT_COMM if f is None else float(f)
+
+    def best(self, k: int) -> float:
+        return self.best_gbps(k) if self.best_gbps is not None else float("inf")
 
     def context(self, others: State, jid: str, mask: np.ndarray | None) -> Context:
         return Context(self.model, others, jid, self.f(jid), self.fracs, self.demand, mask)
@@ -345,9 +381,15 @@ def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
     local = int(popcount(np.where(own, others.free & ~mask, 0)).sum())
     grown: list[Grown] = []
     for k in _growth_sizes(c, cur, target, local):
+        # the most the job itself could gain at k (its size's best idle bandwidth): what imposes on
+        # co-tenants only adds to the price, so a size that cannot pass this is not searched
+        if cur > 1 and grow_ratio(rnd.f(jid), cur, b0, k, rnd.best(k)) >= 1.0 - GROW_GAIN:
+            continue
         rows, value = grow_rows(rnd.model, others, mask, k - cur)
         n_hosts = (rows != 0).sum(axis=1)
-        for i in np.lexsort((np.arange(len(rows)), n_hosts, -np.round(value, 6))):  # best own bandwidth first
+        order = np.lexsort((np.arange(len(rows)), n_hosts, -np.round(value, 6)))  # best own bandwidth first
+        # the best for the job and the one on fewest hosts (the candidate that imposes least)
+        for i in dict.fromkeys([int(order[0]), int(np.lexsort((np.arange(len(rows)), -value, n_hosts))[0])]):
             grown.append((k, rows[i].copy(), float(value[i])))
     pick = rnd.pricer.growth(rnd.context(others, jid, mask), cur, b0, grown)
     if pick is None:
@@ -425,17 +467,15 @@ def _best_gbps(dispatcher: Any, k: int) -> float:
 
 
 def _size_options(req: Request, q: int, one_host: int = 0) -> list[int]:
-    """``q`` and a few smaller sizes of the range (halvings, ``min_k``, and the largest that fits
+    """``q`` and a few smaller sizes of the range (a halving, ``min_k``, and the largest that fits
     the roomiest host's ``one_host`` free GPUs): a smaller gang on one host may beat a larger one
     spread over fragments."""
     sizes = [k for k in req.sizes() if k <= q]
     out: list[int] = []
-    x = q
-    while sizes and x >= req.lo:
-        k = max(s for s in sizes if s <= x)
-        if k not in out:
+    for x in (q, q // 2):  # one halving: every halving costs a dispatcher search (128 hosts at scale)
+        k = max((s for s in sizes if s <= x), default=None)
+        if k is not None and k not in out:
             out.append(k)
-        x //= 2
     local = [s for s in sizes if s <= one_host]
     for k in ([req.lo] if req.lo in sizes else []) + local[-1:]:
         if k not in out:
@@ -457,7 +497,9 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
 
     one_host = int(popcount(state.free).max()) if state.free.size else 0
     options, sels = [], []
-    for k in _size_options(req, q, one_host):
+    # a quota that fits the roomiest host: smaller sizes only add compute time, and a one-host set
+    # presses no NIC, so only q is placed (on a mostly idle 1,024-GPU cluster most admissions)
+    for k in ([q] if q <= one_host else _size_options(req, q, one_host)):
         try:
             sel = dispatcher.select(k, state, algorithm, constraints=req.constraints.to_dict() or None)
         except Exception as exc:  # noqa: BLE001 - a placement failure: try the next size / next round

@@ -26,7 +26,7 @@ from bandpilot.dispatch.constraints import Constraints
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
-POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn")
+POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn", "las")
 #: Policies that order by run-time estimates (:mod:`bandpilot.scheduling.estimates`).
 ESTIMATE_POLICIES = ("sjf", "hrrn")
 #: ``hrrn`` ages a request whose expected run time is longer than this as if it were this long, so
@@ -35,6 +35,15 @@ ESTIMATE_POLICIES = ("sjf", "hrrn")
 #: uncapped 4.64 / 4.54 h mean, max 86 / 62 h; 8 h: 4.04 / 4.20 h, max 57 / 58 h; 4-5 h: max
 #: 45-49 h but the ``full`` mean rises to ~5.1 h.
 HRRN_AGE_CAP_S = 8 * 3600.0
+#: ``las`` (Tiresias' discretised 2D-LAS): GPU-seconds of service received that move a request to
+#: the next, lower-priority level (FIFO within a level, so two jobs of one level never preempt each
+#: other). Chosen once (1 and 16 GPU-hours, around the mixed workload's median and p90 job), not tuned.
+LAS_THRESHOLDS_GPU_S = (1 * 3600.0, 16 * 3600.0)
+
+
+def las_level(attained_gpu_s: float) -> int:
+    """The 2D-LAS level of a job that has received ``attained_gpu_s`` GPU-seconds (0 = highest)."""
+    return sum(attained_gpu_s >= t for t in LAS_THRESHOLDS_GPU_S)
 
 
 @dataclass(frozen=True)
@@ -85,14 +94,16 @@ def utility_prior(pending: Sequence[Pending]) -> float:
 
 
 def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None,
-                  now: float | None = None) -> list[Pending]:
+                  now: float | None = None, attained: Mapping[str, float] | None = None) -> list[Pending]:
     """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
     FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
     ``utility`` (higher job utility first, then priority, then FIFO), ``hrrn`` (highest response
     ratio ``(wait + expected) / expected`` first, the expected run time capped at
     :data:`HRRN_AGE_CAP_S`: short jobs go early like sjf, and a long one's ratio grows while it
     waits at least as fast as a job of the cap's length, so it cannot starve behind short ones;
-    unknown ones last, FIFO)."""
+    unknown ones last, FIFO), ``las`` (least attained service, Tiresias' 2D-LAS: by the level of
+    the GPU-seconds ``attained[id]`` a request received before it was preempted, then FIFO;
+    :mod:`bandpilot.scheduling.las` preempts the most-attained jobs for it)."""
     if policy == "hrrn":
         exp = expected or {}
         t = max((p.submitted_at for p in pending), default=0.0) if now is None else now
@@ -106,6 +117,9 @@ def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str
             return (max(0.0, t - p.submitted_at) + e) / e
 
         return sorted(pending, key=lambda p: (p.req.id not in exp, -ratio(p), p.submitted_at, p.seq))
+    if policy == "las":
+        got = attained or {}
+        return sorted(pending, key=lambda p: (las_level(got.get(p.req.id, 0.0)), p.submitted_at, p.seq))
     if policy == "fifo":
         return sorted(pending, key=lambda p: (p.submitted_at, p.seq))
     if policy == "sjf":

@@ -41,7 +41,7 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOBS, T_REQ
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.placer import Deferred, Placer
+from bandpilot.scheduling.placer import Deferred, Placer, merit
 from bandpilot.scheduling.postfilter import Plan, Unschedulable
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
@@ -108,6 +108,7 @@ class PreemptPlan(Plan):
     selection: Any = None  # the placement the plan was scored with (written as is)
     cost_gpu_h: float = 0.0
     remaining: tuple[tuple[str, float | None], ...] = ()  # (victim, expected remaining run time)
+    attained: tuple[tuple[str, float], ...] = ()  # (victim, GPU-seconds it ran this time): LAS's service received
 
 
 class PreemptPostFilter:
@@ -154,21 +155,28 @@ class PreemptPostFilter:
         req = u.request
         if u.status != "deferred" or self.plans >= self.max_plans or not self.cands:
             return None
-        waited = self.now - (req.submitted_at if req.submitted_at is not None else self.now)
-        starving = waited >= self.starve_s
-        elig = [c for c in self.cands.values()
-                if c.priority < req.priority or (starving and c.priority <= req.priority)]
+        elig, why = self.eligible(req)
         if not elig:
             return None
         best = self._best(req, u.state, u.hidden, elig)
         if best is None:
             return None
         cost, gbps, name, victims, sel = best
-        why = f"waited {waited / 3600:.1f} h" if starving else f"priority {req.priority}"
+        step = (getattr(sel, "placement", None) or {}).get("step_ms")
+        pred = f"{gbps:.0f} GB/s" + (f", step {step:.1f} ms" if step is not None else "")
         detail = (f"evict {', '.join(v.id for v in victims)}; admit {req.id} on {name}: "
-                  f"{gbps:.0f} GB/s predicted ({why}; {cost:.2f} GPU-h lost)")
+                  f"{pred} predicted ({why}; {cost:.2f} GPU-h lost)")
         return PreemptPlan(self.name, "preempted", detail, tuple(v.id for v in victims), sel, cost,
-                           tuple((v.id, v.remaining_s(self.now)) for v in victims))
+                           tuple((v.id, v.remaining_s(self.now)) for v in victims),
+                           tuple((v.id, v.k * max(0.0, self.now - v.started_at)) for v in victims))
+
+    def eligible(self, req: Request) -> tuple[list[Candidate], str]:
+        """Victims ``req`` may evict and why: lower priority, or equal when ``req`` is starving."""
+        waited = self.now - (req.submitted_at if req.submitted_at is not None else self.now)
+        starving = waited >= self.starve_s
+        elig = [c for c in self.cands.values()
+                if c.priority < req.priority or (starving and c.priority <= req.priority)]
+        return elig, (f"waited {waited / 3600:.1f} h" if starving else f"priority {req.priority}")
 
     def _best(self, req: Request, state: State, hidden: np.ndarray | None, elig: list[Candidate]) -> tuple | None:
         free = state.free & ~(hidden if hidden is not None else 0)
@@ -228,7 +236,7 @@ class PreemptPostFilter:
             if len(need) < len(victims):
                 victims = need
             cost = sum(v.cost_gpu_h(self.now) for v in victims)
-            return cost, float(sel.predicted_gbps), name, victims, sel
+            return cost, merit(sel), name, victims, sel  # shaped: by step time
         return None
 
 
@@ -254,8 +262,8 @@ def evict(conn: sa.Connection, plan: PreemptPlan, gang: Request, ts: float) -> N
             conn.execute(sa.insert(T_ESTIMATES).values(request_id=vid, expected_s=float(remaining)))
     conn.execute(sa.insert(T_AUDIT).values(
         at=ts, actor="scheduler", action="preempt", target=gang.id, outcome="ok",
-        detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h},
-                          sort_keys=True)))
+        detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h,
+                           "attained_gpu_s": dict(plan.attained)}, sort_keys=True)))
 
 
 class EvictionConflict(Exception):

@@ -23,4 +23,6 @@ largest-JCT miss (86.0 -> 71.4 h vs Slurm-like's 43.0 h) and costs the ``comm``-
 POLICY = "hrrn"
 BACKFILL = "easy"
 LOCALITY = 0.5
+PRICING = "now"
 PREEMPT = "off"
+START_OR_WAIT = "off"

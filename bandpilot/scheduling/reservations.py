@@ -113,6 +113,7 @@ class Book:
             est = estimates.of(Request(jid, int(k), tenant, time_limit_s=limit))
             self.running.append(_Running(jid, job.mask, expected_end(float(started), est, now), job.demand_gbps))
         self.reservations: list[Reservation] = []
+        self.holds = 0  # reservations of gangs waiting for a better placement (not EASY's slots)
 
     @classmethod
     def load(cls, conn: sa.Connection, mode: str, state: State, placer: Placer, now: float,
@@ -124,7 +125,13 @@ class Book:
         return self.limit > 0
 
     def can_reserve(self) -> bool:
-        return len(self.reservations) < self.limit
+        return len(self.reservations) - self.holds < self.limit
+
+    def hold(self, r: Reservation) -> None:
+        """A gang that could start now waits for a better placement (:mod:`bandpilot.scheduling.startwait`):
+        its GPUs at ``r.start_at`` are protected like a reservation's, without using a backfill slot."""
+        self.reservations.append(r)
+        self.holds += 1
 
     def hidden_for(self, req: Request) -> np.ndarray | None:
         """GPUs ``req`` must not take now: those of reservations starting before it would end."""

@@ -60,6 +60,8 @@ class ElasticSim(_Sim):
         self.jobs = {j.id: j for j in self.trace}
         self.last_resize: dict[str, int] = {}  # job -> epoch of its last resize (or start)
         self.waiting_resize = False
+        self.priced: dict[str, tuple[int, tuple[bytes, int]]] = {}  # job -> (epoch, round key) of its last pricing
+        self.last_key: tuple[bytes, int] | None = None
 
     def _epochs(self, jid: str) -> int:
         return self.jobs[jid].epochs or self.cfg.epochs
@@ -77,9 +79,13 @@ class ElasticSim(_Sim):
     def _retick(self) -> bool:
         return self.waiting_resize
 
+    def _key(self) -> tuple[bytes, int]:
+        """What a round decides from besides the jobs at a boundary: the GPUs held and the queue."""
+        return self.busy.tobytes(), len(self.pending)
+
     def _batch(self, t: float) -> int:
-        self._flush()
-        at = []
+        at, seen = [], {}
+        key = self._key()
         self.waiting_resize = False
         for jid, r in self.running.items():
             j = self.jobs[jid]
@@ -87,14 +93,21 @@ class ElasticSim(_Sim):
                 continue
             ep = int(max(0.0, r.progress) * self._epochs(jid) + 1e-9)
             if ep > self.last_resize.get(jid, 0):
-                at.append(jid)
+                seen[jid] = ep
+                if self.priced.get(jid) != (ep, key):  # a refused growth is priced again only on a new state
+                    at.append(jid)
             else:
                 self.waiting_resize = True
+        if not at and key == self.last_key:
+            return 0  # no boundary, nothing freed or queued since the last round: it would decide the same
+        self._flush()
         rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
                         admission=self.cfg.admission,
                         epochs={jid: int(max(0.0, self.running[jid].progress) * self._epochs(jid)) for jid in at})
         self.batches += 1
+        for jid in at:
+            self.priced[jid] = (seen[jid], key)
         for rz in rep.resized:
             r = self.running[rz["job"]]
             self.busy &= ~r.mask
@@ -124,6 +137,7 @@ class ElasticSim(_Sim):
                 if getattr(r, "resize_pending", False):
                     r.progress -= self.cfg.resize_s * r.rate
                     r.resize_pending = False  # type: ignore[attr-defined]
+        self.last_key = self._key()
         return len(rep.admitted) + len(rep.resized)
 
     def _rates(self) -> None:

@@ -46,6 +46,7 @@ from bandpilot.queue import Request, Store, release_many, report_entropy, set_es
 from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
+from bandpilot.scheduling.startwait import START_WAIT_MODES
 from bandpilot.scheduling.elastic import ADMISSIONS, DEFAULT_ADMISSION
 from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, PRICERS
 from bandpilot.queue.learning import DEFAULT_LAMBDA
@@ -73,7 +74,9 @@ class SimConfig:
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
+    placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
+    start_or_wait: str = recommended.START_OR_WAIT  # off | on (bandpilot.scheduling.startwait)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
@@ -95,8 +98,13 @@ class SimConfig:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
         if not 0.0 <= self.locality < 1.0:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
+        if self.placement_pricing not in strategies.pricings():
+            raise SimulationError(f"unknown placement pricing {self.placement_pricing!r}: use one of "
+                                  f"{', '.join(strategies.pricings())}")
         if self.preempt not in PREEMPT_MODES:
             raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
+        if self.start_or_wait not in START_WAIT_MODES:
+            raise SimulationError(f"unknown start-or-wait mode {self.start_or_wait!r}: use one of {', '.join(START_WAIT_MODES)}")
         if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
             raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.admission not in ADMISSIONS:
@@ -257,7 +265,8 @@ class _Sim:
         self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality,
-                        preempt=self.cfg.preempt)
+                        pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
+                        start_or_wait=self.cfg.start_or_wait)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:

@@ -17,9 +17,9 @@ from bandpilot.errors import BandPilotError
 from bandpilot.simulation.engine import SimConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0, "preempt": "off"},
-    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot", "locality": 0.0, "preempt": "off"},
-    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo", "locality": 0.0, "preempt": "off"},
+    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
+    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
+    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
 }
 
 

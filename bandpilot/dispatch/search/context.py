@@ -220,6 +220,9 @@ class SearchContext:
             # values rounded to 1e-9 as integers (np.round(v, 9) is rint(v * 1e9) / 1e9): hashable rows
             vals = np.rint(np.where(np.arange(self.G + 1)[None, :] <= f[:, None], self.best_val[hosts], 0.0) * 1e9)
             rows = np.column_stack([gpu_id[hosts], dom_id[hosts], f, vals.astype(np.int64)])
+            key = getattr(self.pred, "host_key", None)  # a pricing that tells hosts apart (lifetime)
+            if key is not None:
+                rows = np.column_stack([rows, key[hosts]])
             coarse = _first_seen(unique_rows(rows)[1])
             ccls[hosts] = coarse
             # the same without the domain label: trays alike in any domain (units alike, see domains.py)
@@ -259,7 +262,8 @@ class SearchContext:
     def tie_margin(self) -> float:
         """Relative distance below the best value within which :meth:`choose` weighs candidates
         (pruned evaluations score every candidate that close)."""
-        return max(_REL_TIE, self.locality)
+        protect_tie = getattr(self.pred, "protect_tie", 0.0) if getattr(self.pred, "protect", None) else 0.0
+        return max(_REL_TIE, self.locality, protect_tie)
 
     def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None, max_pairs: int = 8192) -> Prediction:
         """Contention-aware values of candidates (pruned by the standalone bound in batches of
@@ -279,6 +283,7 @@ class SearchContext:
         tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order.
         ``cols``: the rows are given on those host columns only."""
         vmax = float(value.max())
+        protect = getattr(self.pred, "protect", None)  # a pricing's queue lookahead (lifetime)
         near = np.flatnonzero(value >= vmax - self.tie_margin * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
@@ -286,7 +291,16 @@ class SearchContext:
         nh = used.sum(axis=1)
         fc = self.fcount if cols is None else self.fcount[cols]
         fit = (used * fc[None, :]).sum(axis=1)
-        return int(near[np.lexsort((near, fit, nh))[0]])
+        keys = [near, fit, nh]
+        if protect is not None:  # leaves the next gangs their best placement first, then fewer hosts
+            near = near[np.argsort(-value[near], kind="stable")][: getattr(self.pred, "protect_max", near.size)]
+            used = masks[near] != 0
+            full = masks[near] if cols is None else np.zeros((near.size, self.H), dtype=np.int64)
+            if cols is not None:
+                full[:, cols] = masks[near]
+            fit = (used * fc[None, :]).sum(axis=1)
+            keys = [near, fit, used.sum(axis=1), -np.round(protect(full, value[near]), 3)]
+        return int(near[np.lexsort(keys)[0]])
 
     def best_of(self, masks: np.ndarray, max_pairs: int = 8192, cols: np.ndarray | None = None) -> Found | None:
         """Best of candidate rows (``cols``: given on those sorted host columns; the result is a

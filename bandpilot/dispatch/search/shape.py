@@ -85,21 +85,27 @@ def group_ranks(shape: Shape) -> dict[str, np.ndarray]:
 
 
 def _masks(hosts: np.ndarray, idx: np.ndarray, ranks: np.ndarray, n_hosts: int) -> np.ndarray:
-    n, s = ranks.shape
-    out = np.zeros((n, n_hosts), dtype=np.int64)
-    rows = np.repeat(np.arange(n), s)
-    np.bitwise_or.at(out, (rows, hosts[ranks].ravel()), np.int64(1) << idx[ranks].ravel())
-    return out
+    """Per-host masks of every group of every candidate: ``hosts``/``idx`` ``(C, k)``, ``ranks``
+    ``(n, s)`` -> ``(C, n, n_hosts)``. A rank's bit is unique within its group, so the masks are sums
+    (one bincount instead of an unbuffered bitwise_or.at)."""
+    C, (n, s) = hosts.shape[0], ranks.shape
+    if idx.size and int(idx.max()) >= 52:  # beyond float64's exact integers: or the bits one by one
+        out = np.zeros((C * n, n_hosts), dtype=np.int64)
+        r = np.repeat(np.arange(C * n), s)
+        np.bitwise_or.at(out, (r, hosts[:, ranks].ravel()), np.int64(1) << idx[:, ranks].ravel())
+        return out.reshape(C, n, n_hosts)
+    cell = (np.arange(C * n).reshape(C, n, 1) * n_hosts + hosts[:, ranks]).ravel()
+    out = np.bincount(cell, weights=np.ldexp(1.0, idx[:, ranks].ravel()), minlength=C * n * n_hosts)
+    return out.astype(np.int64).reshape(C, n, n_hosts)
 
 
 # ---- scoring ---------------------------------------------------------------------------------
 class _Rows:
     """Rows for one batched model call; hands back a slice handle per request."""
 
-    def __init__(self, n_hosts: int) -> None:
+    def __init__(self) -> None:
         self.parts: list[np.ndarray] = []
         self.n = 0
-        self.n_hosts = n_hosts
 
     def add(self, rows: np.ndarray) -> slice:
         s = slice(self.n, self.n + rows.shape[0])
@@ -114,122 +120,162 @@ class _Rows:
         return pred.raw(np.concatenate(self.parts))
 
 
-def _plan_axis(pred: ContentionPredictor, M: np.ndarray, rows: _Rows, sample: int | None) -> dict[str, Any]:
-    """Rows one axis's groups need; ``sample`` keeps that many spanning groups (screening)."""
-    used = M != 0
-    single = used.sum(axis=1) == 1
-    spans = pred._spans(M)
-    M_all, spans_all = M, spans
-    sel_idx = np.arange(M.shape[0])
-    if sample is not None and spans.sum() > sample:
-        keep = np.flatnonzero(spans)[np.linspace(0, int(spans.sum()) - 1, sample).astype(int)]
-        sel = ~spans & ~single  # in-domain multi-tray groups: no contention, kept
-        sel[keep] = True
-        sel[np.flatnonzero(single)[:1]] = True  # identical hosts: one single-host group speaks for all
-        sel_idx = np.flatnonzero(sel)
-        M, used, single, spans = M[sel], used[sel], single[sel], spans[sel]
-    plan: dict[str, Any] = {"M": M, "single": single, "spans": spans}
+def _sampled(spans: np.ndarray, single: np.ndarray, sample: int | None) -> np.ndarray:
+    """Groups scored per candidate ``(C, n)``: all, or (screening) at most ``sample`` spanning and
+    ``sample`` in-domain multi-tray groups, each spread evenly over the candidate's groups of that
+    kind, and one single-host group (identical hosts: one speaks for all)."""
+    if sample is None:
+        return np.ones(spans.shape, dtype=bool)
+    sel = np.zeros(spans.shape, dtype=bool)
+    j = np.arange(sample)
+    for kind in (spans, ~spans & ~single, single):
+        rank = np.cumsum(kind, axis=1) - 1  # a group's index among the candidate's groups of its kind
+        cnt = kind.sum(axis=1)[:, None]
+        take = min(sample, 1) if kind is single else sample
+        # rank == floor(j * (cnt - 1) / (take - 1)) for some j < take: np.linspace's spread
+        pos = (j[None, :take] * (cnt - 1)) // max(take - 1, 1)
+        hit = (rank[:, :, None] == pos[:, None, :]).any(axis=2) | (cnt <= take)
+        sel |= kind & hit
+    return sel
+
+
+def _plan_axis(pred: ContentionPredictor, M3: np.ndarray, rows: _Rows, sample: int | None) -> dict[str, Any]:
+    """Rows one axis's groups need, for all candidates at once (``M3``: ``(C, n, hosts)``)."""
+    C, n, H = M3.shape
+    used3 = M3 != 0
+    single3 = used3.sum(axis=2) == 1
+    spans3 = pred._spans(M3.reshape(C * n, H)).reshape(C, n)
+    sel3 = _sampled(spans3, single3, sample)
+    ci, gi = np.nonzero(sel3)
+    M, used, single = M3[ci, gi], used3[ci, gi], single3[ci, gi]
+    plan: dict[str, Any] = {"C": C, "ci": ci, "gi": gi, "single": single, "spans": spans3[ci, gi],
+                            "spans3": spans3, "miss3": spans3 & ~sel3}
     h = np.argmax(used, axis=1)
     plan["stage1"] = pred.model.stage1[h[single], M[single, h[single]]]
     plan["solo"] = rows.add(M[~single])
     cont = pred.contenders(M)
-    ci, ji = np.nonzero(cont)
-    plan["cont"], plan["ci"] = cont, ci
-    plan["tenant"] = rows.add(M[ci] | pred.job_masks[ji])
-    # siblings: the other spanning groups of the axis that share a host with this one
-    src = np.flatnonzero(spans_all)
-    cols = np.flatnonzero(M_all.any(axis=0))  # the job's hosts only: the incidence product stays small
-    share = (used[:, cols].astype(np.float32) @ (M_all[src][:, cols] != 0).astype(np.float32).T > 0.5) & spans[:, None]
-    share &= sel_idx[:, None] != src[None, :]
-    plan["share"], plan["sib_src"] = share, src
+    ri, ji = np.nonzero(cont)
+    plan["cont"], plan["ri"] = cont, ri
+    plan["tenant"] = rows.add(M[ri] | pred.job_masks[ji])
+    # siblings: the candidate's other spanning groups that share a host with this one (the job's
+    # hosts only: the incidence product stays small)
+    inc = used3[:, :, M3.any(axis=(0, 1))].astype(np.float32)
+    share3 = (inc @ inc.transpose(0, 2, 1) > 0.5) & spans3[:, :, None] & spans3[:, None, :]
+    share3[:, np.arange(n), np.arange(n)] = False
+    share = share3[ci, gi]
     has = share.any(axis=1)
-    union_all = np.bitwise_or.reduce(M_all[src], axis=0) if src.size else np.zeros(M.shape[1], np.int64)
-    plan["has"] = has
-    plan["sib"] = rows.add(np.where(used[has], union_all[None, :], 0) | M[has])
-    plan["M_all"] = M_all
+    union = np.bitwise_or.reduce(np.where(spans3[:, :, None], M3, 0), axis=1)  # (C, hosts)
+    plan["share"], plan["has"] = share, has
+    plan["sib"] = rows.add(np.where(used[has], union[ci[has]], 0) | M[has])
     return plan
 
 
-def _axis_value(pred: ContentionPredictor, plan: dict[str, Any], vals: np.ndarray, sib_solo: np.ndarray) -> float:
-    M, single = plan["M"], plan["single"]
-    solo = np.zeros(M.shape[0])
+def _axis_values(pred: ContentionPredictor, plan: dict[str, Any], vals: np.ndarray) -> np.ndarray:
+    """Each candidate's axis bandwidth: its slowest scored group under the contention rule."""
+    C, ci, gi, single, spans = plan["C"], plan["ci"], plan["gi"], plan["single"], plan["spans"]
+    solo = np.zeros(ci.size)
     solo[single] = plan["stage1"]
     solo[~single] = vals[plan["solo"]]
-    cap = np.full(M.shape[0], np.inf)
-    if plan["ci"].size:
-        np.minimum.at(cap, plan["ci"], vals[plan["tenant"]])
+    cap = np.full(ci.size, np.inf)
+    if plan["ri"].size:
+        np.minimum.at(cap, plan["ri"], vals[plan["tenant"]])
     has = plan["has"]
     cap[has] = np.minimum(cap[has], vals[plan["sib"]])
-    demand = solo + plan["cont"].astype(float) @ pred.job_demand + plan["share"].astype(float) @ sib_solo
+    # siblings' demand: their standalone bandwidth; a screened candidate's unscored spanning groups
+    # take the mean of its scored ones
+    sib = np.zeros(plan["spans3"].shape)
+    sib[ci[spans], gi[spans]] = solo[spans]
+    n_sp = np.bincount(ci[spans], minlength=C)
+    mean = np.bincount(ci[spans], weights=solo[spans], minlength=C) / np.maximum(n_sp, 1)
+    miss = plan["miss3"]
+    sib[miss] = np.broadcast_to(mean[:, None], miss.shape)[miss]
+    demand = solo + plan["cont"].astype(float) @ pred.job_demand + (plan["share"] * sib[ci]).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         shared = np.where(demand > 0, solo / demand * cap, 0.0)
     value = np.where(demand <= cap, solo, shared)
-    return float(value.min())
+    out = np.full(C, np.inf)
+    np.minimum.at(out, ci, value)
+    return out
 
 
 def score(pred: ContentionPredictor, shape: Shape, cands: list[Placement], sample: int | None = None) -> None:
-    """Fill each candidate's per-axis GB/s, comm time and step time (one model call for all)."""
+    """Fill each candidate's per-axis GB/s, comm time and step time (one model call for all;
+    every axis's groups of every candidate are planned as one batch)."""
+    if not cands:
+        return
     vol, compute = shape.volumes()
     granks = {a: g for a, g in group_ranks(shape).items() if a in vol}
-    n_h = pred.spec.n_hosts
-    rows = _Rows(n_h)
-    plans = []
-    for c in cands:
-        plans.append({a: _plan_axis(pred, _masks(c.hosts, c.idx, g, n_h), rows, sample) for a, g in granks.items()})
+    hosts, idx = np.stack([c.hosts for c in cands]), np.stack([c.idx for c in cands])
+    rows = _Rows()
+    plans = {a: _plan_axis(pred, _masks(hosts, idx, g, pred.spec.n_hosts), rows, sample) for a, g in granks.items()}
     vals = rows.run(pred)
-    for c, plan in zip(cands, plans):
+    bw = {a: _axis_values(pred, p, vals) for a, p in plans.items()}
+    for i, c in enumerate(cands):
         c.compute_ms = compute
-        c.axis_gbps, c.comm_ms = {}, {}
-        for a, p in plan.items():
-            # siblings' demand: their standalone bandwidth; sampled plans approximate it by the
-            # axis's mean sampled spanning solo value (their exact values are not computed)
-            sib_solo = _sibling_solo(p, vals)
-            bw = _axis_value(pred, p, vals, sib_solo)
-            c.axis_gbps[a] = bw
-            c.comm_ms[a] = vol[a] / (bw * 1e9) * 1e3 if bw > 0 else float("inf")
+        c.axis_gbps = {a: float(bw[a][i]) for a in plans}
+        c.comm_ms = {a: vol[a] / (v * 1e9) * 1e3 if v > 0 else float("inf") for a, v in c.axis_gbps.items()}
         c.step_ms = compute + sum(c.comm_ms.values())
 
 
-def _sibling_solo(p: dict[str, Any], vals: np.ndarray) -> np.ndarray:
-    n_src = p["sib_src"].size
-    if n_src == 0:
-        return np.zeros(0)
-    M, spans = p["M"], p["spans"]
-    multi = ~p["single"]
-    solo_multi = vals[p["solo"]]
-    solo_spans = solo_multi[spans[multi]]
-    if p["M_all"].shape[0] == M.shape[0]:
-        return solo_spans
-    return np.full(n_src, float(solo_spans.mean()) if solo_spans.size else 0.0)
-
-
 # ---- candidates ------------------------------------------------------------------------------
-def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray) -> list[tuple[int, int]]:
-    """Free GPUs of a unit: fullest hosts first (TP groups stay inside a tray when they can)."""
+def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
+               exposed: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """Free GPUs of a unit: fullest hosts first (TP groups stay inside a tray when they can);
+    with ``exposed``, hosts no cross-host tenant touches before the others."""
     f = popcount(free[members])
-    order = members[np.lexsort((members, -f))]
-    return [(int(h), i) for h in order for i in range(int(spec.gpus_per_host[h])) if free[h] >> i & 1]
+    keys = (members, -f) if exposed is None else (members, -f, exposed[members])
+    order = members[np.lexsort(keys)]
+    i = np.arange(int(spec.gpus_per_host[order].max()) if order.size else 0)
+    r, c = np.nonzero((free[order, None] >> i) & 1)  # row-major: hosts in order, GPUs by index
+    return list(zip(order[r].tolist(), c.tolist()))
 
 
 def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: np.ndarray, shape: Shape,
-          n_groups: np.ndarray) -> list[list[tuple[int, int]]]:
+          n_groups: np.ndarray, exposed: np.ndarray | None = None,
+          rack: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
     """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
-    the leftover GPUs (locality order) until there are ``pp * dp``."""
+    the leftover GPUs (locality order) until there are ``pp * dp``; with ``rack`` (rack per unit),
+    spanning groups are first two halves on two units of one rack (a 4+4 TP group in a rack runs at
+    3.5x a 7+1 one on the H100 fabric), see :func:`_paired`."""
     tp, G = shape.tp, shape.pp * shape.dp
     groups: list[list[tuple[int, int]]] = []
-    left: list[tuple[int, int]] = []
+    left: dict[int, list[tuple[int, int]]] = {}
     need = G - int(n_groups.sum())  # spanning groups: only then do the leftovers matter
+    enough = need * tp * (1 if rack is None else 2)  # pairing halves wants more units to choose from
+    n_left = 0
     for u in order:
         n = int(n_groups[u])
-        if n == 0 and (need <= 0 or len(left) >= need * tp):
+        if n == 0 and (need <= 0 or n_left >= enough):
             continue
-        g = _unit_gpus(spec, free, units[u])
+        g = _unit_gpus(spec, free, units[u], exposed)
         groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
-        left += g[n * tp:]
+        left[int(u)] = g[n * tp:]
+        n_left += len(g) - n * tp
+    if len(groups) < G and rack is not None:
+        groups += _paired(left, rack, G - len(groups), tp)
     if len(groups) < G:
-        extra = [left[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
+        rest = [x for u in left for x in left[u]]
+        extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
         groups += [e for e in extra if len(e) == tp]
     return groups[:G] if len(groups) >= G else []
+
+
+def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int) -> list[list[tuple[int, int]]]:
+    """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
+    rack first, then across racks; takes the GPUs it uses out of ``left``."""
+    half, out = tp // 2, []
+    for same_rack in (True, False):
+        while len(out) < need:
+            pools = [u for u in left if len(left[u]) >= half]
+            pools.sort(key=lambda u: -len(left[u]))
+            pair = next(((a, b) for i, a in enumerate(pools) for b in pools[i + 1:]
+                         if not same_rack or rack[a] == rack[b]), None)
+            if pair is None:
+                break
+            out.append(left[pair[0]][:half] + left[pair[1]][:half])
+            for u in pair:
+                left[u] = left[u][half:]
+    return out
 
 
 def _counts_greedy(cap: np.ndarray, order: np.ndarray, G: int) -> np.ndarray:
@@ -264,6 +310,51 @@ def _counts_bestfit(cap: np.ndarray, loc: np.ndarray, G: int) -> np.ndarray:
     return n
 
 
+def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, exposed: np.ndarray,
+                   rack_of_unit: np.ndarray, shape: Shape) -> dict[str, np.ndarray]:
+    """TP groups per unit for each unit order: fullest first, best fit, least exposed, rack-compact,
+    and clean (most TP groups on hosts no cross-host tenant touches) whole or water-filled over the
+    fewest units - the splits the bandwidth-only search starts from, here without its model calls.
+    ``cap1`` / ``clean1``: a unit's room / clean room in TP groups."""
+    U, G = cap1.size, shape.pp * shape.dp
+    loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
+    exposed_u = np.bincount(unit, weights=exposed.astype(np.int64), minlength=U)
+    counts: dict[str, np.ndarray] = {}
+    # whole stages (DP-inner) or whole pipelines (PP-inner) per unit keep DP / PP groups inside units
+    for tag, block in (("", 1), ("+dp-blocks", shape.dp), ("+pp-blocks", shape.pp)):
+        cap, clean = cap1 // block * block, np.minimum(clean1, cap1) // block * block
+        if tag and (block == 1 or cap.sum() < G):
+            continue  # (without blocks, too little aligned room still gives every unit's room + spanning groups)
+        counts["fullest" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap)), G)
+        counts["bestfit" + tag] = _counts_bestfit(cap, loc, G)
+        counts["quiet" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, exposed_u > 0)), G)
+        rack_cap = np.bincount(rack_of_unit, weights=cap)
+        counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
+        by_clean = np.lexsort((loc, -cap, -clean))
+        counts["clean" + tag] = _counts_greedy(cap, by_clean, G)
+        by_clean = by_clean[cap[by_clean] > 0]
+        m0 = int(np.searchsorted(np.cumsum(cap[by_clean]), G)) + 1
+        # the fewest units, and twice as many: spread groups share each unit's NICs with fewer siblings
+        spreads = ((m0, "clean-balanced"), (min(2 * m0, by_clean.size), "clean-spread"))  # all units: no gain
+        for i, (m, name) in enumerate(spreads):
+            if 1 < m <= by_clean.size and all(m != prev for prev, _ in spreads[:i]):
+                n = np.zeros(U, dtype=np.int64)
+                n[by_clean[:m]] = _balanced(cap[by_clean[:m]] // block, G // block) * block
+                if n.sum() == G:
+                    counts[name + tag] = n
+    return counts
+
+
+def _balanced(cap: np.ndarray, n: int) -> np.ndarray:
+    """Water-filling split of ``n`` over units with capacities ``cap`` (largest share first)."""
+    q = max(c for c in range(int(cap.max()) + 1) if np.minimum(cap, c).sum() <= n)
+    base = np.minimum(cap, q)
+    extra = n - int(base.sum())
+    elig = np.flatnonzero(cap > q)
+    base[elig[:extra]] += 1
+    return base
+
+
 def _layouts(groups: list[list[tuple[int, int]]], shape: Shape, label: str) -> list[Placement]:
     """DP-inner (groups in order are replicas of a stage) and PP-inner (consecutive stages)."""
     arr = np.array(groups, dtype=np.int64).reshape(shape.pp * shape.dp, shape.tp, 2)
@@ -279,7 +370,8 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     """Candidate placements (see the module docstring); ``seeds`` are whole GPU sets to re-lay out."""
     unit, _ = spec.units
     U = int(unit.max()) + 1
-    units = [np.flatnonzero(unit == u) for u in range(U)]
+    by_unit = np.argsort(unit, kind="stable")
+    units = np.split(by_unit, np.flatnonzero(np.diff(unit[by_unit])) + 1)
     rack = {d: i for i, d in enumerate(dict.fromkeys(h.domain or h.name for h in spec.hosts))}
     rack_of_unit = np.array([rack[spec.hosts[int(m[0])].domain or spec.hosts[int(m[0])].name] for m in units])
     loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
@@ -288,26 +380,26 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     def cap_of(fr: np.ndarray) -> np.ndarray:
         return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
 
-    exposed = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
-    counts: dict[str, np.ndarray] = {}
-    # whole stages (DP-inner) or whole pipelines (PP-inner) per unit keep DP / PP groups inside units
-    for tag, block in (("", 1), ("+dp-blocks", shape.dp), ("+pp-blocks", shape.pp)):
-        cap = cap_of(free) // block * block
-        if cap.sum() < G or (tag and block == 1):
-            continue
-        counts["fullest" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap)), G)
-        counts["bestfit" + tag] = _counts_bestfit(cap, loc, G)
-        counts["quiet" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, exposed > 0)), G)
-        rack_cap = np.bincount(rack_of_unit, weights=cap)
-        counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
+    counts = _count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
+                            rack_of_unit, shape)
     out: list[Placement] = []
     seen: set[bytes] = set()
+    done: set[tuple[bytes, bool]] = set()
+    exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
+    free_u = np.bincount(unit, weights=popcount(free), minlength=U)
 
-    def emit(label: str, fr: np.ndarray, n: np.ndarray) -> None:
-        used = np.flatnonzero(n) if n.sum() else np.zeros(0, dtype=np.int64)
-        order = np.concatenate([used, np.setdiff1d(np.arange(U), used)])  # locality order, unused last
-        groups = _take(spec, fr, units, order, shape, n)
-        for p in _layouts(groups, shape, label) if groups else []:
+    def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
+        clean = label.startswith("clean")
+        if fr is free and (n.tobytes(), clean, paired) in done:  # several unit orders often agree
+            return
+        done.add((n.tobytes(), clean, paired))
+        used = np.flatnonzero(n)
+        rest = np.flatnonzero(n == 0)  # locality order, unused last
+        if clean:  # spanning groups' leftovers from the least exposed, fullest units first
+            rest = rest[np.lexsort((rest, -free_u[rest], exposed_u[rest]))]
+        groups = _take(spec, fr, units, np.concatenate([used, rest]), shape, n, pred.exposed if clean else None,
+                       rack_of_unit if paired else None)
+        for p in _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []:
             key = np.stack([p.hosts, p.idx]).tobytes()
             if key not in seen:
                 seen.add(key)
@@ -315,6 +407,8 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
 
     for label, n in counts.items():
         emit(label, free, n)
+        if n.sum() < G and shape.tp % 2 == 0:  # spanning TP groups: also as rack-local halves
+            emit(label, free, n, paired=True)
     for label, m in seeds.items():
         c = cap_of(m)
         emit(label, m, np.minimum(c, _counts_greedy(c, np.lexsort((loc, -c)), G)))

@@ -1,0 +1,110 @@
+"""Start now, or wait for a better placement? Issue 21 item 3, a plug-in asked after the placer found
+a placement for a gang (the step after Filter/Score and before Bind in Kubernetes' terms).
+
+A gang that can start now on a poor placement (a spread one, or one whose NICs are shared) may do
+better by waiting for a running job to end. For each of the next running-job ends within
+``max_wait_s`` (the backfill book's planning times, :mod:`bandpilot.scheduling.reservations`), the
+dispatcher places the gang on the cluster expected then; waiting until ``t`` pays off when the
+service time it saves beats the queueing it adds:
+
+    saved(t) = comm_fraction x expected run time x (predicted GB/s at t / predicted GB/s now - 1)
+    wait if  saved(t) - (t - now) > min_gain_s   (the best such t)
+
+(the communicating share of the run time scales with 1 / bandwidth; the run time is the queue's
+estimate, :mod:`bandpilot.scheduling.estimates`). Bounded: only gangs with a known comm fraction
+and run-time estimate are considered, only ends within ``max_wait_s``, and a request that has
+already waited ``max_hold_s`` starts where it can (it never waits twice for long). The gang then
+holds a reservation on the GPUs chosen at ``t`` (later requests backfill around it as around the
+EASY reservation, without taking EASY's slot), and its deferral says why, e.g.
+``waits for a better placement: ~0.4 h for h100-2:0-7 at 312 GB/s vs 151 GB/s now (saves ~1.3 h of 6.0 h)``.
+Recomputed every batch like every reservation. Off by default (``start_or_wait="off"``; README,
+issue 21, has the measurement).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bandpilot.errors import RequestError
+from bandpilot.queue.requests import Request
+from bandpilot.queue.views import format_gpus
+from bandpilot.scheduling.placer import Deferred
+from bandpilot.scheduling.reservations import Book, Reservation
+from bandpilot.topology.cluster import popcount
+
+START_WAIT_MODES = ("off", "on")
+#: Largest added queueing considered (a nearby reservation, not a distant one).
+MAX_WAIT_S = 2 * 3600.0
+#: A request that has waited this long starts where it can.
+MAX_HOLD_S = 4 * 3600.0
+#: Net service time a wait must save (estimates are rough: a wait that saves a minute is noise).
+MIN_GAIN_S = 300.0
+#: Planning times tried per gang (each costs one dispatcher call).
+MAX_STEPS = 6
+
+
+def check_start_wait(mode: str) -> str:
+    if mode not in START_WAIT_MODES:
+        raise RequestError(f"unknown start-or-wait mode {mode!r}: use one of {', '.join(START_WAIT_MODES)}")
+    return mode
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    reason: str
+    detail: str
+    reservation: Reservation
+    saved_s: float
+    added_s: float
+
+
+class StartOrWait:
+    """Decides, for a gang the placer could start now, whether waiting for a nearby end is faster."""
+
+    name = "start_or_wait"
+    reason = "waits_for_better_placement"
+
+    def __init__(self, book: Book, max_wait_s: float = MAX_WAIT_S, max_hold_s: float = MAX_HOLD_S,
+                 min_gain_s: float = MIN_GAIN_S) -> None:
+        self.book = book
+        self.max_wait_s, self.max_hold_s, self.min_gain_s = max_wait_s, max_hold_s, min_gain_s
+
+    def consider(self, req: Request, sel: Any) -> WaitPlan | None:
+        """A :class:`WaitPlan` (the gang's reservation is added to the book) or None: start now."""
+        book = self.book
+        f, est = req.comm_fraction, book.estimates.of(req)
+        b_now = float(getattr(sel, "predicted_gbps", None) or 0.0)
+        waited = book.now - (req.submitted_at if req.submitted_at is not None else book.now)
+        if req.k < 2 or not f or est is None or b_now <= 0 or waited >= self.max_hold_s:
+            return None
+        best: tuple[float, float, float, Any, float] | None = None  # (net, t, saved, sel, gbps)
+        for t in [t for t in book._steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]:
+            added = t - book.now
+            st = book._state_at(t, t + est)
+            if int(popcount(st.free).sum()) < req.k:
+                continue
+            book.placer.reset_failures()
+            book.placer.set_state(st)
+            try:
+                s_t = book.placer.place(req)
+            except Deferred:
+                continue
+            b_t = float(getattr(s_t, "predicted_gbps", None) or 0.0)
+            saved = f * est * (b_t / b_now - 1.0)
+            net = saved - added
+            if net > self.min_gain_s and (best is None or net > best[0]):
+                best = (net, t, saved, s_t, b_t)
+        if best is None:
+            return None
+        net, t, saved, s_t, b_t = best
+        gpus = list(s_t.gpus)
+        res = Reservation(req.id, req.k, len(book.reservations), t, gpus, book.spec.to_mask(gpus), b_t, est)
+        book.hold(res)
+        where = format_gpus(gpus)
+        detail = (f"waits for a better placement: ~{(t - book.now) / 3600:.1f} h for {where} at {b_t:.0f} GB/s "
+                  f"vs {b_now:.0f} GB/s now (saves ~{saved / 3600:.1f} h of {est / 3600:.1f} h)")
+        return WaitPlan(self.reason, detail, res, saved, t - book.now)
+
+
+__all__ = ["START_WAIT_MODES", "StartOrWait", "WaitPlan", "check_start_wait"]
