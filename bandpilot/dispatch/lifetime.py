@@ -250,9 +250,12 @@ class LifetimePredictor(ContentionPredictor):
         return Prediction(value, solo)
 
     def predict_best(self, masks: np.ndarray, max_pairs: int = 8192, first: int = 256,
-                     cols: np.ndarray | None = None, known: np.ndarray | None = None) -> Prediction:
+                     cols: np.ndarray | None = None, known: np.ndarray | None = None,
+                     margin: float = 1e-9) -> Prediction:
         """:meth:`predict` over the candidates in descending standalone order, a growing chunk at a
-        time, until the best value found beats every standalone value left (values <= standalone)."""
+        time, until the best value found beats every standalone value left (values <= standalone).
+        ``margin``: every candidate within this relative distance of the best is scored (the
+        caller's tie margin, as in :meth:`ContentionPredictor.predict_best`)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
         if n <= first:
@@ -265,7 +268,7 @@ class LifetimePredictor(ContentionPredictor):
         order = np.argsort(-solo, kind="stable")
         best, pos, step = -np.inf, 0, first
         while pos < n:
-            bound = best - 1e-9 * max(1.0, abs(best))
+            bound = best - margin * max(1.0, abs(best))
             if solo[order[pos]] < bound:
                 break
             idx = order[pos : pos + step]
