@@ -1,6 +1,6 @@
 """Jobs finish sooner (issue 21): reservations, backfill, lifetime locality and queue order, by JCT.
 
-    python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001,batch]
+    python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001,batch,plan,helios]
 
 Truth: the measured h100-16m tables when ``../shared/data`` (or ``$BANDPILOT_DATA``) is present, else
 the emulated ``params/clusters/h100.yaml`` (labelled EMULATED). The dispatcher's model is the truth
@@ -20,11 +20,14 @@ in every table. Nothing is written into the repository.
    emulated 1,152-GPU ``nvl72x16`` (target: <= 60 s).
 5. ``plan`` (only when asked): the preemption plug-in's time per call on the mixed workload
    (target: one plan <= 1 s p99).
+6. ``helios`` (only when asked, ~6 min a seed): 2,000 Helios-shaped jobs on the emulated
+   ``nvl72x16``, the default vs the Slurm-like baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -38,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.scheduling import policies, reservations  # noqa: E402
 from bandpilot.simulation.engine import SimConfig, simulate  # noqa: E402
 from bandpilot.simulation.presets import apply_preset  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
@@ -59,8 +63,17 @@ def truth_fabric():
         "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent), perfect predictor"
 
 
-def run(jobs, truth, cfg: SimConfig) -> dict:
-    return summarize(simulate(jobs, Dispatcher(truth, seed=cfg.seed), truth, cfg))
+def run(jobs, truth, cfg: SimConfig, knobs: dict | None = None) -> dict:
+    """One simulation; ``knobs`` temporarily set module constants of the scheduler ({(module, name):
+    value}) for the variants measured against the defaults (e.g. hrrn's age cap)."""
+    old = {(m, n): getattr(m, n) for m, n in (knobs or {})}
+    try:
+        for (m, n), v in (knobs or {}).items():
+            setattr(m, n, v)
+        return summarize(simulate(jobs, Dispatcher(truth, seed=cfg.seed), truth, cfg))
+    finally:
+        for (m, n), v in old.items():
+            setattr(m, n, v)
 
 
 def label(c: SimConfig) -> str:
@@ -92,6 +105,13 @@ def mixed(truth, seeds: int) -> str:
         f"recommended: {label(RECOMMENDED)}": RECOMMENDED,
         "fifo + bandpilot (locality 0.5) + easy": SimConfig(policy="fifo", backfill="easy", locality=0.5),
         f"{label(RECOMMENDED)} + preempt": replace(RECOMMENDED, preempt="on"),
+        "hrrn uncapped (before) + bandpilot (locality 0.5) + easy": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): math.inf}),
+        "hrrn age cap 4 h + bandpilot (locality 0.5) + easy": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): 4 * H}),
+        f"{label(RECOMMENDED)}, 2 reservations (conservative 2)": (replace(RECOMMENDED, backfill="conservative"),
+                                                                   {(reservations, "MAX_CONSERVATIVE"): 2}),
+        f"{label(RECOMMENDED)} + start-or-wait": replace(RECOMMENDED, start_or_wait="on"),
+        "las + bandpilot (locality 0.5) + easy": replace(RECOMMENDED, policy="las"),
+        "las + bandpilot (locality 0.5) + easy + preempt": replace(RECOMMENDED, policy="las", preempt="on"),
     }
     if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like stays as the reference
         cfgs = {k: v for k, v in cfgs.items() if k.startswith("Slurm-like") or any(c in k for c in CONFIGS)}
@@ -101,7 +121,8 @@ def mixed(truth, seeds: int) -> str:
         for s in range(seeds):
             jobs = mixed_workload(200, seed=s)
             for name, c in cfgs.items():
-                rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s, demand=demand)))
+                c, knobs = c if isinstance(c, tuple) else (c, None)
+                rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s, demand=demand), knobs))
         blocks.append(f"demand model `{demand}` (means over {seeds} seeds; ref = Slurm-like)\n\n"
                       + table(rows, "Slurm-like (FIFO + topo + EASY)"))
         blocks.append(targets(rows))
@@ -120,7 +141,7 @@ def targets(rows: dict[str, list[dict]]) -> str:
         ("max JCT no worse than Slurm-like", m(rec, "max_jct_s") <= m(slurm, "max_jct_s"), m(rec, "max_jct_s") / m(slurm, "max_jct_s") - 1),
         ("every job completes", all(r["completed"] == r["jobs"] for r in rows[rec]), 0.0),
     ]
-    pre = next((k for k in rows if k.endswith("+ preempt")), None)
+    pre = next((k for k in rows if k.endswith("+ preempt") and not k.startswith("las")), None)
     if pre is not None:
         waste = m(pre, "wasted_gpu_hours") / max(m(pre, "gpu_hours"), 1e-9)
         checks += [
@@ -224,6 +245,26 @@ def plan_latency(truth, seeds: int) -> str:
             f"max {b.max():.1f} ms (target: one plan <= 1 s p99)")
 
 
+def helios(truth, seeds: int) -> str:
+    """Issue 21's second workload: 2,000 Helios-shaped jobs (offered load 0.9) on the emulated
+    1,152-GPU ``nvl72x16`` (the emulator as truth and as a perfect predictor), default vs Slurm-like."""
+    from bandpilot.simulation.workloads import public_trace_workload
+
+    spec = load_cluster(ROOT / "params" / "clusters" / "nvl72x16.yaml")
+    fab = make_fabric(spec)
+    rows: dict[str, list[dict]] = {}
+    for s in range(seeds):
+        jobs = public_trace_workload("helios", 2000, n_gpus=spec.n_gpus, load=0.9, seed=s)
+        for name, c in (("Slurm-like (FIFO + block + EASY)", apply_preset(SimConfig(), "slurm", spec)),
+                        (f"recommended: {label(RECOMMENDED)}", RECOMMENDED)):
+            t0 = time.perf_counter()
+            rows.setdefault(name, []).append(summarize(simulate(jobs, Dispatcher(fab, seed=s), fab, replace(c, seed=s))))
+            rows[name][-1]["wall_s"] = time.perf_counter() - t0
+    walls = ", ".join(f"{k}: {np.mean([r['wall_s'] for r in v]):.0f} s" for k, v in rows.items())
+    return (f"2,000 Helios-shaped jobs on {spec.name} ({spec.n_gpus} GPUs, emulated, perfect predictor), demand `full`, "
+            f"{seeds} seed(s); wall {walls}\n\n" + table(rows, "Slurm-like (FIFO + block + EASY)"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
@@ -235,7 +276,8 @@ def main() -> int:
     print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
     for part in args.only.split(","):
         t0 = time.perf_counter()
-        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001, "batch": batch_latency, "plan": plan_latency}[part](truth, args.seeds))
+        print({"mixed": mixed, "fifo": fifo_placement, "seed001": seed001, "batch": batch_latency, "plan": plan_latency,
+               "helios": helios}[part](truth, args.seeds))
         print(f"\n({part}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
     return 0
 

@@ -425,3 +425,15 @@ def test_screening_sample_spreads_over_each_kind():
                 want[np.flatnonzero(single[c])[:1]] = True
                 assert np.array_equal(sel[c], want)
     assert _sampled(spans, single, None).all()
+
+
+def test_bench_fragmented_state_is_single_host_small_tenants():
+    """The benchmark's frag profile: 35-50 % busy, tenants of 1-3 GPUs inside one host each."""
+    from benchmarks.bench_shape import fragmented_state
+
+    spec = NVL.spec
+    st_ = fragmented_state(spec, NVL, np.random.default_rng(5))
+    busy = spec.n_gpus - st_.n_free
+    assert 0.35 * spec.n_gpus <= busy <= 0.5 * spec.n_gpus + 3
+    assert all(1 <= len(j.gpus) <= 3 and len({g.rpartition(":")[0] for g in j.gpus}) == 1 for j in st_.jobs)
+    assert sum(len(j.gpus) for j in st_.jobs) == busy

@@ -425,6 +425,9 @@ def dispatch_cmd(
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
     sched.check_backfill(backfill)
     sched.check_preempt(preempt)
+    from bandpilot.scheduling.startwait import check_start_wait
+
+    check_start_wait(start_or_wait)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)

@@ -247,7 +247,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         n = int(n_groups[u])
         if n == 0 and (need <= 0 or n_left >= enough):
             continue
-        g = _unit_gpus(spec, free, units[u], exposed)
+        g = _host_aligned(_unit_gpus(spec, free, units[u], exposed), tp)
         groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
         left[int(u)] = g[n * tp:]
         n_left += len(g) - n * tp
@@ -258,6 +258,24 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
         groups += [e for e in extra if len(e) == tp]
     return groups[:G] if len(groups) >= G else []
+
+
+def _host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]:
+    """The unit's GPUs reordered so that consecutive ``tp``-slices stay inside one host (tray) where
+    a host has room: each host's whole TP groups first (hosts in the given order), then the
+    remainders. (An NVL72 TP=4 group on one tray runs at 493 GB/s, over two trays at 413.)"""
+    whole: list[tuple[int, int]] = []
+    rest: list[tuple[int, int]] = []
+    i = 0
+    while i < len(gpus):
+        j = i
+        while j < len(gpus) and gpus[j][0] == gpus[i][0]:
+            j += 1
+        cut = i + (j - i) // tp * tp
+        whole += gpus[i:cut]
+        rest += gpus[cut:j]
+        i = j
+    return whole + rest
 
 
 def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int) -> list[list[tuple[int, int]]]:
@@ -332,14 +350,17 @@ def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, expos
         counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
         by_clean = np.lexsort((loc, -cap, -clean))
         counts["clean" + tag] = _counts_greedy(cap, by_clean, G)
-        by_clean = by_clean[cap[by_clean] > 0]
-        m0 = int(np.searchsorted(np.cumsum(cap[by_clean]), G)) + 1
+        # water-filled on clean room alone when it holds the job (a unit's share beyond its clean room
+        # lands on trays a cross-host tenant touches, and one such DP group slows the whole axis)
+        use = clean if clean.sum() >= G else cap
+        by_clean = by_clean[use[by_clean] > 0]
+        m0 = int(np.searchsorted(np.cumsum(use[by_clean]), G)) + 1
         # the fewest units, and twice as many: spread groups share each unit's NICs with fewer siblings
         spreads = ((m0, "clean-balanced"), (min(2 * m0, by_clean.size), "clean-spread"))  # all units: no gain
         for i, (m, name) in enumerate(spreads):
             if 1 < m <= by_clean.size and all(m != prev for prev, _ in spreads[:i]):
                 n = np.zeros(U, dtype=np.int64)
-                n[by_clean[:m]] = _balanced(cap[by_clean[:m]] // block, G // block) * block
+                n[by_clean[:m]] = _balanced(use[by_clean[:m]] // block, G // block) * block
                 if n.sum() == G:
                     counts[name + tag] = n
     return counts
