@@ -18,6 +18,14 @@ surrogate stand-in (the emulator with 5 % log-normal noise on cross-host rows, a
   p99 <= 1 s (the target is checked on the default, bandwidth-seeded search; the compact-seed-only
   mode, ``Dispatcher.shape_bandwidth_seed = False``, is timed beside it).
 
+Measured rows: on ``h100-16m`` (the measured 4 x 8 H100 tables in ``../shared/data`` or
+``$BANDPILOT_DATA``; shapes with k <= 32, TP 2-8, PP 1-4, DP 2-4) the same run uses the measured
+tables (:class:`bandpilot.fabric.trace.TraceFabric`) where the emulated clusters use the emulator:
+truth = the tables under the contention rule, guide = the tables with 5 % noise on cross-host rows.
+Idle, ``--measured-busy`` (8) busy and ``--measured-frag`` (2) frag states, ``--measured-seeds`` (3)
+seeds pooled. Printed as ABSENT when the data is missing (``--no-measured`` skips them, ``--clusters``
+with no name runs them alone).
+
 Step times use the shape's preset model (llama-8b volumes and compute, see
 :mod:`bandpilot.dispatch.shape`), the same for every algorithm.
 """
@@ -40,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_dispatch import NoisyPredictor, pct, random_state  # noqa: E402
+from benchmarks.bench_surrogate import data_root  # noqa: E402
 from bandpilot.dispatch.contention import ContentionPredictor  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.dispatch.search.shape import from_ranks, score  # noqa: E402
@@ -51,6 +60,10 @@ CLUSTERS = ("h100-128", "nvl72x16")
 #: (tp, pp, dp): TP 2-8, PP 1-8, DP 2-64
 SHAPES = [(8, 1, 8), (8, 2, 4), (4, 4, 8), (2, 4, 16), (4, 2, 32), (2, 1, 64), (8, 8, 2), (4, 8, 4),
           (2, 2, 32), (8, 4, 8), (2, 8, 8), (4, 1, 16)]
+#: the measured H100 configuration (4 x 8 GPUs): k <= 32, TP 2-8, PP 1-4, DP 2-4
+MEASURED_SHAPES = [(8, 1, 4), (4, 2, 4), (2, 4, 4), (8, 2, 2), (4, 4, 2), (8, 1, 2), (4, 2, 2), (2, 2, 4),
+                   (4, 1, 4), (2, 4, 2), (2, 1, 4), (4, 1, 2)]
+MEASURED = "h100-16m"
 ALGOS = ("shape", "blind", "segment", "bandpilot")
 TARGET_BLIND, TARGET_SEGMENT, TARGET_ALIGN, TARGET_P50, TARGET_P99 = 0.15, 0.05, 1.0, 50.0, 1000.0
 
@@ -94,26 +107,44 @@ def fragmented_state(spec, fab, rng: np.random.Generator):
     return State.from_dict(spec, {"free": spec.from_mask(free), "jobs": jobs})
 
 
-def _states(spec, fab, rng, busy: int, frag: int):
+def _states(spec, fab, rng, busy: int, frag: int, keep_free: int = 256):
     from bandpilot.dispatch.state import State
 
     yield "idle", State.idle(spec)
     for i in range(busy):
-        yield f"busy{i}", random_state(spec, fab, rng, "heavy", 256)
+        yield f"busy{i}", random_state(spec, fab, rng, "heavy", keep_free)
     for i in range(frag):
         yield f"frag{i}", fragmented_state(spec, fab, rng)
 
 
 def run_cluster(name: str, busy: int, seed: int, frag: int = 0) -> tuple[list[dict], list[float], list[float]]:
     spec = load_cluster(ROOT / "params" / "clusters" / f"{name}.yaml")
-    fab = make_fabric(spec)
+    return run_spec(name, make_fabric(spec), SHAPES, busy, seed, frag)
+
+
+def run_measured(cluster_dir: Path, busy: int, seed: int, frag: int = 0, shapes=None) -> list[dict]:
+    """The measured-table rows: the fabric of ``cluster_dir`` (its intra tables and inter table,
+    :class:`TraceFabric`) is both the truth and, with 5 % noise on cross-host rows, the guide - as
+    the emulator is on the emulated clusters. Busy states keep >= 16 GPUs free (a 32-GPU cluster)."""
+    fab = make_fabric(load_cluster(cluster_dir))
+    if fab.spec.source != "trace":
+        raise SystemExit(f"{cluster_dir}: no measured tables (intra per host + inter), cannot score on them")
+    keep = min(16, fab.spec.n_gpus // 2)
+    return run_spec(f"{fab.spec.name} (measured)", fab, shapes or MEASURED_SHAPES, busy, seed, frag, keep)[0]
+
+
+def run_spec(name: str, fab, shapes, busy: int, seed: int, frag: int = 0,
+             keep_free: int = 256) -> tuple[list[dict], list[float], list[float]]:
+    """Every shape on every state of ``fab``'s cluster: placed by a 5 %-noise guide over ``fab``,
+    every rank map re-scored on ``fab`` itself (the truth) by the same step-time score."""
+    spec = fab.spec
     guide = Dispatcher(NoisyPredictor(fab, 0.05, seed), seed)
     default_seed = guide.shape_bandwidth_seed
     rows, lat, lat_alt = [], [], []
     rng = np.random.default_rng([seed, len(name)])
-    for label, st in _states(spec, fab, rng, busy, frag):
+    for label, st in _states(spec, fab, rng, busy, frag, keep_free):
         truth = ContentionPredictor(fab, st)
-        for tp, pp, dp in SHAPES:
+        for tp, pp, dp in shapes:
             shp = Shape.parse({"tp": tp, "pp": pp, "dp": dp})
             if shp.k > st.n_free:
                 continue
@@ -150,10 +181,10 @@ def report(rows: list[dict], lat: dict[str, list[float]], alt: dict[str, list[fl
           f"vs bandpilot (bw-only): true | vs {alt_name}: true | TP groups in one unit (room) |")
     print("|---|---|---|---|---|---|---|---|")
     missed = []
-    subsets = (("idle", lambda r: r["state"] == "idle"), ("busy", lambda r: r["state"].startswith("busy")),
+    subsets = (("idle", lambda r: r["state"].startswith("idle")), ("busy", lambda r: r["state"].startswith("busy")),
                ("idle+busy", lambda r: not r["state"].startswith("frag")),
                ("frag", lambda r: r["state"].startswith("frag")), ("all", lambda r: True))
-    for name in CLUSTERS:
+    for name in dict.fromkeys(r["cluster"] for r in rows):
         for sub, sel in subsets:
             rs = [r for r in rows if r["cluster"] == name and sel(r)]
             if not rs or (sub == "all" and len(rs) == len([r for r in rs if not r["state"].startswith("frag")])):
@@ -199,14 +230,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy", type=int, default=2, help="busy states per cluster (plus the idle one)")
     ap.add_argument("--frag", type=int, default=1, help="fragmented states per cluster (small single-host tenants)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--clusters", nargs="*", default=list(CLUSTERS))
+    ap.add_argument("--clusters", nargs="*", default=list(CLUSTERS), help="emulated clusters (none: measured rows only)")
+    # the 32-GPU measured cluster runs in ~0.3 s per state: more states than the big clusters, for a steadier figure
+    ap.add_argument("--measured-busy", type=int, default=8, help="busy states on the measured tables")
+    ap.add_argument("--measured-frag", type=int, default=2, help="fragmented states on the measured tables")
+    # one seed's states swing the measured figure by +-8 points (32 GPUs, few states): pool several
+    ap.add_argument("--measured-seeds", type=int, default=3, help="seeds (from --seed) pooled on the measured tables")
+    ap.add_argument("--no-measured", dest="measured", action="store_false",
+                    help=f"skip the rows on the measured {MEASURED} tables")
     args = ap.parse_args(argv)
     rows, lat, alt = [], {}, {}
     t0 = time.perf_counter()
     for name in args.clusters:
         r, lat[name], alt[name] = run_cluster(name, args.busy, args.seed, args.frag)
         rows += r
+    root = data_root() if args.measured else None
+    if root is not None:
+        for seed in range(args.seed, args.seed + args.measured_seeds):
+            for r in run_measured(root / "measurements" / MEASURED, args.measured_busy, seed, args.measured_frag):
+                rows.append(r | {"state": f"{r['state']}/s{seed}"})
     print(f"(run {time.perf_counter() - t0:.0f} s)\n")
+    if args.measured and root is None:
+        print(f"| {MEASURED} (measured) | ABSENT: ../shared/data (or $BANDPILOT_DATA) not found; measured-table rows not run |\n")
+    elif root is not None:
+        print(f"Measured rows: truth and 5 %-noise guide = measured tables {root / 'measurements' / MEASURED}\n")
     alt_seeded = bool(rows) and rows[0]["alt_seeded"]
     return report(rows, lat, alt, "shape search " + ("with" if alt_seeded else "without") + " the bandwidth-only seed")
 

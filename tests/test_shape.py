@@ -437,3 +437,79 @@ def test_bench_fragmented_state_is_single_host_small_tenants():
     assert 0.35 * spec.n_gpus <= busy <= 0.5 * spec.n_gpus + 3
     assert all(1 <= len(j.gpus) <= 3 and len({g.rpartition(":")[0] for g in j.gpus}) == 1 for j in st_.jobs)
     assert sum(len(j.gpus) for j in st_.jobs) == busy
+
+
+def _measured_dir(d, inter_scale: float = 1.0):
+    """A complete measured-table directory for the tiny 3 x 4 cluster of test_dataset: every intra
+    subset and every cross-host count pattern (values from the emulator; the inter table times
+    ``inter_scale``), so the measured-truth scoring can price any group."""
+    import itertools
+    import json
+
+    import yaml
+
+    from bandpilot.fabric.emulator import EmulatorFabric
+    from bandpilot.topology.cluster import spec_from_dict
+    from tests.test_dataset import TINY
+
+    fab = EmulatorFabric(spec_from_dict(TINY))
+    (d / "intra").mkdir(parents=True)
+    doc = json.loads(json.dumps(TINY))
+    for h, host in enumerate(doc["hosts"]):
+        lines = ["OP,GPU_num,GPU_used,data_size(B),Bandwidth(GB/s)"]
+        for mask in range(1, 16):
+            m = np.zeros((1, 3), dtype=np.int64)
+            m[0, h] = mask
+            digits = "".join(str(i) for i in range(4) if mask >> i & 1)
+            lines.append(f"all_gather_perf,{len(digits)},{digits},16777216,{fab.measure(m)[0]:.2f}")
+        (d / "intra" / f"{host['name']}.csv").write_text("\n".join(lines) + "\n")
+        host["intra"] = f"intra/{host['name']}.csv"
+    lines = ['"OP","Total_GPU_Count","GPU_Mapping_Across_Nodes","data_size(B)","Bandwidth(GB/s)"']
+    for counts in itertools.product(range(5), repeat=3):
+        if sum(c > 0 for c in counts) < 2:
+            continue
+        bw = fab.network(np.array([counts], dtype=np.int64))[0] * inter_scale
+        mapping = json.dumps([list(range(c)) for c in counts], separators=(",", ":"))
+        lines.append(f'"all_gather_perf",{sum(counts)},"{mapping}",16777216,{bw:.2f}')
+    (d / "inter.csv").write_text("\n".join(lines) + "\n")
+    doc["inter"] = {"table": "inter.csv", "scale": 1.0, "combine": "min_intra"}
+    (d / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+@pytest.mark.slow
+def test_bench_measured_rows_score_on_the_tables(tmp_path):
+    """The benchmark's measured rows place and score on the measured tables: every algorithm gets a
+    finite true step time, and halving the inter table's values slows the cross-host axes' truth."""
+    from benchmarks.bench_shape import run_measured
+
+    shapes = [(2, 1, 2), (2, 1, 4), (4, 1, 2)]
+    rows = run_measured(_measured_dir(tmp_path / "a"), busy=1, seed=0, shapes=shapes)
+    slow = run_measured(_measured_dir(tmp_path / "b", 0.5), busy=1, seed=0, shapes=shapes)
+    assert rows and all(r["cluster"] == "tiny (measured)" for r in rows)
+    assert {r["state"] for r in rows} == {"idle", "busy0"}
+    assert all(np.isfinite(r[a]["true"]) and r[a]["true"] > 0 for r in rows for a in ("shape", "blind", "segment", "bandpilot"))
+    # idle, k = 8 on 3 x 4 GPUs: the job spans hosts, so its DP rings cross the (halved) network
+    a = next(r for r in rows if r["state"] == "idle" and r["k"] == 8)
+    b = next(r for r in slow if r["state"] == "idle" and r["name"] == a["name"])
+    assert b["shape"]["true"] > a["shape"]["true"]
+
+
+def test_bench_measured_rows_need_tables():
+    from benchmarks.bench_shape import ROOT, run_measured
+
+    with pytest.raises(SystemExit, match="no measured tables"):
+        run_measured(ROOT / "params" / "clusters" / "h100.yaml", busy=0, seed=0)
+
+
+@pytest.mark.slow
+def test_bench_measured_rows_on_the_real_h100_tables(shared_data):
+    """On the real h100-16m tables (skips without ../shared/data): every count pattern a placement
+    or tenant uses is priced from the tables, idle and busy."""
+    from benchmarks.bench_shape import run_measured
+
+    rows = run_measured(shared_data / "h100-16m", busy=1, seed=0, shapes=[(8, 1, 4), (4, 2, 2), (2, 1, 4)])
+    assert {r["state"] for r in rows} == {"idle", "busy0"} and rows[0]["cluster"] == "h100-16m (measured)"
+    assert all(np.isfinite(r[a]["true"]) and r[a]["true"] > 0 for r in rows for a in ("shape", "blind", "segment", "bandpilot"))
+    # 100 % TP groups in one host where the free GPUs have room (the issue's rule)
+    assert all(r["tp_in"] == r["tp_n"] for r in rows if r["room"])
