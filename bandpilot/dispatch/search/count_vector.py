@@ -41,24 +41,22 @@ def count_search(ctx: SearchContext, allowed: np.ndarray | None = None, pareto: 
 
 
 def _pareto_pruned(ctx: SearchContext, masks: np.ndarray, first: int = 8) -> Found | None:
-    """Best of Pareto candidates, count vector by count vector in descending value bound.
+    """Best of Pareto candidates, count vector by count vector in descending standalone bound.
 
     ``B̂`` is monotone in each host's stage-1 value (the hierarchy the whole count-vector search
     rests on), so the count vector's best-subset row bounds the standalone value of all its Pareto
-    variants, and per contending job a row taking on every host the option whose union with the
-    job's GPUs there is best bounds the capacity of their super allocations (the contenders are
-    the same for every variant: they depend on the hosts used). ``B̂(S, τ)`` grows with both, so
-    the contention formula on the two bounds bounds every variant's value (:func:`_value_bounds`).
-    Count vectors whose bound is below the best value found are never scored (``-inf``), those
-    within the tie margin always are - the choice among the scored ones is the one
-    :meth:`SearchContext.best_of` makes over all rows."""
+    variants (``B̂(S, τ) <= B̂(S)``); count vectors below the best value found are never scored
+    (``-inf``), those within the tie margin always are - the choice among the scored ones is the
+    one :meth:`SearchContext.best_of` makes over all rows. A count vector with several variants is
+    first bounded with contention too (:func:`_value_bounds`: one row per contending job instead
+    of every variant's super allocations) and skipped when that bound is below the best."""
     counts = popcount(masks)
     reps, grp = unique_rows(counts)
     rep_masks = ctx.masks_from_counts(reps)
-    solo_bound = ctx.pred.raw(rep_masks)
-    bound = _value_bounds(ctx, reps, rep_masks, solo_bound)
+    bound = ctx.pred.raw(rep_masks)
+    multi = np.bincount(grp, minlength=reps.shape[0]) >= 2
     # the best-subset row of each count vector is one of its candidates: its value is known
-    known = np.where((masks == rep_masks[grp]).all(axis=1), solo_bound[grp], np.nan)
+    known = np.where((masks == rep_masks[grp]).all(axis=1), bound[grp], np.nan)
     value = np.full(masks.shape[0], -np.inf)
     solo = np.full(masks.shape[0], -np.inf)
     order = np.argsort(-bound, kind="stable")
@@ -68,19 +66,28 @@ def _pareto_pruned(ctx: SearchContext, masks: np.ndarray, first: int = 8) -> Fou
         if bound[order[pos]] < cut:
             break
         gs = order[pos : pos + step]
-        rows = np.flatnonzero(np.isin(grp, gs[bound[gs] >= cut]))
+        gs = gs[bound[gs] >= cut]
+        pos += step
+        step *= 2
+        if best > -np.inf and multi[gs].any():
+            m = gs[multi[gs]]
+            vb = _value_bounds(ctx, reps[m], rep_masks[m], bound[m])
+            gs = np.concatenate([gs[~multi[gs]], m[vb >= cut]])
+            if gs.size == 0:
+                continue
+        rows = np.flatnonzero(np.isin(grp, gs))
         p = ctx.pred.predict_best(masks[rows], known=known[rows], margin=ctx.tie_margin)
         value[rows], solo[rows] = p.value, p.standalone
         best = max(best, float(p.value.max()))
-        pos += step
-        step *= 2
     i = ctx.choose(masks, value)
     return Found(masks[i].copy(), float(value[i]), float(solo[i]), masks.shape[0])
 
 
 def _value_bounds(ctx: SearchContext, reps: np.ndarray, rep_masks: np.ndarray, solo_bound: np.ndarray) -> np.ndarray:
-    """Upper bound of ``B̂(S, τ)`` over the Pareto variants of each count vector (see
-    :func:`_pareto_pruned`): one capacity-bound row per (count vector, contending job)."""
+    """Upper bound of ``B̂(S, τ)`` over the Pareto variants of each count vector: per contending
+    job (the same for every variant: contenders depend on the hosts used) a row taking on every
+    host the option whose union with the job's GPUs there has the best stage-1 value bounds every
+    variant's super-allocation capacity, and the contention formula grows with both bounds."""
     pred = ctx.pred
     cont = pred.contenders(rep_masks)
     ci, ji = np.nonzero(cont)
@@ -88,15 +95,15 @@ def _value_bounds(ctx: SearchContext, reps: np.ndarray, rep_masks: np.ndarray, s
         return solo_bound  # nobody contends: the value is the standalone value
     jobs = pred.job_masks
     rows = rep_masks[ci] | jobs[ji]
-    best_union: dict[tuple[int, int, int], int] = {}
-    for r, (c, j) in enumerate(zip(ci.tolist(), ji.tolist())):
-        for h in np.flatnonzero(ctx.exposed & (reps[c] > 0) & (jobs[j] != 0)).tolist():
-            key = (h, int(reps[c, h]), int(jobs[j, h]))
-            got = best_union.get(key)
-            if got is None:
-                opts = ctx.options(h, key[1])
-                got = best_union[key] = int(opts[np.argmax(ctx.stage1[h, opts | key[2]])]) | key[2]
-            rows[r, h] = got
+    r, h = np.nonzero(ctx.exposed[None, :] & (reps[ci] > 0) & (jobs[ji] != 0))
+    if r.size:
+        keys = np.column_stack([h, reps[ci[r], h], jobs[ji[r], h]])
+        uk, inv = unique_rows(keys)
+        best = np.empty(uk.shape[0], dtype=np.int64)
+        for u, (hh, c, jm) in enumerate(uk.tolist()):
+            opts = ctx.options(hh, c)
+            best[u] = int(opts[np.argmax(ctx.stage1[hh, opts | jm])]) | jm
+        rows[r, h] = best[inv]
     return pred.share(solo_bound, cont, ci, pred.raw(rows))
 
 
