@@ -231,6 +231,23 @@ class Book:
                 free &= ~res.mask
         return State(self.spec, free, tuple(jobs))
 
+    def steps(self, from_now: bool = False) -> list[float]:
+        """The planning times: now (if asked) and each running job's expected end."""
+        return self._steps(from_now)
+
+    def place_at(self, req: Request, t: float, est: float | None) -> Any | None:
+        """The dispatcher's selection for ``req`` on the cluster expected at ``t`` (its GPUs kept
+        until ``t + est``), or None when it does not fit there."""
+        st = self._state_at(t, math.inf if est is None else t + est)
+        if int(popcount(st.free).sum()) < req.k:
+            return None
+        self.placer.reset_failures()
+        self.placer.set_state(st)
+        try:
+            return self.placer.place(req)
+        except Deferred:
+            return None
+
     def reserve(self, req: Request, from_now: bool = False) -> Reservation | None:
         """The earliest expected start of ``req`` and the GPUs the dispatcher picks for it then
         (``from_now``: now is a candidate too - for a gang reserved before the batch tries it)."""
@@ -238,14 +255,8 @@ class Book:
             return None
         est = self.estimates.of(req)
         for t in self._steps(from_now):
-            st = self._state_at(t, math.inf if est is None else t + est)
-            if int(popcount(st.free).sum()) < req.k:
-                continue
-            self.placer.reset_failures()
-            self.placer.set_state(st)
-            try:
-                sel = self.placer.place(req)
-            except Deferred:
+            sel = self.place_at(req, t, est)
+            if sel is None:
                 continue
             gpus = list(sel.gpus)
             r = Reservation(req.id, req.k, len(self.reservations), t, gpus, self.spec.to_mask(gpus),
