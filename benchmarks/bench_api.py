@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_api                                  # 200 clients, 60 s, PostgreSQL
     python -m benchmarks.bench_api --clients 50 --duration 20 --store sqlite:///tmp/q.db
+    python -m benchmarks.bench_api --startup 3                     # start-up to serving only
 
 Each client is one tenant with its own token; it starts at a random point of the first ``--think``
 seconds, then loops { submit a request; list its pending requests (100 at most); sleep
@@ -116,6 +117,66 @@ async def _run(base: str, tokens: list[tuple[str, str]], duration: float, think:
     return lat, acked, errors
 
 
+def _start(store_url: str, dispatch_s: float = 0.0, workers: int = 1) -> tuple[subprocess.Popen, str, float]:
+    """Spawn `bandpilot api` on ``store_url``; returns the process, its base URL and the seconds
+    from spawning it until ``/healthz`` answered 200."""
+    import httpx
+
+    port = _port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "bandpilot", "api", "--store", store_url, "--port", str(port),
+                             "--sample-s", "0", "--dispatch-s", str(dispatch_s), "--workers", str(workers)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return proc, base, time.perf_counter() - t0
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.perf_counter() - t0 > 60:
+            proc.kill()
+            raise RuntimeError(f"API did not start: {proc.stderr.read()[-500:]}")
+        time.sleep(0.05)
+
+
+def startup(runs: int) -> int:
+    """Start-up to serving on SQLite and PostgreSQL (a fresh store each), ``runs`` times each, alternating."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = {"SQLite": q.Store(f"sqlite:///{tmp}/q.db")}
+        schema = f"bpbench_{uuid.uuid4().hex[:8]}"
+        try:
+            stores["PostgreSQL"] = q.Store(PG, schema=schema)
+        except q.StoreError as exc:
+            print(f"no PostgreSQL ({exc}): SQLite only", file=sys.stderr)
+        times: dict[str, list[float]] = {k: [] for k in stores}
+        loads = []
+        for s in stores.values():
+            s.init_cluster(load_cluster(ROOT / "params/clusters/h100-128.yaml"))
+        for _ in range(runs):
+            for name, s in stores.items():
+                url = s.url if name == "SQLite" else f"{PG}?options=-csearch_path%3D{schema}"
+                proc, _, dt = _start(url)
+                proc.terminate()
+                proc.wait(15)
+                times[name].append(dt)
+                loads.append(os.getloadavg()[0])
+        for s in stores.values():
+            s.close()
+        if "PostgreSQL" in stores:
+            with sa.create_engine(PG).begin() as conn:
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    print(f"Start-up to serving (`bandpilot api` spawned until /healthz answers), load {min(loads):.1f}-{max(loads):.1f}:")
+    for name, v in times.items():
+        ok = max(v) <= 5.0
+        print(f"- {name}: {', '.join(f'{x:.2f}' for x in v)} s (median {float(np.median(v)):.2f} s); "
+              f"target <= 5 s: {'met' if ok else 'MISSED'} in {sum(x <= 5.0 for x in v)}/{len(v)} runs")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=200)
@@ -125,7 +186,11 @@ def main() -> int:
     ap.add_argument("--dispatch-s", type=float, default=0.0,
                     help="the API's batch loop period (default 0: off - no model here; it measures the request path)")
     ap.add_argument("--store", default=None, help=f"store URL (default: a fresh schema on {PG})")
+    ap.add_argument("--startup", type=int, default=0, metavar="N",
+                    help="measure only start-up to serving, N runs each on SQLite and PostgreSQL")
     args = ap.parse_args()
+    if args.startup:
+        return startup(args.startup)
 
     schema = None
     url = args.store
@@ -140,25 +205,12 @@ def main() -> int:
     store.init_cluster(load_cluster(ROOT / "params/clusters/h100-128.yaml"))
     tokens = [(f"t{i:03d}", q.create_token(store, f"t{i:03d}")[0]) for i in range(args.clients)]
     server_url = url if schema is None else f"{url}?options=-csearch_path%3D{schema}"
-    port = _port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "bandpilot", "api", "--store", server_url, "--port", str(port),
-                             "--sample-s", "0", "--dispatch-s", str(args.dispatch_s), "--workers", str(args.workers)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
     try:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print(f"error: API did not start: {proc.stderr.read()[-500:]}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        proc, base, _ = _start(server_url, args.dispatch_s, args.workers)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
         time.sleep(3.0 if args.workers > 1 else 0.0)  # the first worker answered; let the others start
         t0, cpu0, pg0, me0 = time.perf_counter(), _cpu_s(proc.pid), _postgres_cpu_s(), time.process_time()
         lat, acked, errors = asyncio.run(_run(base, tokens, args.duration, args.think))

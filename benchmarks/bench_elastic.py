@@ -77,11 +77,12 @@ def scale(n_jobs: int, configs: list[str]) -> int:
     print(f"{n_jobs} Helios-shaped jobs on {spec.n_gpus} GPUs (emulated); load before {open('/proc/loadavg').read().split()[:3]}")
     out = {}
     for name in configs:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out[name] = summarize(simulate(jobs, Dispatcher(fab, seed=0), fab, SCALE[name]))
         r = out[name]
         print(f"- {name}: mean JCT {r['avg_jct_s']:.0f} s, p95 {r['p95_jct_s']:.0f} s, makespan {r['makespan_s']:.0f} s, "
-              f"{r['completed']}/{r['jobs']} done, {r.get('resizes', 0)} resizes, simulation {time.perf_counter() - t0:.0f} s "
+              f"{r['completed']}/{r['jobs']} done, {r.get('resizes', 0)} resizes, simulation {time.perf_counter() - t0:.0f} s wall, "
+              f"{time.process_time() - c0:.0f} s CPU "
               f"(load {open('/proc/loadavg').read().split()[:3]})", flush=True)
     if "fifo" in out and "elastic" in out:
         rel = (out["elastic"]["avg_jct_s"] / out["fifo"]["avg_jct_s"] - 1) * 100

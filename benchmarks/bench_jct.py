@@ -50,6 +50,7 @@ from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
 RECOMMENDED = SimConfig()  # the simulator's default: what the queue runs without flags
+OTHER_PRICING = "lifetime" if RECOMMENDED.placement_pricing == "now" else "now"
 CONFIGS: list[str] = []  # --configs
 
 
@@ -77,7 +78,8 @@ def run(jobs, truth, cfg: SimConfig, knobs: dict | None = None) -> dict:
 
 
 def label(c: SimConfig) -> str:
-    return f"{c.policy} + {c.algorithm}{f' (locality {c.locality:g})' if c.locality else ''} + {c.backfill}"
+    pricing = f", {c.placement_pricing} pricing" if c.algorithm == "bandpilot" and c.placement_pricing != "now" else ""
+    return f"{c.policy} + {c.algorithm}{f' (locality {c.locality:g}{pricing})' if c.locality or pricing else ''} + {c.backfill}"
 
 
 def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
@@ -110,8 +112,16 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)}, 2 reservations (conservative 2)": (replace(RECOMMENDED, backfill="conservative"),
                                                                    {(reservations, "MAX_CONSERVATIVE"): 2}),
         f"{label(RECOMMENDED)} + start-or-wait": replace(RECOMMENDED, start_or_wait="on"),
+        f"{label(RECOMMENDED)} + drain target after 8 h": (RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
+        f"{label(RECOMMENDED)} + drain target after 24 h": (RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 24 * H}),
+        f"{label(RECOMMENDED)} + drain target after 8 h, backfill safe at 3x": (
+            RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 8 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
+        f"{label(RECOMMENDED)} + drain target after 24 h, backfill safe at 3x": (
+            RECOMMENDED, {(reservations, "DRAIN_AFTER_S"): 24 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
         "las + bandpilot (locality 0.5) + easy": replace(RECOMMENDED, policy="las"),
         "las + bandpilot (locality 0.5) + easy + preempt": replace(RECOMMENDED, policy="las", preempt="on"),
+        # the recommended queue with the other placement pricing (lifetime <-> now)
+        f"{label(RECOMMENDED)}, {OTHER_PRICING} pricing": replace(RECOMMENDED, placement_pricing=OTHER_PRICING),
     }
     if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like stays as the reference
         cfgs = {k: v for k, v in cfgs.items() if k.startswith("Slurm-like") or any(c in k for c in CONFIGS)}
@@ -154,6 +164,17 @@ def targets(rows: dict[str, list[dict]]) -> str:
     return "\n".join(f"- {name}: {'met' if ok else 'MISSED'} ({d * 100:+.1f} %)" for name, ok, d in checks)
 
 
+#: placement alone: (name, config) rows of the ``fifo`` part (FIFO, greedy queue, no reservations)
+PLACEMENT_ROWS = (
+    ("topo", SimConfig(algorithm="topo")),
+    ("bandpilot, now, locality 0", SimConfig(locality=0.0, placement_pricing="now")),
+    ("bandpilot, now, locality 0.5", SimConfig(locality=0.5, placement_pricing="now")),
+    ("bandpilot, lifetime, locality 0", SimConfig(locality=0.0, placement_pricing="lifetime")),
+    ("bandpilot, lifetime, locality 0.5", SimConfig(locality=0.5, placement_pricing="lifetime")),
+    ("bandpilot, lifetime-queue, locality 0", SimConfig(locality=0.0, placement_pricing="lifetime-queue")),
+)
+
+
 def fifo_placement(truth, seeds: int) -> str:
     blocks = []
     for wl in ("held-out shape (120 jobs, 2-16 GPUs)", "mixed (200 jobs)"):
@@ -162,12 +183,16 @@ def fifo_placement(truth, seeds: int) -> str:
             for s in range(seeds):
                 jobs = (poisson_workload(120, rate_per_h=12, sizes={2: 1, 4: 1, 8: 1, 16: 1}, median_s=5400, sigma=0.5,
                                          comm=(0.2, 0.7), seed=s, max_k=32) if wl.startswith("held") else mixed_workload(200, seed=s))
-                for name, c in (("topo", SimConfig(algorithm="topo")), ("bandpilot, locality 0", SimConfig(locality=0.0, backfill="greedy")),
-                                ("bandpilot, locality 0.5", SimConfig(locality=0.5, backfill="greedy"))):
-                    from dataclasses import replace
-
+                for name, c in PLACEMENT_ROWS:
+                    if CONFIGS and name != "topo" and not any(x in name for x in CONFIGS):
+                        continue
                     rows.setdefault(name, []).append(run(jobs, truth, replace(c, policy="fifo", backfill="greedy", seed=s, demand=demand)))
-            blocks.append(f"{wl}, demand `{demand}`, FIFO, greedy (means over {seeds} seeds; ref = topo)\n\n" + table(rows, "topo"))
+            # the queue is chaotic (one placement shifts every later start): say how often each row beats topo
+            wins = "\n".join(f"- {k}: mean below topo in {sum(r['avg_jct_s'] < t['avg_jct_s'] for r, t in zip(v, rows['topo']))}/{seeds} "
+                              f"seeds; per seed mean / p95 (h): " + ", ".join(f"{r['avg_jct_s'] / H:.2f} / {r['p95_jct_s'] / H:.2f}" for r in v)
+                              for k, v in rows.items())
+            blocks.append(f"{wl}, demand `{demand}`, FIFO, greedy (means over {seeds} seeds; ref = topo)\n\n" + table(rows, "topo")
+                          + f"\n\n{wins}")
     return "\n\n".join(blocks)
 
 
@@ -269,7 +294,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--only", default="mixed,fifo,seed001")
-    ap.add_argument("--configs", default="", help="mixed: only configurations whose name contains one of these (comma-separated)")
+    ap.add_argument("--configs", default="", help="mixed, fifo: only configurations whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     CONFIGS[:] = [c for c in args.configs.split(",") if c]
     truth, what = truth_fabric()

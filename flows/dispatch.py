@@ -33,13 +33,13 @@ def load_dispatcher_task(model_uri: str):
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str,
                    backfill: str = "greedy", demand: str = "full", locality: float | None = None,
-                   preempt: str = "off") -> dict[str, Any]:
+                   preempt: str = "off", pricing: str | None = None) -> dict[str, Any]:
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
         rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand,
-                              locality=locality, preempt=preempt)
+                              locality=locality, pricing=pricing, preempt=preempt)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")
@@ -74,6 +74,7 @@ def dispatch_flow(
     demand: str = "full",
     locality: float = 0.5,
     preempt: str = "off",
+    placement_pricing: str = "now",
 ) -> dict[str, Any]:
     """Assign the pending requests of ``cluster``'s queue with ``models:/bandpilot-<cluster>@champion``."""
     prepare()
@@ -88,7 +89,7 @@ def dispatch_flow(
         log.info("no batch on %s: %s", cluster, idle)
         return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
-    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt)
+    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt, placement_pricing)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")
     counts = {s: sum(1 for o in rep.get("outcomes", []) if o.get("status") == s) for s in ("assigned", "deferred", "rejected")}
     log.info("batch on %s: %s", cluster, counts)

@@ -6,7 +6,6 @@ happy path with a real batch, a hypothesis fuzz of the submit body, and the same
 from __future__ import annotations
 
 import json
-import os
 import uuid
 
 import pytest
@@ -21,7 +20,7 @@ from bandpilot.api import create_app
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
 
-from test_queue import GreedyDispatcher, h100, new_store  # pytest puts tests/ on sys.path
+from test_queue import h100, new_store  # pytest puts tests/ on sys.path
 
 # Tables a refused call must leave exactly as they were (the audit log records refusals on purpose).
 STATE_TABLES = ("bp_requests", "bp_assignments", "bp_jobs", "bp_gpus", "bp_observations", "bp_tokens")

@@ -24,7 +24,7 @@ from bandpilot.queue.schema import T_AUDIT, T_REQ
 
 from test_queue import h100, new_store
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # ~1 s each with a fresh schema at load 10
 
 
 @pytest.fixture
@@ -183,3 +183,44 @@ def test_the_api_serves_tenants_through_it_and_admins_through_threads(store):
             for d in listed["requests"]:
                 assert c.post(f"/v1/requests/{d['id']}/cancel", headers=h).status_code == 200
             assert c.get("/v1/requests", headers={"Authorization": "Bearer bp_bad"}).status_code == 401
+
+
+def test_the_pool_bounds_connections_and_never_reuses_a_broken_or_failed_one(store):
+    async def go(pg):
+        async with pg.pool.acquire() as conn:
+            first_pid = conn.get_server_pid()
+        async with pg.pool.acquire() as conn:  # the idle one again
+            assert conn.get_server_pid() == first_pid
+            async with pg.pool.acquire() as other:
+                await other.execute(f"SELECT pg_terminate_backend({first_pid})")  # the server drops it
+        await asyncio.sleep(0.2)
+        tok, _ = q.create_token(store, "alice")
+        assert (await pg.authenticate(tok)).tenant == "alice"  # a fresh connection served it
+        with pytest.raises(ZeroDivisionError):
+            async with pg.pool.acquire() as conn:
+                failed = conn
+                1 / 0
+        assert failed.is_closed()
+        busy, peak = 0, 0
+
+        async def hold():
+            nonlocal busy, peak
+            async with pg.pool.acquire():
+                busy += 1
+                peak = max(peak, busy)
+                await asyncio.sleep(0.05)
+                busy -= 1
+
+        await asyncio.gather(*(hold() for _ in range(25)))
+        return peak
+
+    assert _run(store, go) == 10  # PgAsync.open's default size
+
+
+def test_an_unreachable_server_is_a_store_error_naming_the_store(tmp_path):
+    class Gone:  # what PgAsync reads of a Store
+        url = safe_url = "postgresql://postgres@127.0.0.1:1/test"
+        schema = None
+
+    with pytest.raises(q.StoreError, match=r"cannot open store postgresql://postgres@127.0.0.1:1/test: "):
+        asyncio.run(PgAsync.open(Gone()))

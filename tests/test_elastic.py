@@ -398,7 +398,7 @@ def test_growth_that_slows_the_job_is_refused():
 
     spec = load_cluster(H100)
     fab = make_fabric(spec)
-    h0, h1 = spec.hosts[0].name, spec.hosts[1].name
+    h0 = spec.hosts[0].name
     mine = spec.to_mask([f"{h0}:{i}" for i in range(8)])
     st_ = State.idle(spec)  # the cluster without the job
 

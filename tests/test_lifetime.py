@@ -41,7 +41,7 @@ def state_with(spec, jobs: list[tuple[str, np.ndarray, float]]) -> State:
 
 
 def test_the_pricings_are_registered_and_an_unknown_one_is_a_one_line_error(fab):
-    assert {"now", "lifetime"} <= set(strategies.pricings())
+    assert {"now", "lifetime", "lifetime-queue"} <= set(strategies.pricings())
     with pytest.raises(PlacementError, match="unknown pricing 'soon'"):
         Dispatcher(fab, pricing="soon")
     with pytest.raises(SimulationError, match="unknown placement pricing"):
@@ -109,10 +109,11 @@ def test_among_near_equal_hosts_the_choice_leaves_the_next_gang_a_whole_host(fab
     out = Outlook(remaining={"soon": 600.0, "b": 7200.0, "c": 7200.0}, queue=(("me", 4), ("gang", 8)))
     view = State(spec, st.free, st.jobs, outlook=out.for_run(3600.0, "me"))
     host = lambda sel: {g.rpartition(":")[0] for g in sel.gpus}  # noqa: E731
-    assert host(Dispatcher(fab, pricing="lifetime").select(4, view)) == {spec.hosts[3].name}
-    # without the gang behind it the tightest fit stands
+    assert host(Dispatcher(fab, pricing="lifetime-queue").select(4, view)) == {spec.hosts[3].name}
+    # without the gang behind it, or without the lookahead, the tightest fit stands
     alone = State(spec, st.free, st.jobs, outlook=Outlook(remaining=out.remaining).for_run(3600.0, "me"))
-    assert host(Dispatcher(fab, pricing="lifetime").select(4, alone)) == {spec.hosts[0].name}
+    assert host(Dispatcher(fab, pricing="lifetime-queue").select(4, alone)) == {spec.hosts[0].name}
+    assert host(Dispatcher(fab, pricing="lifetime").select(4, view)) == {spec.hosts[0].name}
 
 
 def test_the_outlook_reads_the_store_mix_estimates_and_queue(fab):
@@ -140,3 +141,26 @@ def test_run_batch_prices_over_the_queue_outlook(store, fab):
     assert q.check_invariants(store) == []
     with pytest.raises(RequestError, match="unknown pricing 'soon'"):
         sched.run_batch(store, Dispatcher(fab), pricing="soon")
+
+
+def test_each_request_is_priced_over_its_own_estimate_and_pressure(store, fab):
+    """The batch hands the dispatcher the outlook with the request's time limit, id and pressure
+    under the demand model; jobs started earlier in the batch are in its running set."""
+    seen = []
+
+    class Recording(Dispatcher):
+        def select(self, k, state, algorithm=None, **kw):
+            seen.append(state.outlook)
+            return super().select(k, state, algorithm, **kw)
+
+    q.submit(store, [{"id": "a", "k": 16, "time_limit_s": 7200, "comm_fraction": 0.4, "submitted": 0},
+                     {"id": "b", "k": 8, "time_limit_s": 600, "submitted": 1}])
+    sched.run_batch(store, Recording(fab), pricing="lifetime", demand="comm")
+    a, b = seen
+    assert (a.request_id, a.run_s, a.comm_fraction, a.press_factor) == ("a", 7200.0, 0.4, 0.4)
+    assert (b.request_id, b.run_s, b.press_factor) == ("b", 600.0, 1.0)
+    assert b.remaining["a"] == 7200.0 and b.comm["a"] == 0.4 and ("a", 16) not in b.queue
+    seen.clear()
+    q.submit(store, [{"id": "c", "k": 2, "submitted": 2}])
+    sched.run_batch(store, Recording(fab), pricing="now")
+    assert seen == [None]  # priced now: no outlook is built

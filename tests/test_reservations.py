@@ -277,3 +277,85 @@ def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
     with use_clock(lambda: 20.0):
         rep = sched.run_batch(store, Dispatcher(fab), backfill="easy")
     assert [r["request_id"] for r in rep.reservations] == ["B"] and q.check_invariants(store) == []
+
+
+def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch):
+    """G (32 GPUs: the whole cluster) is blocked behind A and holds the EASY reservation; 9 h later a
+    short 16-GPU S overtakes it in hrrn order (ratio 2.17 vs G's capped 2.13), then A ends."""
+    from bandpilot.scheduling import reservations
+
+    monkeypatch.setattr(reservations, "DRAIN_AFTER_S", drain_after_s)
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    run = lambda: sched.run_batch(store, d, policy="hrrn", backfill="easy")  # noqa: E731
+    q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+    run()
+    clock.t = 10.0
+    q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+    first = run()
+    assert [r["request_id"] for r in first.reservations] == ["G"]
+    clock.t = 9 * 3600.0
+    q.submit(store, [{"id": "S", "k": 16, "time_limit_s": 600, "submitted": clock.t - 700}])
+    mid = run()
+    clock.t = 40_000.0
+    q.release(store, "A")
+    last = run()
+    assert q.check_invariants(store) == []
+    return mid, last
+
+
+def test_a_drain_target_keeps_the_reservation_when_hrrn_reorders(store, fab, monkeypatch):
+    clock = Clock()
+    with use_clock(clock):
+        mid, last = _drain_scenario(store, fab, clock, 8 * 3600.0, monkeypatch)
+    assert [r["request_id"] for r in mid.reservations] == ["G"]  # S overtook G in order, not the slot
+    assert "drain target" in {o.request_id: o for o in mid.outcomes}["G"].detail
+    out = {o.request_id: o for o in last.outcomes}
+    assert out["G"].status == "assigned" and out["S"].status == "deferred"  # the drained cluster goes to G
+    assert out["S"].reason == "protects_reservation"
+
+
+def test_without_a_drain_target_the_overtaker_takes_the_slot(store, fab, monkeypatch):
+    """The reference behaviour (DRAIN_AFTER_S = inf, the default): the reservation follows hrrn's order."""
+    clock = Clock()
+    with use_clock(clock):
+        mid, last = _drain_scenario(store, fab, clock, float("inf"), monkeypatch)
+    assert [r["request_id"] for r in mid.reservations] == ["S"]
+    out = {o.request_id: o for o in last.outcomes}
+    assert out["S"].status == "assigned" and out["G"].status == "deferred"
+
+
+def test_a_holder_that_has_not_waited_long_enough_is_not_kept(store, fab, monkeypatch):
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, 10 * 3600.0, monkeypatch)  # G waited 9 h < 10 h
+    assert [r["request_id"] for r in mid.reservations] == ["S"]
+
+
+@pytest.mark.parametrize("slack, t_starts", [(1.0, True), (3.0, False)])
+def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_its_estimate(store, fab, monkeypatch,
+                                                                                            slack, t_starts):
+    """G drains the cluster for A's expected end (100,000 s); at 9 h, T (8 GPUs, 40,000 s limit) would
+    end by 72,400 s: plain EASY backfills it, at 3x its estimate (112,400 s + 9 h) it could delay G."""
+    from bandpilot.scheduling import reservations
+
+    monkeypatch.setattr(reservations, "DRAIN_AFTER_S", 8 * 3600.0)
+    monkeypatch.setattr(reservations, "DRAIN_ESTIMATE_SLACK", slack)
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    clock = Clock()
+    with use_clock(clock):
+        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy")
+        clock.t = 10.0
+        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy")
+        clock.t = 9 * 3600.0
+        q.submit(store, [{"id": "T", "k": 8, "time_limit_s": 40_000, "submitted": clock.t}])
+        rep = sched.run_batch(store, d, policy="hrrn", backfill="easy")
+    out = {o.request_id: o for o in rep.outcomes}
+    assert [r["request_id"] for r in rep.reservations] == ["G"]
+    assert (out["T"].status == "assigned") is t_starts
+    if not t_starts:
+        assert out["T"].reason == "protects_reservation"
+    assert q.check_invariants(store) == []

@@ -73,7 +73,8 @@ class BatchLoop:
             self.status["model"] = uri
             rep = run_batch(self.store, self._dispatcher(uri), policy=self.policy, model_uri=uri,
                             backfill=recommended.BACKFILL, locality=recommended.LOCALITY,
-                            preempt=recommended.PREEMPT, start_or_wait=recommended.START_OR_WAIT).to_dict()
+                            pricing=recommended.PRICING, preempt=recommended.PREEMPT,
+                            start_or_wait=recommended.START_OR_WAIT).to_dict()
         except BandPilotError as exc:  # no champion yet, a busy store: say so, try again next tick
             if self.status["error"] != str(exc):
                 log.warning("batch loop: %s", exc)

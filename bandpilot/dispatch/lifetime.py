@@ -21,9 +21,16 @@ profile over the candidate's estimated run time ``T``:
   host with ``u`` turnover GPUs (time-weighted) expects ``q · u / g`` more co-tenants, each
   pressing ``p``. Their capacity is the candidate's hosts as a whole, ``B̂(full hosts of S)``.
 
-Single-host candidates stay uncontended (the predictor's rule), so lifetime pricing is what makes a
-host-local placement win when spreading only looks better against today's co-tenants. The
-candidate's own pressure on others is symmetric: the same future jobs meet it on the same NICs.
+What the candidate imposes counts against it: the slowdown ``max(1, D/C)`` its pressure adds to each
+running contender (for as long as they overlap) and to the expected later co-tenants (for its whole
+run), in GPU-seconds of communication, converted into its own terms as
+``1 / (1 / B_life + harm / (k · f · T · d_S))`` (never above ``B̂(S)``, so the searches' standalone
+bound still prunes). Single-host candidates stay uncontended (the predictor's rule), so lifetime
+pricing is what makes a host-local placement win when spreading only looks better against today's
+co-tenants. Candidates within :data:`NEAR_TIE` of the best are near-equal: fewer hosts, then (the
+``lifetime-queue`` pricing only) :meth:`LifetimePredictor.protect`'s lookahead over the next pending
+gangs, then the tightest fit decide. Measured in the README ("Placement alone"): within the
+seed-to-seed spread of the 0.5 locality margin, so not the default.
 """
 
 from __future__ import annotations
@@ -39,14 +46,15 @@ from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.state import State
 from bandpilot.topology.cluster import popcount
 
-__all__ = ["LifetimePredictor", "Outlook", "pricing_predictor"]
+__all__ = ["LifetimePredictor", "Outlook", "pricing_predictor", "queue_pricing_predictor"]
 
 #: Run time assumed for a request with no estimate at all (no limit, nothing learned yet).
 DEFAULT_RUN_S = 3600.0
-#: Pending gangs (then arrival-mix sizes) whose next placement a choice protects (item 5).
+#: Pending gangs (then arrival-mix sizes) whose next placement the ``lifetime-queue`` pricing protects (item 5).
 LOOKAHEAD = 4
-#: Candidates within this relative value of the best are near-equal: the lookahead decides among them.
-PROTECT_TIE = 0.05
+#: Candidates within this relative lifetime value of the best are near-equal (run-time estimates are
+#: off by up to 3x): fewer hosts, the queue lookahead (lifetime-queue), then the tightest fit decide.
+NEAR_TIE = 0.05
 #: Near-equal candidates the lookahead scores (the best first).
 PROTECT_MAX = 32
 
@@ -84,12 +92,12 @@ class Outlook:
         comm[job_id] = 1.0 if comm_fraction is None else float(comm_fraction)
         return replace(self, remaining=rem, comm=comm, queue=tuple(q for q in self.queue if q[0] != job_id))
 
-    def next_gangs(self) -> list[int]:
-        """Sizes of the gangs the placement should leave room for: the next pending ones (other
+    def next_gangs(self, n: int = 4) -> list[int]:
+        """Sizes of the ``n`` gangs the placement should leave room for: the next pending ones (other
         than the request itself), topped up from the arrival mix."""
-        out = [k for jid, k in self.queue if jid != self.request_id and k >= 2][:LOOKAHEAD]
+        out = [k for jid, k in self.queue if jid != self.request_id and k >= 2][:n]
         for k in self.mix_k:
-            if len(out) >= LOOKAHEAD:
+            if len(out) >= n:
                 break
             if k not in out:
                 out.append(k)
@@ -105,23 +113,26 @@ class Outlook:
 class LifetimePredictor(ContentionPredictor):
     """``B̂(S, τ̄)`` with ``τ̄`` the traffic profile averaged over the candidate's run (module doc)."""
 
-    def __init__(self, model: BandwidthModel, state: State, outlook: Outlook) -> None:
+    def __init__(self, model: BandwidthModel, state: State, outlook: Outlook, lookahead: int = 0) -> None:
         super().__init__(model, state)
         self.outlook = outlook
-        self.protect_tie, self.protect_max = PROTECT_TIE, PROTECT_MAX
+        #: queue protection (item 5): how many next gangs decide among near-equal candidates (0: none,
+        #: fewer hosts then the tightest fit decide)
+        self.lookahead = int(lookahead)
+        #: candidates within this relative value of the best are near-equal (the estimates are rough)
+        self.near_tie, self.protect_max = NEAR_TIE, PROTECT_MAX
         self._jobs_now: tuple[np.ndarray, ...] | None = None
         T = outlook.horizon()
         rem = np.array([outlook.remaining.get(j, math.inf) for j in self.job_ids], dtype=float)
         #: share of the candidate's life each running contender still presses
         self.present = np.clip(rem / T, 0.0, 1.0) if rem.size else rem
         self._demand_now = self.job_demand * self.present
-        gone = {j.id: float(np.clip(1.0 - outlook.remaining.get(j.id, math.inf) / T, 0.0, 1.0)) for j in state.jobs}
-        H = self.spec.n_hosts
-        turn = np.zeros(H)  # time-weighted GPUs per host that turn over to the queue during the run
-        for j in state.jobs:
-            w = gone[j.id]
-            if w > 0:
-                turn += w * popcount(j.mask)
+        # time-weighted GPUs per host that turn over to the queue during the run: a job ending after
+        # r_j frees its GPUs for the share 1 - r_j / T of the candidate's life
+        turn = np.zeros(self.spec.n_hosts)
+        if state.jobs:
+            gone = np.clip(1.0 - np.array([outlook.remaining.get(j.id, math.inf) for j in state.jobs]) / T, 0.0, 1.0)
+            turn = gone @ popcount(np.array([j.mask for j in state.jobs], dtype=np.int64))
         self.free_w = float(np.clip(1.0 - outlook.fill_s / T, 0.0, 1.0))
         self.fcount = popcount(state.free).astype(float)
         rate = outlook.cross_share / max(outlook.slice_gpus, 1.0)  # future co-tenants per turnover GPU
@@ -139,7 +150,7 @@ class LifetimePredictor(ContentionPredictor):
         as a reservation is planned) until it fits; its compact (Slurm-like) placement there is
         valued by the model, relative to its best over the candidates, weighted 1, 1/2, 1/3...
         in queue order. A choice that leaves the next gangs their best placement scores highest."""
-        gangs = self.outlook.next_gangs()
+        gangs = self.outlook.next_gangs(self.lookahead)
         out = np.zeros(masks.shape[0])
         if not gangs:
             return out
@@ -286,3 +297,12 @@ def pricing_predictor(model: BandwidthModel, state: State) -> ContentionPredicto
     if outlook is None:
         return ContentionPredictor(model, state)
     return LifetimePredictor(model, state, outlook)
+
+
+def queue_pricing_predictor(model: BandwidthModel, state: State) -> ContentionPredictor:
+    """The ``lifetime-queue`` pricing: ``lifetime`` plus the lookahead over the next
+    :data:`LOOKAHEAD` pending gangs among near-equal candidates (:meth:`LifetimePredictor.protect`)."""
+    outlook = getattr(state, "outlook", None)
+    if outlook is None:
+        return ContentionPredictor(model, state)
+    return LifetimePredictor(model, state, outlook, lookahead=LOOKAHEAD)

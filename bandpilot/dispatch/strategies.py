@@ -149,5 +149,8 @@ def pricings() -> tuple[str, ...]:
 
 register_pricing("now", "against the jobs running now (the paper's B(S, tau))",
                  "bandpilot.dispatch.contention:ContentionPredictor")
-register_pricing("lifetime", "over the estimated run time: co-tenants that end, later cross-host jobs on the hosts "
-                 "(needs the queue's outlook; else as now)", "bandpilot.dispatch.lifetime:pricing_predictor")
+register_pricing("lifetime", "over the estimated run time: co-tenants that end, later cross-host jobs on the hosts, "
+                 "the slowdown imposed on co-tenants (needs the queue's outlook; else as now)",
+                 "bandpilot.dispatch.lifetime:pricing_predictor")
+register_pricing("lifetime-queue", "lifetime, and among near-equal candidates the one that leaves the next pending "
+                 "gangs their best placement", "bandpilot.dispatch.lifetime:queue_pricing_predictor")

@@ -321,7 +321,7 @@ class _Batch:
             self.placer.set_state(state)
             pl = self.plan(load_pending(conn), state, conn)
             report.batch_id = batch_id = self.new_batch(conn)
-            self.load_book(conn, state)
+            self.load_book(conn, state, pl)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
@@ -337,7 +337,7 @@ class _Batch:
         with store.read() as conn:
             state = store.load_state(conn, self.mspec)
             pl = self.plan(load_pending(conn), state, conn)
-            self.load_book(conn, state)
+            self.load_book(conn, state, pl)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -361,10 +361,11 @@ class _Batch:
             .returning(T_BATCH.c.id)
         ).scalar_one())
 
-    def load_book(self, conn: sa.Connection, state: State) -> None:
+    def load_book(self, conn: sa.Connection, state: State, pl: _Plan) -> None:
         if self.backfill != "greedy":
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations)
+            self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)
@@ -386,7 +387,7 @@ class _Batch:
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
-        if getattr(self.dispatcher, "pricing", "now") == "lifetime":  # the future each placement is priced over
+        if getattr(self.dispatcher, "pricing", "now") != "now":  # the future each placement is priced over
             est = Estimates.load(conn)
             self.placer.estimates, self.placer.demand = est, self.demand
             self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])

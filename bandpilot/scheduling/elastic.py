@@ -6,16 +6,17 @@ pending queue by learning utility, then realises the quotas on concrete GPUs.
 running jobs at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, clamped
 to each job's ``[min_k, max_k]`` by water-filling and snapped to its ``k_step``. A running job is
 always admitted (at least its ``min_k``: no preemption here); pending ones are admitted in the
-caller's order (utility first) while their ``min_k`` still fits.
+caller's order (utility first) by an admission rule (:data:`ADMISSIONS`): ``fit-k`` (default) while
+the requested ``k`` of every admitted one fits, ``min-k`` (seed 001's) while their ``min_k`` fits.
 
-*GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing adds one GPU at a time, the one whose
-grown set ``S ∪ {g}`` has the highest predicted bandwidth under the current co-tenants (the
-contention predictor, :class:`~bandpilot.dispatch.contention.ContentionPredictor`); shrinking
-removes the GPU whose removal leaves the highest prediction. A growth happens only if the job's
-predicted epoch time (:func:`grow_ratio`: its compute share over ``k`` plus its collective share at
-the predicted ``B(S ∪ new)``) drops by :data:`GROW_GAIN`; otherwise the largest smaller growth that
-does, or none (the GPUs stay free for the queue). ``blind=True`` is the baseline that ignores
-bandwidth: lowest free GPU ids first, highest held ids released first, every quota taken.
+*GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing proposes grown sets (:func:`grow_rows`:
+greedy by the predicted bandwidth of ``S ∪ new`` under the current co-tenants, from a few seed
+hosts) at a few sizes, and a pricer (:mod:`bandpilot.scheduling.elastic_pricing`) takes one or
+none: ``welfare`` (default) by the sum of the predicted epoch-time changes of the job and of the
+co-tenants whose NICs it would share, ``self`` by the job's own epoch time only. Admissions choose
+their size and placement the same way. Shrinking removes the GPU whose removal leaves the highest
+prediction. ``blind=True`` is the baseline that ignores bandwidth: lowest free GPU ids first,
+highest held ids released first, every quota taken.
 
 :func:`rebalance` does one round against the store: quotas, shrinks, grows, admissions, all
 written in ONE transaction (:mod:`bandpilot.queue.generations` for resizes, the batch's guarded
@@ -44,8 +45,10 @@ from bandpilot.queue.store import Store
 from bandpilot.scheduling.batch import load_pending, model_version_of, _write_assignment
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
-from bandpilot.topology.cluster import popcount
+from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
+    SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.policies import order_pending, utility_prior
+from bandpilot.topology.cluster import popcount
 
 
 @dataclass(frozen=True)
@@ -131,140 +134,6 @@ def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEF
             quota[c.id] += c.step
             left -= c.step
     return quota
-
-
-def _bits(spec: Any, mask: np.ndarray) -> list[tuple[int, int]]:
-    out = []
-    for h in np.flatnonzero(mask):
-        m = int(mask[h])
-        while m:
-            b = m & -m
-            out.append((int(h), b))
-            m ^= b
-    return out
-
-
-def _steps(model: Any, mask: np.ndarray, free: np.ndarray, n_left: int) -> list[tuple[int, int]]:
-    """One greedy step's candidates ``(host, bits to add)``: while more GPUs are needed than a host
-    holds, a host's free GPUs as one chunk (a 1,024-GPU cluster offers 1,000 single GPUs per step);
-    then single GPUs, of which a host's free GPUs giving the same stage-1 (in-host) value count
-    once (every GPU of an NVSwitch host is alike)."""
-    per_host = int(popcount(free | mask).max()) if free.size else 0
-    stage1 = getattr(model, "stage1", None)
-    out: list[tuple[int, int]] = []
-    for h in np.flatnonzero(free):
-        m = int(free[h])
-        if n_left > per_host:
-            bits = 0
-            for _ in range(n_left):
-                if not m:
-                    break
-                b = m & -m
-                bits |= b
-                m ^= b
-            out.append((int(h), bits))
-            continue
-        bits = np.array([1 << i for i in range(m.bit_length()) if m >> i & 1], dtype=np.int64)
-        if stage1 is not None:
-            _, first = np.unique(np.asarray(stage1[h, int(mask[h]) | bits]), return_index=True)
-            bits = bits[np.sort(first)]
-        out.extend((int(h), int(b)) for b in bits)
-    return out
-
-
-def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np.ndarray, n_add: int) -> np.ndarray:
-    mask, free = mask.copy(), free.copy()
-    left = n_add
-    while left > 0:
-        cand = _steps(pred.model, mask, free, left)
-        if not cand:
-            break
-        rows = np.repeat(mask[None, :], len(cand), axis=0)
-        for i, (h, b) in enumerate(cand):
-            rows[i, h] |= b
-        p = pred.predict(rows)
-        # ties (e.g. every GPU of an NVSwitch host): fewer hosts, then lowest id
-        n_hosts = (rows != 0).sum(axis=1)
-        best = int(np.lexsort((np.arange(len(cand)), n_hosts, -np.round(p.value, 6)))[0])
-        h, b = cand[best]
-        mask[h] |= b
-        free[h] &= ~b
-        left -= bin(b).count("1")
-    return mask
-
-
-#: Hosts with the most free GPUs tried as "fill this host first" growth seeds (besides the job's own).
-SEED_HOSTS = 3
-
-
-def _seed_hosts(mask: np.ndarray, free: np.ndarray) -> list[int]:
-    """The job's own hosts with free GPUs and the :data:`SEED_HOSTS` hosts with the most free GPUs:
-    on a 128-host cluster every host as a seed costs 129 greedy growths per resize."""
-    cnt = np.array([bin(int(x)).count("1") for x in free])
-    own = [int(h) for h in np.flatnonzero((mask != 0) & (cnt > 0))]
-    top = [int(h) for h in np.argsort(-cnt, kind="stable")[:SEED_HOSTS] if cnt[h] > 0]
-    return list(dict.fromkeys(own + top))
-
-
-def grow_rows(model: Any, state: State, mask: np.ndarray, n_add: int) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate grown sets ``mask`` + ``n_add`` free GPUs of ``state`` (which must not hold the
-    job itself) and their predicted bandwidth ``B(S ∪ new)`` under contention.
-
-    One GPU at a time is myopic where bandwidth follows the smallest per-host count (2+2 beats
-    3+1 on the H100 fabric, but the first step prefers 3): so the candidates are the per-GPU
-    greedy growth and, for the job's own hosts and the hosts with the most free GPUs, "as many as
-    possible from that host first, then greedy"."""
-    free = state.free & ~mask
-    pred = ContentionPredictor(model, state)
-    cands = [_greedy_add(pred, state.spec, mask, free, n_add)]
-    for h in _seed_hosts(mask, free):
-        m, f = mask.copy(), free.copy()
-        bits = _bits(state.spec, np.where(np.arange(free.size) == h, free, 0))[:n_add]
-        for hh, b in bits:
-            m[hh] |= b
-            f[hh] &= ~b
-        cands.append(_greedy_add(pred, state.spec, m, f, n_add - len(bits)))
-    rows = np.unique(np.array(cands), axis=0)
-    return rows, pred.predict(rows).value
-
-
-def grow_gpus(model: Any, state: State, mask: np.ndarray, n_add: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
-    """``mask`` plus ``n_add`` free GPUs of ``state`` (which must not hold the job itself), and the
-    grown set's predicted bandwidth under contention (None when blind): of :func:`grow_rows`, the
-    one with the highest predicted ``B(S ∪ new)`` (ties: fewer hosts)."""
-    mask = mask.copy()
-    if blind:
-        for h, b in _bits(state.spec, state.free & ~mask)[:n_add]:
-            mask[h] |= b
-        return mask, None
-    if n_add <= 0:
-        return mask, None
-    rows, value = grow_rows(model, state, mask, n_add)
-    n_hosts = (rows != 0).sum(axis=1)
-    best = int(np.lexsort((np.arange(len(rows)), n_hosts, -np.round(value, 6)))[0])
-    return rows[best].copy(), float(value[best])
-
-
-def shrink_gpus(model: Any, state: State, mask: np.ndarray, n_remove: int, *, blind: bool = False) -> tuple[np.ndarray, float | None]:
-    """``mask`` without the ``n_remove`` GPUs whose removal costs least predicted bandwidth."""
-    mask = mask.copy()
-    if blind:
-        for h, b in _bits(state.spec, mask)[::-1][:n_remove]:
-            mask[h] &= ~b
-        return mask, None
-    pred = ContentionPredictor(model, state)
-    value = None
-    for _ in range(n_remove):
-        cand = _bits(state.spec, mask)
-        rows = np.repeat(mask[None, :], len(cand), axis=0)
-        for i, (h, b) in enumerate(cand):
-            rows[i, h] &= ~b
-        p = pred.predict(rows)
-        n_hosts = (rows != 0).sum(axis=1)
-        best = int(np.lexsort((np.arange(len(cand)), n_hosts, -np.round(p.value, 6)))[0])
-        mask = rows[best]
-        value = float(p.value[best])
-    return mask, value
 
 
 _RUNNING = (

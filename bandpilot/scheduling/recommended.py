@@ -20,6 +20,15 @@ default: on the same workload (2 seeds) it keeps wasted GPU-hours at ~1 % of GPU
 top of the capped hrrn it costs the mean (``full`` 4.04 -> 7.56 h, ``comm`` 4.20 -> 4.48 h) and does
 not bound the largest JCT (76 / 64 h). The ``las`` policy (:mod:`bandpilot.scheduling.las`) is FIFO
 without preemption and wastes ~5 % of GPU-hours with it: a named policy, not a default.
+
+Lifetime pricing (``--placement-pricing lifetime``, :mod:`bandpilot.dispatch.lifetime`) is measured
+but not the default: placement alone it is within the seed-to-seed spread of the 0.5 margin (8
+seeds), and in this queue it is worse on seeds 0-1 (mean 4.04 -> 4.80 h under ``full``, 4.20 -> 4.87 h
+under ``comm``) and even over 8 seeds (mean -3.8 % under ``full``, +0.8 % under ``comm``).
+
+A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
+keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
+and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).
 """
 
 POLICY = "hrrn"

@@ -29,9 +29,7 @@ from typing import Any
 from bandpilot.errors import RequestError
 from bandpilot.queue.requests import Request
 from bandpilot.queue.views import format_gpus
-from bandpilot.scheduling.placer import Deferred
 from bandpilot.scheduling.reservations import Book, Reservation
-from bandpilot.topology.cluster import popcount
 
 START_WAIT_MODES = ("off", "on")
 #: Largest added queueing considered (a nearby reservation, not a distant one).
@@ -79,16 +77,10 @@ class StartOrWait:
         if req.k < 2 or not f or est is None or b_now <= 0 or waited >= self.max_hold_s:
             return None
         best: tuple[float, float, float, Any, float] | None = None  # (net, t, saved, sel, gbps)
-        for t in [t for t in book._steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]:
+        for t in [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]:
             added = t - book.now
-            st = book._state_at(t, t + est)
-            if int(popcount(st.free).sum()) < req.k:
-                continue
-            book.placer.reset_failures()
-            book.placer.set_state(st)
-            try:
-                s_t = book.placer.place(req)
-            except Deferred:
+            s_t = book.place_at(req, t, est)
+            if s_t is None:
                 continue
             b_t = float(getattr(s_t, "predicted_gbps", None) or 0.0)
             saved = f * est * (b_t / b_now - 1.0)

@@ -18,7 +18,10 @@ engine); 1 GPU has no collective. At ``k = k0`` this is exactly the fixed-gang e
 *Epoch boundaries.* Every dispatch interval, the jobs that crossed an epoch boundary since their
 last resize (at most one resize per epoch) and the pending queue go through
 :func:`bandpilot.scheduling.elastic.rebalance` on the live store. A resize costs ``resize_s`` of the
-job's time at its new rate (checkpoint-restart) and is counted in ``resizes``.
+job's time at its new rate (checkpoint-restart) and is counted in ``resizes``. A round is skipped
+when no job reached a new boundary and neither the GPUs held nor the queue changed since the last
+one (it would decide the same), and a job whose growth was refused is priced again only at a new
+epoch or on a new state (at 1,024 GPUs, pricing refused growths every interval was most of the time).
 
 Simplifications, stated: the decision is taken at the dispatch tick after the boundary, and the
 job keeps its fractional progress into the epoch (as if it resized in place); learning is

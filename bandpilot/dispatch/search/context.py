@@ -262,8 +262,8 @@ class SearchContext:
     def tie_margin(self) -> float:
         """Relative distance below the best value within which :meth:`choose` weighs candidates
         (pruned evaluations score every candidate that close)."""
-        protect_tie = getattr(self.pred, "protect_tie", 0.0) if getattr(self.pred, "protect", None) else 0.0
-        return max(_REL_TIE, self.locality, protect_tie)
+        # lifetime pricings widen it: their estimates are rough (near_tie)
+        return max(_REL_TIE, self.locality, getattr(self.pred, "near_tie", 0.0))
 
     def evaluate(self, masks: np.ndarray, cols: np.ndarray | None = None, max_pairs: int = 8192) -> Prediction:
         """Contention-aware values of candidates (pruned by the standalone bound in batches of
@@ -279,11 +279,13 @@ class SearchContext:
         return out
 
     def choose(self, masks: np.ndarray, value: np.ndarray, cols: np.ndarray | None = None) -> int:
-        """Index of the best candidate; near-ties (within :attr:`locality`) prefer fewer hosts, then the
+        """Index of the best candidate; near-ties (within :attr:`locality`, or the pricing's ``near_tie``) prefer fewer hosts, then the
         tightest fit (fewest free GPUs on the hosts used, keeping big free blocks intact), then order.
         ``cols``: the rows are given on those host columns only."""
         vmax = float(value.max())
-        protect = getattr(self.pred, "protect", None)  # a pricing's queue lookahead (lifetime)
+        # a pricing may widen "near-equal" (tie_margin) and bring a queue lookahead that decides among
+        # near-equal candidates (lifetime-queue)
+        protect = getattr(self.pred, "protect", None) if getattr(self.pred, "lookahead", 0) else None
         near = np.flatnonzero(value >= vmax - self.tie_margin * max(1.0, abs(vmax)))
         if near.size == 1:
             return int(near[0])
@@ -292,14 +294,14 @@ class SearchContext:
         fc = self.fcount if cols is None else self.fcount[cols]
         fit = (used * fc[None, :]).sum(axis=1)
         keys = [near, fit, nh]
-        if protect is not None:  # leaves the next gangs their best placement first, then fewer hosts
+        if protect is not None:  # fewer hosts, then what leaves the next gangs their best placement, then fit
             near = near[np.argsort(-value[near], kind="stable")][: getattr(self.pred, "protect_max", near.size)]
             used = masks[near] != 0
             full = masks[near] if cols is None else np.zeros((near.size, self.H), dtype=np.int64)
             if cols is not None:
                 full[:, cols] = masks[near]
             fit = (used * fc[None, :]).sum(axis=1)
-            keys = [near, fit, used.sum(axis=1), -np.round(protect(full, value[near]), 3)]
+            keys = [near, fit, -np.round(protect(full, value[near]), 3), used.sum(axis=1)]
         return int(near[np.lexsort(keys)[0]])
 
     def best_of(self, masks: np.ndarray, max_pairs: int = 8192, cols: np.ndarray | None = None) -> Found | None:
