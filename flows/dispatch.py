@@ -8,6 +8,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from bandpilot.scheduling import recommended as rec
 from flows._common import prepare
 
 
@@ -33,13 +34,15 @@ def load_dispatcher_task(model_uri: str):
 @task(cache_policy=NONE)
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str,
                    backfill: str = "greedy", demand: str = "full", locality: float | None = None,
-                   preempt: str = "off", pricing: str | None = None) -> dict[str, Any]:
+                   preempt: str = "off", pricing: str | None = None, reservations: int | None = None,
+                   start_or_wait: str = "off") -> dict[str, Any]:
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
         rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand,
-                              locality=locality, pricing=pricing, preempt=preempt)
+                              max_reservations=reservations, locality=locality, pricing=pricing, preempt=preempt,
+                              start_or_wait=start_or_wait)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")
@@ -67,14 +70,16 @@ def batch_markdown(rep: dict[str, Any]) -> str:
 def dispatch_flow(
     cluster: str,
     model_uri: str | None = None,
-    policy: str = "hrrn",
+    policy: str = rec.POLICY,
     store_url: str | None = None,
     limit: int | None = None,
-    backfill: str = "easy",
+    backfill: str = rec.BACKFILL,
     demand: str = "full",
-    locality: float = 0.5,
-    preempt: str = "off",
-    placement_pricing: str = "now",
+    locality: float = rec.LOCALITY,
+    preempt: str = rec.PREEMPT,
+    placement_pricing: str = rec.PRICING,
+    reservations: int = rec.RESERVATIONS,
+    start_or_wait: str = rec.START_OR_WAIT,
 ) -> dict[str, Any]:
     """Assign the pending requests of ``cluster``'s queue with ``models:/bandpilot-<cluster>@champion``."""
     prepare()
@@ -89,7 +94,8 @@ def dispatch_flow(
         log.info("no batch on %s: %s", cluster, idle)
         return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
-    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt, placement_pricing)
+    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt, placement_pricing,
+                         reservations, start_or_wait)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")
     counts = {s: sum(1 for o in rep.get("outcomes", []) if o.get("status") == s) for s in ("assigned", "deferred", "rejected")}
     log.info("batch on %s: %s", cluster, counts)

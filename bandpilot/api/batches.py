@@ -72,7 +72,8 @@ class BatchLoop:
             uri = self.uri()
             self.status["model"] = uri
             rep = run_batch(self.store, self._dispatcher(uri), policy=self.policy, model_uri=uri,
-                            backfill=recommended.BACKFILL, locality=recommended.LOCALITY,
+                            backfill=recommended.BACKFILL, max_reservations=recommended.RESERVATIONS,
+                            locality=recommended.LOCALITY,
                             pricing=recommended.PRICING, preempt=recommended.PREEMPT,
                             start_or_wait=recommended.START_OR_WAIT).to_dict()
         except BandPilotError as exc:  # no champion yet, a busy store: say so, try again next tick

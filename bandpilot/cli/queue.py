@@ -406,7 +406,8 @@ def dispatch_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
-    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (every blocked gang does)."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (the first --reservations blocked gangs do)."),
+    reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative (Maui's RESERVATIONDEPTH)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
@@ -442,8 +443,8 @@ def dispatch_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, demand=demand, locality=locality, pricing=placement_pricing, preempt=preempt,
-                          start_or_wait=start_or_wait)
+                          backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
+                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -29,7 +29,8 @@ def simulate_cmd(
     lam: float = typer.Option(0.5, "--lambda", help="Seed 001's utility balance between entropy level and progress."),
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
-    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (every blocked gang does)."),
+    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (the first --reservations blocked gangs do)."),
+    reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative: how many blocked gangs, in policy order, get a reservation (Maui's RESERVATIONDEPTH)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="How BandPilot values a placement: now (against the jobs running now) | lifetime (over its estimated run time: co-tenants that end, later cross-host jobs on its hosts from the arrival mix, the slowdown it imposes on co-tenants) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
@@ -67,7 +68,7 @@ def simulate_cmd(
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill, locality=locality, placement_pricing=placement_pricing, elastic=_on_off(elastic, "--elastic"),
+                    backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing, elastic=_on_off(elastic, "--elastic"),
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
                     start_or_wait=start_or_wait)
     cfg.check()

@@ -73,6 +73,7 @@ class SimConfig:
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
     backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
+    reservations: int = recommended.RESERVATIONS  # reservation depth under conservative backfill (easy: 1)
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
     placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
@@ -96,6 +97,8 @@ class SimConfig:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
         if self.backfill not in BACKFILL_MODES:
             raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
+        if not (isinstance(self.reservations, int) and 1 <= self.reservations <= 1024):
+            raise SimulationError(f"reservations must be an integer in [1, 1024], got {self.reservations!r}")
         if not 0.0 <= self.locality < 1.0:
             raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
         if self.placement_pricing not in strategies.pricings():
@@ -264,8 +267,8 @@ class _Sim:
     def _batch(self, t: float) -> int:
         self._flush()
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
-                        demand=self.cfg.demand, backfill=self.cfg.backfill, locality=self.cfg.locality,
-                        pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
+                        demand=self.cfg.demand, backfill=self.cfg.backfill, max_reservations=self.cfg.reservations,
+                        locality=self.cfg.locality, pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
                         start_or_wait=self.cfg.start_or_wait)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs

@@ -16,10 +16,17 @@ from typing import Any
 from bandpilot.errors import BandPilotError
 from bandpilot.simulation.engine import SimConfig
 
+# Every queue knob a preset does not name would leak in from the caller's config (the defaults
+# move as the recommended configuration changes): a baseline pins them all.
+_PLAIN: dict[str, Any] = {"start_or_wait": "off", "reservations": 1}
+
 PRESETS: dict[str, dict[str, Any]] = {
-    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
-    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
-    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off"},
+    "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off",
+              **_PLAIN},
+    "greedy": {"policy": "fifo", "backfill": "greedy", "algorithm": "bandpilot", "locality": 0.0, "placement_pricing": "now", "preempt": "off",
+              **_PLAIN},
+    "greedy-topo": {"policy": "fifo", "backfill": "greedy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off",
+              **_PLAIN},
 }
 
 
