@@ -20,7 +20,6 @@ request either untouched or fully assigned and a long batch never blocks other w
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressu
 from bandpilot.dispatch.state import State
 from bandpilot.errors import ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
+from bandpilot.scheduling.assign_write import AssignConflict, num, write_assignment
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.outlook import load_outlook
@@ -45,15 +45,12 @@ from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
 from bandpilot.queue.requests import Request
-from bandpilot.queue.schema import T_ASSIGN, T_BATCH, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import T_BATCH, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
 
-
-class _Conflict(Exception):
-    pass
 
 
 def model_version_of(dispatcher: Any) -> str | None:
@@ -85,65 +82,6 @@ def check_model(store: Store, dispatcher: Any) -> None:
             f"but the store holds {spec.name!r} ({spec.n_gpus} GPUs, fingerprint {spec.fingerprint()})"
         )
 
-
-_ASSIGN_REQ = (
-    sa.update(T_REQ)
-    .where(T_REQ.c.id == sa.bindparam("b_id"), T_REQ.c.status == "pending")
-    .values(status="assigned", reason=None, detail=None, attempts=T_REQ.c.attempts + 1,
-            last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
-)
-_TAKE_GPUS = (
-    sa.update(T_GPUS)
-    .where(T_GPUS.c.id.in_(sa.bindparam("b_gpus", expanding=True)), T_GPUS.c.state == "free")
-    .values(state="busy", job_id=sa.bindparam("b_job"), updated_at=sa.bindparam("b_now"))
-)
-_INS_JOB = sa.insert(T_JOBS)
-_INS_ASSIGN = sa.insert(T_ASSIGN)
-
-
-def _write_assignment(
-    conn: sa.Connection, req: Request, sel: Any, batch_id: int | None, ts: float,
-    model_uri: str | None, model_version: str | None, algorithm: str, demand: str = DEFAULT_DEMAND,
-) -> str:
-    """Assign inside a savepoint: 'assigned', 'skipped' (no longer pending) or raise _Conflict.
-    Order matters: request CAS first (nothing touched if it lost), the job row before the GPUs
-    that reference it, then the GPU CAS whose row count must equal k."""
-    gpus = list(sel.gpus)
-    with conn.begin_nested():
-        if conn.execute(_ASSIGN_REQ, {"b_id": req.id, "b_batch": batch_id, "b_now": ts}).rowcount != 1:
-            return "skipped"
-        standalone = float(getattr(sel, "standalone_gbps", None) or 0.0)
-        # the job's pressure on shared NICs under the demand model: what later predictions charge it
-        pressed = standalone * pressure_factor(req.comm_fraction, demand)
-        conn.execute(_INS_JOB, {"id": req.id, "tenant": req.tenant, "k": req.k, "demand_gbps": pressed,
-                                "status": "active", "started_at": ts, "ended_at": None})
-        n = conn.execute(_TAKE_GPUS, {"b_gpus": gpus, "b_job": req.id, "b_now": ts}).rowcount
-        if n != len(gpus):
-            raise _Conflict(f"only {n} of {len(gpus)} GPUs were still free")
-        conn.execute(_INS_ASSIGN, {
-            "request_id": req.id, "batch_id": batch_id, "gpus": json.dumps(gpus),
-            "predicted_gbps": _f(getattr(sel, "predicted_gbps", None)), "standalone_gbps": standalone,
-            "algorithm": str(getattr(sel, "algorithm", None) or algorithm), "model_uri": model_uri,
-            "model_version": model_version, "search_ms": _f(getattr(sel, "search_ms", None)),
-            "evaluations": _i(getattr(sel, "evaluations", None)), "assigned_at": ts,
-            **_rank_map(getattr(sel, "placement", None)),
-        })
-    return "assigned"
-
-
-def _rank_map(placement: dict | None) -> dict[str, str | None]:
-    if not placement:
-        return {"ranks": None, "placement": None}
-    figures = {k: v for k, v in placement.items() if k != "ranks"}
-    return {"ranks": json.dumps(placement["ranks"]), "placement": json.dumps(figures, sort_keys=True)}
-
-
-def _f(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _i(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 _TOUCH_ALL = (
@@ -444,8 +382,8 @@ class _Batch:
                 out.reason, out.detail = wait.reason, wait.detail
                 return out
         try:
-            res = _write_assignment(conn, req, sel, batch_id, ts, self.uri, self.version, self.algorithm, self.demand)
-        except _Conflict as exc:
+            res = write_assignment(conn, req, sel, batch_id, ts, self.uri, self.version, self.algorithm, self.demand)
+        except AssignConflict as exc:
             out.reason, out.detail = "conflict", f"GPUs changed under the batch: {exc}"
             placer.set_state(self.store.load_state(conn, self.mspec))
             return out
@@ -460,11 +398,11 @@ class _Batch:
         try:
             with conn.begin_nested():
                 evict(conn, plan, req, ts)
-                res = _write_assignment(conn, req, plan.selection, batch_id, ts, self.uri, self.version,
+                res = write_assignment(conn, req, plan.selection, batch_id, ts, self.uri, self.version,
                                         self.algorithm, self.demand)
                 if res != "assigned":
                     raise EvictionConflict(f"request {req.id!r} is no longer pending")
-        except (EvictionConflict, _Conflict) as exc:
+        except (EvictionConflict, AssignConflict) as exc:
             out.reason, out.detail = "conflict", f"preemption abandoned: {exc}"
             self.placer.set_state(self.store.load_state(conn, self.mspec))
             return out
@@ -491,10 +429,10 @@ class _Batch:
         if self.book is not None:
             self.book.started(req, gpus, pressed)
         out.status, out.gpus = "assigned", gpus
-        out.predicted_gbps = _f(sel.predicted_gbps)
-        out.standalone_gbps = _f(getattr(sel, "standalone_gbps", None))
+        out.predicted_gbps = num(sel.predicted_gbps)
+        out.standalone_gbps = num(getattr(sel, "standalone_gbps", None))
         out.algorithm = str(getattr(sel, "algorithm", None) or self.algorithm)
-        out.search_ms = _f(getattr(sel, "search_ms", None))
+        out.search_ms = num(getattr(sel, "search_ms", None))
         return out
 
     def finish(self, conn: sa.Connection, to_flush: list[Outcome], pl: _Plan) -> None:

@@ -42,7 +42,8 @@ from bandpilot.queue.generations import Resize, _apply
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
-from bandpilot.scheduling.batch import load_pending, model_version_of, _write_assignment
+from bandpilot.scheduling.assign_write import write_assignment
+from bandpilot.scheduling.batch import load_pending, model_version_of
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
@@ -383,7 +384,7 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
         return state, False
     q, sel = options[pick][0], sels[pick]
     # the job starts at q (its range allows it): the assignment and job rows say q, the request keeps k
-    if _write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, rnd.demand) != "assigned":
+    if write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, rnd.demand) != "assigned":
         return state, False
     pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, rnd.demand)
     rep.admitted[req.id] = list(sel.gpus)
