@@ -43,7 +43,7 @@ CONFIGS = {
     "fifo (fixed gangs)": replace(PLAIN, policy="fifo"),
     "sjf (fixed gangs)": replace(PLAIN, policy="sjf"),
     "utility (fixed gangs)": replace(PLAIN, policy="utility"),
-    "best non-elastic (hrrn + easy + locality 0.5)": RECOMMENDED,
+    "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
