@@ -64,3 +64,11 @@ class ModelError(BandPilotError):
     """A model URI cannot be resolved or does not fit the cluster."""
 
     code = "model_error"
+
+
+def one_of(value: str, choices: tuple[str, ...], what: str, error: type[Exception] = RequestError) -> str:
+    """``value`` if it is one of ``choices``, else ``error`` naming ``what`` and the choices (the
+    one-line message every mode flag and config key gives)."""
+    if value not in choices:
+        raise error(f"unknown {what} {value!r}: use one of {', '.join(choices)}")
+    return value

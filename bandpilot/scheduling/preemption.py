@@ -37,7 +37,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
-from bandpilot.errors import RequestError
+from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOBS, T_REQ
 from bandpilot.scheduling.estimates import Estimates
@@ -60,9 +60,7 @@ MAX_REGIONS = 32
 
 
 def check_preempt(mode: str) -> str:
-    if mode not in PREEMPT_MODES:
-        raise RequestError(f"unknown preempt mode {mode!r}: use one of {', '.join(PREEMPT_MODES)}")
-    return mode
+    return one_of(mode, PREEMPT_MODES, "preempt mode")
 
 
 @dataclass

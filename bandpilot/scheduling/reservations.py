@@ -36,7 +36,7 @@ import numpy as np
 import sqlalchemy as sa
 
 from bandpilot.dispatch.state import Job, State
-from bandpilot.errors import RequestError
+from bandpilot.errors import one_of
 from bandpilot.queue.clock import iso
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_JOBS, T_REQ, T_RESERVE
@@ -65,9 +65,7 @@ DRAIN_ESTIMATE_SLACK = 1.0
 
 
 def check_backfill(mode: str) -> str:
-    if mode not in BACKFILL_MODES:
-        raise RequestError(f"unknown backfill mode {mode!r}: use one of {', '.join(BACKFILL_MODES)}")
-    return mode
+    return one_of(mode, BACKFILL_MODES, "backfill mode")
 
 
 @dataclass

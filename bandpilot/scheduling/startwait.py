@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bandpilot.errors import RequestError
+from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.queue.views import format_gpus
 from bandpilot.scheduling.reservations import Book, Reservation
@@ -43,9 +43,7 @@ MAX_STEPS = 6
 
 
 def check_start_wait(mode: str) -> str:
-    if mode not in START_WAIT_MODES:
-        raise RequestError(f"unknown start-or-wait mode {mode!r}: use one of {', '.join(START_WAIT_MODES)}")
-    return mode
+    return one_of(mode, START_WAIT_MODES, "start-or-wait mode")
 
 
 @dataclass(frozen=True)
