@@ -509,6 +509,25 @@ def test_api_submits_an_elastic_request_and_shows_its_generation(tmp_path):
         s.close()
 
 
+def test_rebalance_orders_sjf_by_run_time_estimates(tmp_path):
+    """The elastic round orders ``sjf`` by the stored run-time estimates, as the batch does (it used to
+    pass none, so ``sjf`` admitted first come, first served)."""
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.scheduling.elastic import rebalance
+
+    s = new_store(tmp_path)
+    try:
+        n = s.spec.n_gpus
+        q.submit(s, [{"id": "long", "k": n, "min_k": n, "max_k": n, "submitted_at": 1.0},
+                     {"id": "short", "k": n, "min_k": n, "max_k": n, "submitted_at": 2.0}])
+        q.set_estimates(s, {"long": 36000.0, "short": 600.0})
+        rep = rebalance(s, Dispatcher(make_fabric(s.spec)), policy="sjf")
+        assert list(rep.admitted) == ["short"] and rep.waiting == ["long"]
+    finally:
+        s.close()
+
+
 @pytest.mark.slow
 def test_cli_rebalance_resizes_a_live_store(tmp_path, capsys, monkeypatch):
     from bandpilot.cli import queue as cq

@@ -48,7 +48,8 @@ from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, D
     DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
-from bandpilot.scheduling.policies import order_pending, utility_prior
+from bandpilot.scheduling.estimates import Estimates
+from bandpilot.scheduling.policies import ESTIMATE_POLICIES, order_pending, utility_prior
 from bandpilot.topology.cluster import popcount
 
 
@@ -103,7 +104,11 @@ def rebalance(
             n_play += len(gpus)
             u = r.utility if r.utility is not None else prior
             cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
-        order = order_pending(pending, policy, None, now())
+        expected = None
+        if policy in ESTIMATE_POLICIES:  # sjf/hrrn order by run-time estimates, as the batch does
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
+        order = order_pending(pending, policy, expected, now())
         reqs = {p.req.id: p.req for p in order}
         for p in order:
             u = p.req.utility if p.req.utility is not None else prior
