@@ -18,8 +18,8 @@ call (de-duplicated).
 
 Search: a TP group fits a *unit* (the host, or the NVLink domain on rack-scale clusters) when the
 unit has ``tp`` free GPUs. Candidate GPU sets are built from several unit orders (fullest first,
-best fit, least exposed to cross-host tenants, rack-compact, and the sets the bandwidth-only search
-and the compact baseline chose); each set is cut into TP groups unit by unit (leftovers form spanning
+best fit, least exposed to cross-host tenants, rack-compact, the segment baseline's block cut, and
+the sets the compact baseline and, optionally, the bandwidth-only search chose); each set is cut into TP groups unit by unit (leftovers form spanning
 groups only when the aligned room runs out), and the groups are laid out two ways: DP-inner (a
 unit's groups are DP replicas of one stage, PP crosses units) and PP-inner (a unit's groups are
 consecutive stages, DP crosses). Units are visited in locality order, so PP stages land on
@@ -328,12 +328,29 @@ def _counts_bestfit(cap: np.ndarray, loc: np.ndarray, G: int) -> np.ndarray:
     return n
 
 
+def _counts_segment(cap: np.ndarray, free_u: np.ndarray, loc: np.ndarray, G: int, block: int) -> np.ndarray:
+    """Slurm ``--segment`` = TP (``block`` TP groups per segment) with block placement, as a unit
+    split (the cut :func:`bandpilot.dispatch.baselines.block_select` makes, without its per-segment
+    compact search): the whole job on the best-fit unit (fewest free GPUs) when one holds it, else
+    each segment in turn on the best-fit unit that holds one - the unit just filled stays the
+    tightest fit, so that is a greedy fill of the units in ascending free order."""
+    fit = np.flatnonzero(cap >= G)
+    n = np.zeros(cap.size, dtype=np.int64)
+    if fit.size:
+        n[fit[np.lexsort((loc[fit], free_u[fit]))[0]]] = G
+        return n
+    order = np.lexsort((loc, free_u))
+    return _counts_greedy(cap, order[cap[order] >= block], G)
+
+
 def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, exposed: np.ndarray,
-                   rack_of_unit: np.ndarray, shape: Shape) -> dict[str, np.ndarray]:
+                   rack_of_unit: np.ndarray, shape: Shape, free_u: np.ndarray) -> dict[str, np.ndarray]:
     """TP groups per unit for each unit order: fullest first, best fit, least exposed, rack-compact,
-    and clean (most TP groups on hosts no cross-host tenant touches) whole or water-filled over the
-    fewest units - the splits the bandwidth-only search starts from, here without its model calls.
-    ``cap1`` / ``clean1``: a unit's room / clean room in TP groups."""
+    segment (Slurm ``--segment`` = TP block placement: the segment baseline's split, so the search
+    re-lays that set out itself), and clean (most TP groups on hosts no cross-host tenant touches)
+    whole or water-filled over the fewest units - the splits the bandwidth-only search starts from,
+    here without its model calls. ``cap1`` / ``clean1``: a unit's room / clean room in TP groups;
+    ``free_u``: its free GPUs."""
     U, G = cap1.size, shape.pp * shape.dp
     loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
     exposed_u = np.bincount(unit, weights=exposed.astype(np.int64), minlength=U)
@@ -348,6 +365,8 @@ def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, expos
         counts["quiet" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, exposed_u > 0)), G)
         rack_cap = np.bincount(rack_of_unit, weights=cap)
         counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
+        if not tag:  # (its per-block variants found nothing the others miss: not worth their scoring)
+            counts["segment"] = _counts_segment(cap, free_u, loc, G, block)
         by_clean = np.lexsort((loc, -cap, -clean))
         counts["clean" + tag] = _counts_greedy(cap, by_clean, G)
         # water-filled on clean room alone when it holds the job (a unit's share beyond its clean room
@@ -401,13 +420,13 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     def cap_of(fr: np.ndarray) -> np.ndarray:
         return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
 
+    free_u = np.bincount(unit, weights=popcount(free), minlength=U)
     counts = _count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
-                            rack_of_unit, shape)
+                            rack_of_unit, shape, free_u)
     out: list[Placement] = []
     seen: set[bytes] = set()
     done: set[tuple[bytes, bool]] = set()
     exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
-    free_u = np.bincount(unit, weights=popcount(free), minlength=U)
 
     def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
         clean = label.startswith("clean")
@@ -441,19 +460,24 @@ def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
     """The candidate with the lowest predicted step time, and how many candidates were scored.
     ``fixed`` rank maps (e.g. a baseline's) compete as they are, so the result is never predicted
     slower than them."""
-    cands = candidates(pred.spec, free, shape, pred, seeds or {}) + list(fixed or [])
+    fixed = list(fixed or [])
+    # a candidate equal to a fixed rank map (the block cut's DP-inner layout often is the segment
+    # baseline's GPU-id order) is scored once, as the fixed one (always scored in full)
+    keys = {np.stack([f.hosts, f.idx]).tobytes() for f in fixed}
+    cands = [c for c in candidates(pred.spec, free, shape, pred, seeds or {})
+             if np.stack([c.hosts, c.idx]).tobytes() not in keys] + fixed
     if not cands:
         raise ValueError("no candidate placement")  # callers check k <= free first
     # TP (and EP within it) inside one unit whenever there is room: a rule, not a score trade-off
     unit = pred.spec.units[0]
     aligned = [c for c in cands if bool((unit[c.hosts].reshape(-1, shape.tp) == unit[c.hosts[::shape.tp]][:, None]).all())]
     cands = aligned or cands
-    fixed = [c for c in fixed or [] if any(c is a for a in cands)]
+    fixed = [c for c in fixed if any(c is a for a in cands)]
     rows_each = sum(g.shape[0] for g in group_ranks(shape).values()) * 2
     if rows_each * len(cands) > ROW_BUDGET and len(cands) > FINALISTS:
         score(pred, shape, cands, sample=SAMPLE)
         keep = sorted(cands, key=lambda c: c.step_ms)[:FINALISTS]
-        cands = keep + [c for c in fixed or [] if all(c is not x for x in keep)]
+        cands = keep + [c for c in fixed if all(c is not x for x in keep)]
     score(pred, shape, cands)
     best = min(cands, key=lambda c: (c.step_ms, c.label))
     return best, len(cands)
