@@ -573,3 +573,25 @@ def test_shape_search_never_predicts_worse_than_a_baseline(case):
 @given(_shaped_states(NVL, [(4, 2, 8), (8, 1, 4), (2, 4, 4)]))
 def test_shape_search_never_predicts_worse_than_a_baseline_nvl(case):
     _check_never_worse(NVL, *case)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 255), min_size=4, max_size=4), st.sampled_from([(2, 4), (4, 2), (2, 6), (8, 2), (4, 3)]))
+def test_segment_unit_order_is_the_block_cut(busy, tg):
+    """The search's ``segment`` unit order gives each host as many TP groups as the segment baseline
+    (Slurm ``--segment`` = TP, block placement) gives it GPUs / TP, whenever every segment fits a host."""
+    from bandpilot.dispatch.baselines import block_select
+    from bandpilot.dispatch.search.shape_units import count_vectors
+    from bandpilot.topology.cluster import popcount
+
+    spec = H100.spec
+    tp, G = tg
+    free = spec.full_masks & ~np.array(busy, dtype=np.int64)
+    f = popcount(free)
+    if int((f // tp).sum()) < G:
+        return  # spanning segments: the block cut then takes a host's remainder, the unit order does not
+    shp = Shape.parse({"tp": tp, "dp": G})
+    unit = spec.units[0]
+    n = count_vectors(f // tp, f // tp, unit, np.zeros(spec.n_hosts, dtype=bool), np.zeros(4, dtype=np.int64),
+                      shp, f)["segment"]
+    assert (popcount(block_select(spec, free, tp * G, tp)) == n * tp).all()
