@@ -8,8 +8,9 @@ systems, in three stages:
   topology and tray count) *share* their patterns: each pattern is measured once, on one domain of
   the class (rotating, so every domain is exercised), not once per domain;
 * **stage 2, across domains**: a sample stratified by the number of domains on a geometric ladder
-  (:func:`domain_levels`) with the domain classes taking turns, random per-domain counts (what
-  the scale-out term depends on), each domain's part on random trays.
+  (:func:`domain_levels`) with the domain classes taking turns, log-uniform per-domain counts (what
+  the scale-out term depends on; its NIC bottleneck is the smallest share), each domain's part on
+  random trays.
 
 Stages 1.5 and 2 - what the learned model needs - are a function of the domain *classes* (and the
 log of the domain count), not of the number of domains; stage 1 is 2^g - 1 runs on every tray, run
@@ -154,7 +155,9 @@ def plan_domains(
         quota = (li + 1) * cross_domain_samples // len(levels) - li * cross_domain_samples // len(levels)
         for i in range(quota):
             pick = _pick_domains(classes, m, i, rng)
-            per = [int(rng.integers(1, size[u] + 1)) for u in pick]
+            # log-uniform shares: the NIC bottleneck is the smallest share, so small shares next to
+            # large ones (1 GPU beside 60) are sampled as often as balanced large ones
+            per = [int(min(size[u], np.exp(rng.uniform(0.0, np.log(size[u] + 1))))) for u in pick]
             masks = np.zeros(spec.n_hosts, dtype=np.int64)
             for u, t in zip(pick, per):
                 trays = np.flatnonzero(unit == u)
