@@ -621,3 +621,20 @@ def test_refine_moves_are_valid_and_never_worse(case):
     score(pred, shp, [base])
     out = refine(pred, shp, base, state.free)
     assert out.step_ms <= base.step_ms
+
+
+@settings(max_examples=40, deadline=None)
+@given(_shaped_states(H100, H100_SHAPES))
+def test_refine_move_count_matches_the_listing(case):
+    from bandpilot.dispatch.search.shape import candidates
+    from bandpilot.dispatch.search.shape_refine import _aligned, _moves, _n_moves
+
+    state, shp = case
+    if shp.k > state.n_free:
+        return
+    unit = H100.spec.units[0]
+    base = candidates(H100.spec, state.free, shp, ContentionPredictor(H100, state), {})[0]
+    used = base.mask(H100.spec.n_hosts)
+    H, _ = _moves(base, state.free, shp, unit, 8, 10**9, np.random.default_rng(0))
+    rule = bool(_aligned(base.hosts[None, :], unit, shp.tp)[0])
+    assert H.shape[0] == _n_moves(base.hosts, state.free & ~used, unit, shp.tp, rule)

@@ -21,6 +21,7 @@ import numpy as np
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.search.shape import Placement, group_ranks, score
 from bandpilot.dispatch.shape import Shape
+from bandpilot.topology.cluster import popcount
 
 #: Model rows per refinement round (each neighbour costs about two rows per multi-host group).
 #: Measured (``python -m benchmarks shape``, 3 seeds of the h100-16m tables; CPU time per select on
@@ -29,24 +30,32 @@ from bandpilot.dispatch.shape import Shape
 ROWS = 1500
 #: Rounds at most (each keeps the best neighbour if it is predicted faster).
 ROUNDS = 1
+#: Smallest share of the moves a round scores; below it (large jobs on large clusters) there is no
+#: refinement: on nvl72x16 (1,152 GPUs, k 64-256) the sampled rounds gained nothing true and cost
+#: p50 +6 ms CPU per select.
+COVER = 0.05
 
 
 def _moves(p: Placement, free: np.ndarray, shape: Shape, unit: np.ndarray, bits: int, cap: int,
            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Neighbours' ``(hosts, idx)``, ``(M, k)`` each, ``M <= cap`` (a seeded sample when there are
-    more moves): swaps, replacements, regroupings. Moves are listed as index pairs and only the
+    more moves; none when ``cap`` is under :data:`COVER` of them): swaps, replacements, regroupings. Moves are listed as index pairs and only the
     sampled ones are built (k = 256 has 32,640 swaps)."""
     k, tp = shape.k, shape.tp
     h0, i0 = p.hosts, p.idx
+    used = np.zeros_like(free)
+    np.bitwise_or.at(used, h0, np.int64(1) << i0)
+    spare = free & ~used
+    rule = bool(_aligned(h0[None, :], unit, tp)[0])  # the TP rule: keep every TP group inside its unit
+    if cap < COVER * _n_moves(h0, spare, unit, tp, rule):  # too thin a sample of a big job's moves
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64)
     g = np.arange(k) // tp
     a, b = np.triu_indices(k, 1)
     a, b = a[g[a] != g[b]], b[g[a] != g[b]]
-    used = np.zeros_like(free)
-    np.bitwise_or.at(used, h0, np.int64(1) << i0)
-    fh, fi = np.nonzero(((free & ~used)[:, None] >> np.arange(bits)) & 1)
+    fh, fi = np.nonzero((spare[:, None] >> np.arange(bits)) & 1)
     r, s = np.repeat(np.arange(k), fh.size), np.tile(np.arange(fh.size), k)
     x, y = np.triu_indices(k // tp, 1)
-    if _aligned(h0[None, :], unit, tp)[0]:  # the TP rule: keep every TP group inside its unit
+    if rule:
         a, b = a[unit[h0[a]] == unit[h0[b]]], b[unit[h0[a]] == unit[h0[b]]]
         r, s = r[unit[h0[r]] == unit[fh[s]]], s[unit[h0[r]] == unit[fh[s]]]
     kind = np.concatenate([np.zeros(a.size, int), np.ones(r.size, int), np.full(x.size, 2)])
@@ -67,6 +76,20 @@ def _moves(p: Placement, free: np.ndarray, shape: Shape, unit: np.ndarray, bits:
     rp = np.flatnonzero(kind == 1)  # replace rank u by spare GPU v
     H[rp, u[rp]], Ix[rp, u[rp]] = fh[v[rp]], fi[v[rp]]
     return H, Ix
+
+
+def _n_moves(h0: np.ndarray, spare: np.ndarray, unit: np.ndarray, tp: int, rule: bool) -> int:
+    """How many moves :func:`_moves` lists, counted without listing them."""
+    k, G = h0.size, h0.size // tp
+    pairs = G * (G - 1) // 2 * tp * tp  # rank pairs in different TP groups
+    n_spare = popcount(spare)
+    if not rule:
+        return pairs + k * int(n_spare.sum()) + G * (G - 1) // 2
+    U = int(unit.max()) + 1
+    per_u = np.bincount(unit[h0], minlength=U)  # ranks per unit (whole TP groups, by the rule)
+    same = int((per_u * (per_u - 1) // 2).sum()) - G * tp * (tp - 1) // 2
+    spare_u = np.bincount(unit, weights=n_spare, minlength=U).astype(np.int64)
+    return same + int((per_u * spare_u).sum()) + G * (G - 1) // 2
 
 
 def _aligned(H: np.ndarray, unit: np.ndarray, tp: int) -> np.ndarray:
