@@ -130,6 +130,24 @@ SCALE_QUEUES = {
 }
 
 
+def _progress(label: str, t0: float, c0: float, every: int = 1000):
+    """A progress hook: every ``every`` finished jobs one stderr line (wall, CPU, peak RSS, load) -
+    a long run shows where its time goes, and how far it got if it is stopped."""
+    import resource
+
+    last = [0]
+
+    def hook(done: int, n: int) -> None:
+        if done >= last[0] + every or (done == n and done > last[0]):
+            last[0] = done
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            print(f"  {label}: {done}/{n} jobs done, {time.perf_counter() - t0:.0f} s wall, "
+                  f"{time.process_time() - c0:.0f} CPU s, peak RSS {rss:.2f} GB, load {os.getloadavg()[0]:.1f}",
+                  file=sys.stderr, flush=True)
+
+    return hook
+
+
 def scale_surrogate(n_jobs: int, threads: int, memo: bool = True, queue: str = "default", perfect: bool = True) -> str:
     """The scale run's first ``n_jobs`` jobs with a surrogate (params/train.yaml, trained here on 600
     emulated cross-host allocations of the 128-host cluster) instead of the perfect predictor.
@@ -153,7 +171,7 @@ def scale_surrogate(n_jobs: int, threads: int, memo: bool = True, queue: str = "
     walls, cpus, runs = {}, {}, {}
     for label, model in (("surrogate", res.surrogate), ("perfect predictor", fab))[: 2 if perfect else 1]:
         t0, c0 = time.perf_counter(), time.process_time()
-        runs[label] = simulate(jobs, Dispatcher(model), fab, SCALE_QUEUES[queue])
+        runs[label] = simulate(jobs, Dispatcher(model), fab, SCALE_QUEUES[queue], progress=_progress(label, t0, c0))
         walls[label], cpus[label] = time.perf_counter() - t0, time.process_time() - c0
     s = walls["surrogate"]
     sr = summarize(runs["surrogate"])
