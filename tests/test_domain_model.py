@@ -92,3 +92,37 @@ def test_domain_model_needs_nvlink_domains():
         build_net("domain", h100)
     with pytest.raises(ModelError, match="members must be 1"):
         build_net("domain", nvl_spec(), members=3)
+
+
+def _two_class_spec(per_class: int):
+    groups = [{"prefix": p, "count": per_class * 3, "gpu": g, "topology": TRAY, "nvlink_domain_size": 3}
+              for p, g in (("a", "GB200"), ("b", "GB300"))]
+    return spec_from_dict({"name": f"two-{per_class}", "gpus_per_host": 4, "host_groups": groups,
+                           "network": {"nic_gbps": 400, "rails_per_host": 4}})
+
+
+def test_plan_grows_with_domain_classes_not_domains():
+    from collections import Counter
+
+    from bandpilot.data.domain_planning import domain_levels
+
+    assert domain_levels(16) == [2, 3, 4, 6, 9, 13, 16] and domain_levels(2) == [2] and domain_levels(1) == []
+    assert len(domain_levels(1389)) == 18  # a log ladder, not 1,388 levels
+    sizes = {}
+    for per_class in (2, 6):
+        spec = _two_class_spec(per_class)
+        unit = spec.units[0]
+        plan = [m for m in plan_domains(spec, cross_domain_samples=90, seed=2, intra=False)]
+        kinds = Counter("in" if m.stratum.startswith("1d") else "cross" for m in plan)
+        sizes[per_class] = dict(kinds)
+        gpu_of = {int(unit[h]): spec.hosts[h].gpu for h in range(spec.n_hosts)}
+        mixes = Counter()
+        for m in plan:
+            if not m.stratum.startswith("1d"):
+                us = sorted({int(unit[h]) for h in np.flatnonzero(np.array(m.masks))})
+                mixes[tuple(sorted(gpu_of[u] for u in us))] += 1
+        assert mixes[("GB200", "GB300")] > 5  # classes take turns: the mixed pair is sampled
+        in_doms = {gpu_of[int(unit[np.flatnonzero(np.array(m.masks))[0]])] for m in plan if m.stratum.startswith("1d")}
+        assert in_doms == {"GB200", "GB300"}  # stage 1.5 once per class
+    assert sizes[2]["in"] == sizes[6]["in"]  # three times the domains, the same stage-1.5 plan
+    assert sizes[2]["cross"] <= sizes[6]["cross"] <= 90
