@@ -14,8 +14,9 @@
 2. Scale: a Helios-shaped trace of ``--scale-jobs`` jobs on the 1,024-GPU emulated cluster
    (``params/clusters/h100-128.yaml``), fifo + bandpilot with the emulator as a perfect predictor
    Target: 10,000 jobs in <= 10 minutes on 2 cores. Then ``--scale-surrogate`` jobs of it with a
-   surrogate trained here on the emulated 128-host cluster (issue 24: 10,000 jobs in <= 300 s);
-   fewer than 10,000 jobs are extrapolated, labelled so. ``--seeds 0`` skips part 1.
+   surrogate trained here on the emulated 128-host cluster (issue 24: 10,000 jobs in <= 300 s), on
+   ``--queue default`` (the recommended queue users run) or ``greedy`` (fifo + greedy backfill, the
+   earlier figures); fewer than 10,000 jobs are extrapolated, labelled so. ``--seeds 0`` skips part 1.
 Nothing is written into the repository.
 """
 
