@@ -77,6 +77,17 @@ def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path
     net = sur.net_rows(test)
     assert net.sum() > 100 and (~net).sum() > 20
     assert ape[net].mean() < 0.05 and ape[~net].mean() < 0.03  # cross-domain net, in-domain stage 1.5
+    sur.memo_enabled = False  # the domain-token memo changes no prediction
+    ref = sur.predict_masks(test)
+    sur.memo_enabled = True
+    assert np.allclose(sur.predict_masks(test), ref, rtol=1e-5) and np.allclose(sur.predict_masks(test), ref, rtol=1e-5)
+    row = test[net][0]
+    swapped = np.roll(row, 4)  # every tray one domain on (4 trays per domain): same domain tokens
+    view = sur.domain_view
+    assert view.keys(np.array([row, swapped]))[0] == view.keys(np.array([row, swapped]))[1]
+    other = row.copy()
+    other[np.flatnonzero(other)[0]] = 0
+    assert view.keys(np.array([row, other]))[0] != view.keys(np.array([row, other]))[1]
     sur.save(tmp_path / "m")
     back = Surrogate.load(tmp_path / "m")
     assert back.kind == "domain" and np.allclose(back.predict_masks(test), sur.predict_masks(test))

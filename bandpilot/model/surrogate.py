@@ -224,6 +224,8 @@ class Surrogate:
 
     def _memo_keys(self, rows: np.ndarray) -> np.ndarray | None:
         """Memo keys of cross-host rows (canonical patterns, or the rows' bytes), None: no memo."""
+        if self.kind == "domain":  # keyed by the domain tokens (bandpilot.model.domain_tokens)
+            return self.domain_view.keys(rows)
         if self.kind == "hierarchical" and getattr(self.net, "token_symmetric", False):
             keyer = getattr(self, "_keyer", None)
             if keyer is None or keyer[0] is not self.stage1:
