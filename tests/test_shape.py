@@ -595,3 +595,46 @@ def test_segment_unit_order_is_the_block_cut(busy, tg):
     n = count_vectors(f // tp, f // tp, unit, np.zeros(spec.n_hosts, dtype=bool), np.zeros(4, dtype=np.int64),
                       shp, f)["segment"]
     assert (popcount(block_select(spec, free, tp * G, tp)) == n * tp).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(_shaped_states(H100, H100_SHAPES))
+def test_refine_moves_are_valid_and_never_worse(case):
+    """Every neighbour the refinement builds is k distinct free GPUs (TP groups kept inside a host when
+    the pick keeps them), and the refined pick is never predicted slower than the pick."""
+    from bandpilot.dispatch.search.shape import candidates
+    from bandpilot.dispatch.search.shape_refine import _aligned, _moves, refine
+
+    state, shp = case
+    if shp.k > state.n_free:
+        return
+    pred = ContentionPredictor(H100, state)
+    unit = H100.spec.units[0]
+    base = candidates(H100.spec, state.free, shp, pred, {})[0]
+    H, Ix = _moves(base, state.free, shp, unit, 8, 10_000, np.random.default_rng(0))
+    assert H.shape == Ix.shape and H.shape[1] == shp.k
+    for h, i in zip(H, Ix):
+        assert len(set(zip(h.tolist(), i.tolist()))) == shp.k
+        assert all(int(state.free[a]) >> int(b) & 1 for a, b in zip(h, i))
+    if _aligned(base.hosts[None, :], unit, shp.tp)[0] and H.shape[0]:
+        assert _aligned(H, unit, shp.tp).all()
+    score(pred, shp, [base])
+    out = refine(pred, shp, base, state.free)
+    assert out.step_ms <= base.step_ms
+
+
+@settings(max_examples=40, deadline=None)
+@given(_shaped_states(H100, H100_SHAPES))
+def test_refine_move_count_matches_the_listing(case):
+    from bandpilot.dispatch.search.shape import candidates
+    from bandpilot.dispatch.search.shape_refine import _aligned, _moves, _n_moves
+
+    state, shp = case
+    if shp.k > state.n_free:
+        return
+    unit = H100.spec.units[0]
+    base = candidates(H100.spec, state.free, shp, ContentionPredictor(H100, state), {})[0]
+    used = base.mask(H100.spec.n_hosts)
+    H, _ = _moves(base, state.free, shp, unit, 8, 10**9, np.random.default_rng(0))
+    rule = bool(_aligned(base.hosts[None, :], unit, shp.tp)[0])
+    assert H.shape[0] == _n_moves(base.hosts, state.free & ~used, unit, shp.tp, rule)

@@ -18,6 +18,7 @@ import numpy as np
 from bandpilot.dispatch.baselines import block_select, topo_select
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.search.shape import Placement, rank_order, score, shape_search
+from bandpilot.dispatch.search.shape_refine import refine
 from bandpilot.dispatch.shape import Shape
 from bandpilot.errors import PlacementError
 
@@ -54,7 +55,7 @@ def shaped_select(spec: Any, free: np.ndarray, shape: Shape, algorithm: str, pre
             seen.add(m.tobytes())
             fixed.append(rank_order(spec, m))
             fixed[-1].label = f"{name}/gpu-order"
-        return shape_search(pred, free, shape, {n: m for n, m in seeds.items() if n in RELAID}, fixed)
+        return shape_search(pred, free, shape, {n: m for n, m in seeds.items() if n in RELAID}, fixed, refine)
     if algorithm in ("blind", "segment"):
         mask = BASELINE_SETS["compact" if algorithm == "blind" else algorithm](spec, free, shape)
     else:

@@ -165,6 +165,14 @@ class _Run:
     reported: int = 1  # last epoch reported (the warm-up reported epochs 0 and 1)
     started: float = 0.0  # when this run (after the last restart) began
     p0: float = 0.0  # progress at that start
+    _held: tuple[Any, int] | None = None  # (mask object, its GPU count): popcount once per mask
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs held (elastic runs replace ``mask`` on a resize: recounted then)."""
+        if self._held is None or self._held[0] is not self.mask:
+            self._held = (self.mask, int(popcount(self.mask).sum()))
+        return self._held[1]
 
 
 @dataclass
@@ -369,7 +377,7 @@ class _Sim:
         for r in self.running.values():
             r.progress = min(1.0, r.progress + r.rate * dt)
             r.rec.bw_time += min(1.0, r.ratio) * dt
-            r.rec.gpu_s += int(popcount(r.mask).sum()) * dt
+            r.rec.gpu_s += r.n_gpus * dt
 
     # -- hooks (bandpilot.simulation.elastic overrides them) --------------------------------
     def _wants_batch(self) -> bool:

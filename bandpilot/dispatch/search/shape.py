@@ -31,7 +31,7 @@ in full (near-exact with a budget); otherwise every candidate is scored exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -358,7 +358,9 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
 
 
 def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
-                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None) -> tuple[Placement, int]:
+                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None,
+                 refine: Callable[[ContentionPredictor, Shape, Placement, np.ndarray], Placement] | None = None,
+                 ) -> tuple[Placement, int]:
     """The candidate with the lowest predicted step time, and how many candidates were scored.
     ``fixed`` rank maps (e.g. a baseline's) compete as they are, so the result is never predicted
     slower than them."""
@@ -382,6 +384,8 @@ def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
         cands = keep + [c for c in fixed if all(c is not x for x in keep)]
     score(pred, shape, cands)
     best = min(cands, key=lambda c: (c.step_ms, c.label))
+    if refine is not None:
+        best = refine(pred, shape, best, free)
     return best, len(cands)
 
 
