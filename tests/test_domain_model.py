@@ -137,3 +137,15 @@ def test_plan_grows_with_domain_classes_not_domains():
         assert in_doms == {"GB200", "GB300"}  # stage 1.5 once per class
     assert sizes[2]["in"] == sizes[6]["in"]  # three times the domains, the same stage-1.5 plan
     assert sizes[2]["cross"] <= sizes[6]["cross"] <= 90
+
+
+def test_domain_model_finetunes_on_new_cross_domain_rows(fab):
+    from bandpilot.model.crossval import fit
+    from bandpilot.model.finetune import finetune
+
+    sur = fit(fabric_dataset(fab, cross_masks=_planned(fab, 80), seed=1),
+              {"model": "domain", "epochs": 10, "folds": 2, "threads": 1}, plots=False).surrogate
+    new = fabric_dataset(fab, cross_masks=_planned(fab, 60, seed=5), seed=4)
+    res = finetune(sur, new, {"finetune_epochs": 5, "threads": 1}, plots=False)
+    assert res.surrogate.kind == "domain" and res.surrogate.patterns is sur.patterns
+    assert np.isfinite(res.surrogate.predict_masks(_planned(fab, 20, seed=7))).all()
