@@ -175,6 +175,10 @@ class Surrogate:
         return out
 
     def pattern_keys(self, masks: np.ndarray) -> np.ndarray:
+        if self.kind == "domain":
+            # what the domain net reads: per-tray count patterns would mix rows that group their trays
+            # into domains differently (held-out cross-domain MAPE 1.40 % with them, 1.33 % with these)
+            return self.domain_view.keys(masks)
         return pattern_keys(masks, self._hosts["gtype"], self._max_gpus)
 
     def remember(self, masks: np.ndarray, busbw: np.ndarray) -> None:
