@@ -75,9 +75,17 @@ class DomainView:
         return one & (self.u_cls[u] >= 0) & ((masks != 0).sum(axis=1) >= 2)
 
     def inside_values(self, masks: np.ndarray) -> np.ndarray:
-        """Values of :meth:`inside` rows: the one domain's in-domain value."""
-        z = self._units(masks)
-        return z["intra"].max(axis=1)
+        """Values of :meth:`inside` rows: the one domain's in-domain value (row sums, no per-unit
+        reductions: a row holds one domain, and a search asks about thousands of such rows)."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        if masks.shape[0] == 0:
+            return np.zeros(0)
+        counts = np.bitwise_count(masks).astype(np.int64)
+        hist = np.stack([(counts == c).sum(axis=1) for c in range(1, self.max_gpus + 1)], axis=1)
+        s1 = self.stage1[np.arange(masks.shape[1])[None, :], masks]
+        cap = np.where(counts >= 2, s1, np.inf).min(axis=1)
+        cls = self.u_cls[self.ix.unit[np.argmax(counts > 0, axis=1)]]
+        return np.minimum(self.patterns.part_values(cls, hist), cap)
 
     def keys(self, masks: np.ndarray) -> np.ndarray:
         """(n,) 16-byte memo keys of rows over >= 2 units: rows whose domain tokens agree up to order
