@@ -35,6 +35,12 @@ ESTIMATE_POLICIES = ("sjf", "hrrn")
 #: uncapped 4.64 / 4.54 h mean, max 86 / 62 h; 8 h: 4.04 / 4.20 h, max 57 / 58 h; 4-5 h: max
 #: 45-49 h but the ``full`` mean rises to ~5.1 h.
 HRRN_AGE_CAP_S = 8 * 3600.0
+#: ``hrrn`` starvation aging (Slurm's priority aging on top of the response ratio): past this wait a
+#: request's ratio also grows by ``(wait - HRRN_STARVE_S) / HRRN_STARVE_RATE_S``, so a long request
+#: that short ones keep overtaking climbs steeply once it starves instead of at ``wait / 8 h``.
+#: ``inf`` = off.
+HRRN_STARVE_S = math.inf
+HRRN_STARVE_RATE_S = 1 * 3600.0
 #: ``las`` (Tiresias' discretised 2D-LAS): GPU-seconds of service received that move a request to
 #: the next, lower-priority level (FIFO within a level, so two jobs of one level never preempt each
 #: other). Chosen once (1 and 16 GPU-hours, around the mixed workload's median and p90 job), not tuned.
@@ -107,14 +113,15 @@ def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str
     if policy == "hrrn":
         exp = expected or {}
         t = max((p.submitted_at for p in pending), default=0.0) if now is None else now
-        cap = HRRN_AGE_CAP_S
+        cap, starve, rate = HRRN_AGE_CAP_S, HRRN_STARVE_S, HRRN_STARVE_RATE_S
 
         def ratio(p: Pending) -> float:
             e = exp.get(p.req.id)
             if e is None:
                 return 0.0
             e = max(min(e, cap), 1e-9)
-            return (max(0.0, t - p.submitted_at) + e) / e
+            wait = max(0.0, t - p.submitted_at)
+            return (wait + e) / e + max(0.0, wait - starve) / rate
 
         return sorted(pending, key=lambda p: (p.req.id not in exp, -ratio(p), p.submitted_at, p.seq))
     if policy == "las":
