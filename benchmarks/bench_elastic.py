@@ -48,6 +48,7 @@ CONFIGS = {
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
+    "elastic + utility, idle admission (seed 001's text)": SimConfig(policy="utility", elastic=True, admission="idle"),
     "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
                                                                           admission="min-k", pricing="self"),
     "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
@@ -98,6 +99,9 @@ SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="uti
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first..first+seeds-1 (held-out checks: e.g. 10)")
+    ap.add_argument("--only", default="", help="comma-separated substrings: run only the configurations whose name has one "
+                    "(FIFO and the rows the checks need are always run)")
     ap.add_argument("--scale", type=int, default=0, help="instead: N Helios-shaped jobs on the emulated 1,024-GPU cluster")
     ap.add_argument("--scale-configs", default="fifo,elastic", help=f"of {', '.join(SCALE)}")
     args = ap.parse_args()
@@ -105,20 +109,24 @@ def main() -> int:
         return scale(args.scale, args.scale_configs.split(","))
     truth, what = truth_fabric()
     print(f"truth: {what}; load before {open('/proc/loadavg').read().split()[:3]}\n")
-    rows: dict[str, list[dict]] = {k: [] for k in CONFIGS}
+    keep = [x for x in args.only.split(",") if x]
+    need = (REF, "elastic + utility", "elastic + utility, blind growth", "elastic + utility, demand comm",
+            "fifo (fixed gangs), demand comm")
+    configs = {k: c for k, c in CONFIGS.items() if not keep or k in need or any(x in k for x in keep)}
+    rows: dict[str, list[dict]] = {k: [] for k in configs}
     t0 = time.perf_counter()
-    for s in range(args.seeds):
+    for s in range(args.first_seed, args.first_seed + args.seeds):
         jobs, stepped = workload(s, truth.spec.n_gpus), workload(s, truth.spec.n_gpus, step=True)
-        for name, c in CONFIGS.items():
+        for name, c in configs.items():
             wl = stepped if "step" in name else jobs
             rows[name].append(summarize(simulate(wl, Dispatcher(truth, seed=s), truth, replace(c, seed=s))))
     m = lambda k, key: float(np.mean([r[key] for r in rows[k]]))  # noqa: E731
     rel = lambda k, key: (m(k, key) / m(REF, key) - 1) * 100  # noqa: E731
-    print(f"seed 001's 50 jobs, means over {args.seeds} seeds (ref = {REF})\n")
+    print(f"seed 001's 50 jobs, means over seeds {args.first_seed}..{args.first_seed + args.seeds - 1} (ref = {REF})\n")
     print("| configuration | mean JCT (h) | p95 (h) | makespan (h) | queueing (h) | service (h) | GPU-h | resizes | "
           "vs FIFO mean | vs FIFO p95 | vs FIFO makespan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for k in CONFIGS:
+    for k in configs:
         print(f"| {k} | {m(k, 'avg_jct_s') / H:.2f} | {m(k, 'p95_jct_s') / H:.2f} | {m(k, 'makespan_s') / H:.2f} | "
               f"{m(k, 'avg_queue_s') / H:.2f} | {m(k, 'avg_service_s') / H:.2f} | {m(k, 'gpu_hours'):.0f} | "
               f"{m(k, 'resizes'):.0f} | {rel(k, 'avg_jct_s'):+.1f} % | {rel(k, 'p95_jct_s'):+.1f} % | {rel(k, 'makespan_s'):+.1f} % |")

@@ -20,8 +20,8 @@ in every table. Nothing is written into the repository.
    emulated 1,152-GPU ``nvl72x16`` (target: <= 60 s).
 5. ``plan`` (only when asked): the preemption plug-in's time per call on the mixed workload
    (target: one plan <= 1 s p99).
-6. ``helios`` (only when asked, ~6 min a seed): 2,000 Helios-shaped jobs on the emulated
-   ``nvl72x16``, the default vs the Slurm-like baseline.
+6. ``helios`` (only when asked, minutes a run): 2,000 Helios-shaped jobs on the emulated
+   ``nvl72x16`` at ``--load`` (0.9), FIFO + topo and the default vs the Slurm-like baseline.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ PREVIOUS = replace(RECOMMENDED, backfill="easy", start_or_wait="off")
 OTHER_PRICING = "lifetime" if RECOMMENDED.placement_pricing == "now" else "now"
 CONFIGS: list[str] = []  # --configs
 FIRST_SEED = [0]  # --first-seed: held-out seeds confirm a choice made on others
+LOAD = [0.9]  # --load: helios's offered load
 
 
 def truth_fabric():
@@ -277,34 +278,54 @@ def plan_latency(truth, seeds: int) -> str:
 
 
 def helios(truth, seeds: int) -> str:
-    """Issue 21's second workload: 2,000 Helios-shaped jobs (offered load 0.9) on the emulated
-    1,152-GPU ``nvl72x16`` (the emulator as truth and as a perfect predictor), default vs Slurm-like."""
-    from bandpilot.simulation.workloads import public_trace_workload
+    """Issue 21's second workload: 2,000 Helios-shaped jobs (offered load ``--load``, 0.9 by default,
+    realised exactly: :func:`~bandpilot.simulation.workloads.offered_load`) on the emulated 1,152-GPU
+    ``nvl72x16`` (the emulator as truth and as a perfect predictor): FIFO + topo (greedy), the
+    Slurm-like baseline and the default. Each run's line is printed as it ends (a seed takes minutes)."""
+    from bandpilot.simulation.workloads import offered_load, public_trace_workload
 
     spec = load_cluster(ROOT / "params" / "clusters" / "nvl72x16.yaml")
     fab = make_fabric(spec)
+    ref = "Slurm-like (FIFO + block + EASY)"
+    cfgs = {"FIFO + topo, greedy (today's queue, compact)": apply_preset(SimConfig(), "greedy-topo", spec),
+            ref: apply_preset(SimConfig(), "slurm", spec),
+            f"recommended: {label(RECOMMENDED)}": RECOMMENDED}
+    if CONFIGS:
+        cfgs = {k: v for k, v in cfgs.items() if k == ref or any(c in k for c in CONFIGS)}
     rows: dict[str, list[dict]] = {}
-    for s in range(seeds):
-        jobs = public_trace_workload("helios", 2000, n_gpus=spec.n_gpus, load=0.9, seed=s)
-        for name, c in (("Slurm-like (FIFO + block + EASY)", apply_preset(SimConfig(), "slurm", spec)),
-                        (f"recommended: {label(RECOMMENDED)}", RECOMMENDED)):
+    loads = []
+    for s in range(FIRST_SEED[0], FIRST_SEED[0] + seeds):
+        jobs = public_trace_workload("helios", 2000, n_gpus=spec.n_gpus, load=LOAD[0], seed=s)
+        t = np.array([j.submit_s for j in jobs])
+        k, d = np.array([j.k for j in jobs]), np.array([j.compute_s for j in jobs])
+        # the share of the demand that falls inside the arrival window: the rest (the heavy tail) runs after arrivals stop
+        inside = float((k * np.minimum(d, t[-1] - t)).sum() / (spec.n_gpus * t[-1]))
+        loads.append(f"seed {s}: offered {offered_load(jobs, spec.n_gpus):.2f} over {t[-1] / H:.1f} h, {inside:.2f} inside it")
+        for name, c in cfgs.items():
             t0 = time.perf_counter()
             rows.setdefault(name, []).append(summarize(simulate(jobs, Dispatcher(fab, seed=s), fab, replace(c, seed=s))))
-            rows[name][-1]["wall_s"] = time.perf_counter() - t0
+            r = rows[name][-1]
+            r["wall_s"] = time.perf_counter() - t0
+            print(f"  seed {s} {name}: mean {r['avg_jct_s'] / H:.3f} h, p95 {r['p95_jct_s'] / H:.3f} h, max {r['max_jct_s'] / H:.2f} h, "
+                  f"queueing {r['avg_queue_s'] / H:.3f} h, service {r['avg_service_s'] / H:.3f} h ({r['wall_s']:.0f} s)", flush=True)
     walls = ", ".join(f"{k}: {np.mean([r['wall_s'] for r in v]):.0f} s" for k, v in rows.items())
     return (f"2,000 Helios-shaped jobs on {spec.name} ({spec.n_gpus} GPUs, emulated, perfect predictor), demand `full`, "
-            f"{seeds} seed(s); wall {walls}\n\n" + table(rows, "Slurm-like (FIFO + block + EASY)"))
+            f"load {LOAD[0]:g} ({'; '.join(loads)}); wall {walls}\n\n" + table(rows, ref))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--only", default="mixed,fifo,seed001")
-    ap.add_argument("--first-seed", type=int, default=0, help="mixed: the first seed (the run takes --seeds from it)")
-    ap.add_argument("--configs", default="", help="mixed, fifo: only configurations whose name contains one of these (comma-separated)")
+    ap.add_argument("--first-seed", type=int, default=0, help="mixed, helios: the first seed (the run takes --seeds from it)")
+    ap.add_argument("--load", type=float, default=0.9, help="helios: the offered load (GPU-seconds demanded / GPU-seconds in the arrival window)")
+    ap.add_argument("--configs", default="", help="mixed, fifo, helios: only configurations whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     CONFIGS[:] = [c for c in args.configs.split(",") if c]
     FIRST_SEED[0] = args.first_seed
+    if args.load <= 0:
+        ap.error(f"--load must be > 0, got {args.load}")
+    LOAD[0] = args.load
     truth, what = truth_fabric()
     print(f"truth: {what}; load {open('/proc/loadavg').read().split()[:3]}\n")
     for part in args.only.split(","):

@@ -276,6 +276,30 @@ def test_epoch_time_model():
     assert epoch_time(100.0, 8, 1, 0.4, 1.0, 150.0, 0.0) == pytest.approx(60 * 8)
 
 
+def test_jobs_report_entropy_once_per_own_epoch(monkeypatch):
+    """Seed 001 Sec. 4.6: each job reports once per epoch - a 50-epoch job 50 times, a job without
+    an ``epochs`` column the configured default - on the job's own learning curve."""
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.simulation import engine
+    from bandpilot.simulation.engine import SimConfig, simulate
+    from bandpilot.simulation.trace import TraceJob
+
+    seen: dict[str, set[int]] = {}
+    orig = engine.report_entropy
+
+    def capture(store, rows, **kw):
+        for r in rows:
+            seen.setdefault(r["job"], set()).add(r["epoch"])
+        return orig(store, rows, **kw)
+
+    monkeypatch.setattr(engine, "report_entropy", capture)
+    fab = make_fabric(load_cluster(H100))
+    jobs = [TraceJob("long", 0.0, 2, "t", 600.0, 0.2, 0, epochs=50), TraceJob("dflt", 0.0, 2, "t", 600.0, 0.2, 0)]
+    simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", epochs=20, interval_s=30))
+    assert seen["long"] == set(range(51)) and seen["dflt"] == set(range(21))
+
+
 def test_trace_elastic_columns_parse_and_round_trip():
     from bandpilot.simulation.trace import TraceError, format_trace, parse_trace
 
@@ -352,7 +376,44 @@ def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
     assert "resizes" in capsys.readouterr().out
     assert main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), "--elastic", "maybe",
                  "--out", str(out), "--no-log"]) == 2
-    assert "--elastic must be on or off, got 'maybe'" in capsys.readouterr().err
+    assert "--elastic must be one of auto, on, off, got 'maybe'" in capsys.readouterr().err
+
+
+def test_elastic_auto_is_on_only_for_traces_that_declare_a_range():
+    from dataclasses import replace
+
+    from bandpilot.errors import BandPilotError
+    from bandpilot.simulation.elastic import elastic_for
+
+    jobs = _elastic_jobs(4)
+    fixed = [replace(j, min_k=None, max_k=None) for j in jobs]
+    pinned = [replace(j, min_k=j.k, max_k=j.k) for j in jobs]  # a range of one size is a fixed gang
+    assert elastic_for("auto", jobs) and not elastic_for("auto", fixed) and not elastic_for("auto", pinned)
+    assert elastic_for("on", fixed) and not elastic_for("OFF", jobs)
+    with pytest.raises(BandPilotError, match="--elastic must be one of auto, on, off, got 'maybe'"):
+        elastic_for("maybe", jobs)
+
+
+@pytest.mark.slow
+def test_cli_simulate_default_leaves_fixed_gang_traces_unchanged(tmp_path, capsys):
+    """The default ``--elastic auto``: a trace without ranges gives exactly the ``off`` figures; one
+    with ranges runs elastic."""
+    from dataclasses import replace
+
+    from bandpilot.cli.main import main
+    from bandpilot.simulation.trace import write_trace
+
+    fixed = write_trace([replace(j, min_k=None, max_k=None) for j in _elastic_jobs(8)], tmp_path / "f.csv")
+    ranged = write_trace(_elastic_jobs(8), tmp_path / "r.csv")
+    runs = {}
+    for name, trace, extra in (("auto", fixed, []), ("off", fixed, ["--elastic", "off"]), ("ranged", ranged, [])):
+        out = tmp_path / name
+        assert main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), *extra,
+                     "--out", str(out), "--no-log", "--no-figures"]) == 0, capsys.readouterr().err
+        runs[name] = json.loads((out / "summary.json").read_text())
+    keys = ("avg_jct_s", "p95_jct_s", "makespan_s", "avg_queue_s", "gpu_hours", "completed")
+    assert runs["auto"]["elastic"] is False and {k: runs["auto"][k] for k in keys} == {k: runs["off"][k] for k in keys}
+    assert runs["ranged"]["elastic"] is True and runs["ranged"]["completed"] == 8
 
 
 def _resize_child(url: str, gpus: list[str], marker: str) -> None:
@@ -444,6 +505,25 @@ def test_api_submits_an_elastic_request_and_shows_its_generation(tmp_path):
             launch = c.get("/v1/requests/e1/launch", headers=h).json()
             assert shown["generation"] == 1 == launch["generation"] and launch["k"] == len(launch["gpus"]) == 4
             assert q.check_invariants(s) == []
+    finally:
+        s.close()
+
+
+def test_rebalance_orders_sjf_by_run_time_estimates(tmp_path):
+    """The elastic round orders ``sjf`` by the stored run-time estimates, as the batch does (it used to
+    pass none, so ``sjf`` admitted first come, first served)."""
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.scheduling.elastic import rebalance
+
+    s = new_store(tmp_path)
+    try:
+        n = s.spec.n_gpus
+        q.submit(s, [{"id": "long", "k": n, "min_k": n, "max_k": n, "submitted_at": 1.0},
+                     {"id": "short", "k": n, "min_k": n, "max_k": n, "submitted_at": 2.0}])
+        q.set_estimates(s, {"long": 36000.0, "short": 600.0})
+        rep = rebalance(s, Dispatcher(make_fabric(s.spec)), policy="sjf")
+        assert list(rep.admitted) == ["short"] and rep.waiting == ["long"]
     finally:
         s.close()
 

@@ -81,6 +81,16 @@ def test_fit_k_admits_while_the_requested_sizes_fit_and_min_k_while_the_minimums
     assert set(low) == {"r", *(f"p{i}" for i in range(6))} and sum(low.values()) == 32
 
 
+def test_idle_admission_fits_newcomers_into_idle_gpus_only():
+    """Seed 001's text: a pending job is admitted only if it fits the GPUs idle now; fit-k may count
+    what the running jobs at a boundary would give up down to their min_k."""
+    cands = [Candidate("r", 8, 2, 16, 1, 0.5, True)] + [Candidate(f"p{i}", 8, 2, 16, 1, 0.5, False) for i in range(6)]
+    assert set(elastic_quotas(cands, 32, "idle", n_idle=24)) == {"r", "p0", "p1", "p2"}
+    assert set(elastic_quotas(cands, 32, "idle", n_idle=8)) == {"r", "p0"}
+    assert set(elastic_quotas(cands, 32, "idle", n_idle=7)) == {"r"}
+    assert set(elastic_quotas(cands, 32, "fit-k", n_idle=8)) == {"r", "p0", "p1", "p2"}
+
+
 def test_growth_steps_count_alike_gpus_once_and_take_whole_hosts_when_far(fab):
     from bandpilot.scheduling.elastic import _steps
 

@@ -94,3 +94,46 @@ def test_pruned_choices_see_every_near_tie_of_the_locality_margin():
                 assert np.array_equal(got.mask, full.mask)
                 compared += 1
     assert compared >= 10
+
+
+def test_lead_contender_bound_prunes_under_contention_and_keeps_every_near_tie():
+    """A busy 128-host cluster where every candidate is contended (the simulator's coarse search):
+    the one-super-allocation capacity bound skips candidates, and every candidate within the tie
+    margin of the best still gets its exact value."""
+    fab = make_fabric(load_cluster("params/clusters/h100-128.yaml"))
+    rng = np.random.default_rng(7)
+    pruned_some = 0
+    spec = fab.spec
+    for _ in range(3):
+        # every host in a cross-host job of 1-3 GPUs per host with a random partner host
+        perm = rng.permutation(spec.n_hosts)
+        jobs, free = [], spec.full_masks.copy()
+        for i in range(0, spec.n_hosts, 2):
+            mask = np.zeros(spec.n_hosts, dtype=np.int64)
+            for h in perm[i : i + 2]:
+                mask[h] = (1 << int(rng.integers(1, 4))) - 1
+            free &= ~mask
+            bw = float(fab.bandwidth_masks(mask[None, :])[0])
+            jobs.append({"id": f"j{i}", "gpus": spec.from_mask(mask), "demand_gbps": bw * float(rng.uniform(0.3, 1.0))})
+        st = State.from_dict(spec, {"free": spec.from_mask(free), "jobs": jobs})
+        for k in (12, 20):
+            ctx = SearchContext(fab, st, st.free, k)
+            rank, allowed = ctx.host_rank(), np.zeros(ctx.H, dtype=bool)
+            for p in range(rank.size):  # the coarse search's best-ranked host prefix, <= 3,000 candidates
+                allowed[rank[p]] = True
+                if ctx.count_vectors(allowed, coarse=True) > 3000:
+                    allowed[rank[p]] = False
+                    break
+            masks = ctx.enumerate(allowed, coarse=True)
+            assert ctx.pred.contenders(masks).any(axis=1).all()  # every candidate is contended
+            for loc in (0.0, 0.05):
+                ref_ctx = SearchContext(fab, st, st.free, k, locality=loc)
+                ref = ref_ctx.pred.predict(masks).value
+                p_ctx = SearchContext(fab, st, st.free, k, locality=loc)
+                p = p_ctx.evaluate(masks, max_pairs=0)
+                near = ref >= ref.max() - max(1e-9, loc) * max(1.0, abs(ref.max()))
+                np.testing.assert_allclose(p.value[near], ref[near], rtol=1e-12)
+                assert np.all(p.value <= ref + 1e-9 * np.abs(ref))  # unscored ones are -inf, never above
+                pruned_some += int(np.isneginf(p.value).sum() > 0)
+                assert p_ctx.pred.evaluations < ref_ctx.pred.evaluations
+    assert pruned_some >= 3

@@ -86,7 +86,8 @@ def _register(result: Any, name: Optional[str], alias: Optional[str], tracking_u
 def train_cmd(
     data: Path = typer.Option(..., "--data", "-d", help="Dataset directory (measurements.parquet + cluster.yaml)."),
     params: Optional[Path] = typer.Option(None, "--params", help="Training params YAML (default params/train.yaml)."),
-    model: Optional[str] = typer.Option(None, help="hierarchical | naive"),
+    model: Optional[str] = typer.Option(None, help="hierarchical | domain | naive (default: the params file's; "
+                                        "domain on clusters with NVLink domains)"),
     n_train: Optional[int] = typer.Option(None, "--n-train", help="Training allocations sampled from the cross-host pool."),
     split: Optional[str] = typer.Option(None, help="Paper protocol instead of the production fit: train on --n-train "
                                         "sampled allocations, test on the rest (random | stratified | pattern | explicit)."),
@@ -116,6 +117,10 @@ def train_cmd(
                 train_data=str(train_data) if train_data else None)
     p = TrainParams.load(_params_path(params, "params/train.yaml"), over)
     ds = load_dataset(data)
+    if model is None and p.model == "hierarchical" and ds.spec.nvlink_domains:
+        # host tokens cannot express the NVLink path inside a domain (and a row spans up to hundreds of trays)
+        p.model = "domain"
+        console.print(f"[yellow]note:[/] {ds.spec.name} has NVLink domains: training the 'domain' model (domain tokens)")
     if split is not None or train_data is not None:
         from bandpilot.model.train import train
 

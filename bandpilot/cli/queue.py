@@ -272,7 +272,7 @@ def rebalance_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for resized and new jobs: full | comm."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
-    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (seed 001's: while min_k fits, then every job that fits)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -36,10 +37,10 @@ def simulate_cmd(
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
-    elastic: str = typer.Option("off", "--elastic", help="on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
+    elastic: str = typer.Option("auto", "--elastic", help="auto (default): on when some job of the trace declares min_k < max_k, else off (a trace without ranges runs exactly as with off) | on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
-    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (seed 001's: while its min_k fits, then every job that fits; baseline)."),
+    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline)."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -62,22 +63,25 @@ def simulate_cmd(
         typer.echo((out / "comparison.md").read_text())
         typer.echo(f"{len(rows)} simulations; comparison: {out / 'comparison.csv'}")
         return
+    from bandpilot.simulation.elastic import elastic_for
     from bandpilot.simulation.run import load_setup, run_one
     from bandpilot.simulation.trace import parse_trace
 
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing, elastic=_on_off(elastic, "--elastic"),
+                    backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
                     start_or_wait=start_or_wait)
     cfg.check()
+    elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     if baseline is not None:
         from bandpilot.simulation.presets import apply_preset
 
         cfg = apply_preset(cfg, baseline, setup.dispatcher.model.spec)
     jobs = parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
+    cfg = replace(cfg, elastic=elastic_for(elastic, jobs))
     _, s = run_one(jobs, setup, cfg, out, figures=figures, log=log)
     h = 3600.0
     typer.echo(
@@ -136,9 +140,3 @@ def report_cmd(
         return
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
 
-
-def _on_off(value: str, flag: str) -> bool:
-    v = value.strip().lower()
-    if v not in ("on", "off"):
-        raise BandPilotError(f"{flag} must be on or off, got {value!r}")
-    return v == "on"

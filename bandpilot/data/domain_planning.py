@@ -7,8 +7,14 @@ systems, in three stages:
   trays) - the in-domain value depends on nothing else, so identical domains (same GPU type, tray
   topology and tray count) *share* their patterns: each pattern is measured once, on one domain of
   the class (rotating, so every domain is exercised), not once per domain;
-* **stage 2, across domains**: a sample stratified by the number of domains and the per-domain
-  counts (what the scale-out term depends on), each domain's part on random trays.
+* **stage 2, across domains**: a sample stratified by the number of domains on a geometric ladder
+  (:func:`domain_levels`) with the domain classes taking turns, log-uniform per-domain counts (what
+  the scale-out term depends on; its NIC bottleneck is the smallest share), each domain's part on
+  random trays.
+
+Stages 1.5 and 2 - what the learned model needs - are a function of the domain *classes* (and the
+log of the domain count), not of the number of domains; stage 1 is 2^g - 1 runs on every tray, run
+concurrently (one run per tray at a time), so its wall time is 2^g - 1 rounds at any size.
 
 Strata: ``1h:3`` (one tray), ``1d:4+4+2`` (one domain, per-tray counts), ``2d:36+12`` (domains,
 per-domain counts).
@@ -54,6 +60,34 @@ def domain_classes(spec: ClusterSpec) -> dict[tuple, list[int]]:
         h0 = spec.hosts[int(hs[0])]
         key = (h0.gpu, h0.topology, hs.size)
         out.setdefault(key, []).append(int(u))
+    return out
+
+
+def domain_levels(n_domains: int) -> list[int]:
+    """How many domains the cross-domain samples span: 2, 3, 4, 6, 9, 13, 19, ... (x 1.5) below ``n_domains``
+    (and ``n_domains`` itself). Why a ladder: a domain-token model reads the number of domains
+    through ``1 / (domains - 1)`` and ``log(domains)``, which change little between neighbours
+    far out, so the strata - and the sample a fixed budget spreads over them - grow with the log of
+    the domain count, not with it (every level from 2 to 1,389 would leave most levels empty)."""
+    out: list[int] = []
+    m = 2
+    while m < n_domains:
+        out.append(m)
+        m = m + m // 2 if m >= 4 else m + 1
+    return out + [n_domains] if n_domains >= 2 else out
+
+
+def _pick_domains(classes: list[list[int]], m: int, i: int, rng: np.random.Generator) -> list[int]:
+    """``m`` distinct domains whose classes take turns (from class ``i mod C``): every class and
+    mix of classes is sampled, whatever the number of domains per class."""
+    left = [list(rng.permutation(c)) for c in classes]
+    out: list[int] = []
+    j = i
+    while len(out) < m:
+        c = left[j % len(left)]
+        if c:
+            out.append(int(c.pop()))
+        j += 1
     return out
 
 
@@ -113,15 +147,17 @@ def plan_domains(
             masks = np.zeros(spec.n_hosts, dtype=np.int64)
             place(members[i % len(members)], pat, masks)
             emit(masks, "1d:" + "+".join(map(str, pat)))
-    # stage 2: across domains, stratified by the number of domains
-    doms = sorted(set(unit[np.isin(unit, np.flatnonzero(spec.units[1]))].tolist()))
-    size = {u: int(spec.gpus_per_host[unit == u].sum()) for u in doms}
-    levels = list(range(2, len(doms) + 1))
+    # stage 2: across domains, stratified by how many domains (a geometric ladder) and by class
+    classes = [members for members in domain_classes(spec).values()]
+    levels = domain_levels(sum(len(c) for c in classes))
+    size = {u: int(spec.gpus_per_host[unit == u].sum()) for c in classes for u in c}
     for li, m in enumerate(levels):
         quota = (li + 1) * cross_domain_samples // len(levels) - li * cross_domain_samples // len(levels)
-        for _ in range(quota):
-            pick = [int(u) for u in rng.choice(doms, size=m, replace=False)]
-            per = [int(rng.integers(1, size[u] + 1)) for u in pick]
+        for i in range(quota):
+            pick = _pick_domains(classes, m, i, rng)
+            # log-uniform shares: the NIC bottleneck is the smallest share, so small shares next to
+            # large ones (1 GPU beside 60) are sampled as often as balanced large ones
+            per = [int(min(size[u], np.exp(rng.uniform(0.0, np.log(size[u] + 1))))) for u in pick]
             masks = np.zeros(spec.n_hosts, dtype=np.int64)
             for u, t in zip(pick, per):
                 trays = np.flatnonzero(unit == u)

@@ -47,6 +47,9 @@ from bandpilot.fabric.units import UnitIndex, unit_index
 MAX_BATCH_ROWS = 262_144
 #: Hosts from which candidates go to a fabric on the columns they touch (``predict_columns``).
 COLUMNS_FROM = 512
+#: Pruned evaluations: chunks of more candidates than this are first bounded with one super
+#: allocation each (:meth:`ContentionPredictor.predict_best`); the first chunk's best few set the bar.
+SEED_ROWS = 8
 
 
 _HASH_W = np.random.default_rng(0x5EED).integers(1, 2**62, size=4096, dtype=np.int64) | 1
@@ -322,20 +325,51 @@ class ContentionPredictor:
         todo = todo[np.argsort(-solo[todo], kind="stable")]
         best = float(value.max()) if free_of.any() else -np.inf
         pos, step = 0, first
+        lead = self._lead_contender(cont)
         while pos < todo.size:
-            bound = best - margin * max(1.0, abs(best))
-            if solo[todo[pos]] < bound:
+            cut = best - margin * max(1.0, abs(best))
+            if solo[todo[pos]] < cut:
                 break
             idx = todo[pos : pos + step]
-            idx = idx[solo[idx] >= bound]
-            sub = cont[idx]
-            ci, ji = np.nonzero(sub)
-            caps = self.raw(masks[idx][ci] | jobs[ji], cols)
-            value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
-            best = max(best, float(value[idx].max()))
+            idx = idx[solo[idx] >= cut]
             pos += step
             step *= 2
+            if idx.size > SEED_ROWS:
+                # Under contention every value is far below every standalone bound, so the
+                # standalone order prunes nothing. One super allocation per candidate (its lead
+                # contender) bounds its capacity - a min over fewer jobs is never smaller - and
+                # the share grows with the capacity: candidates whose bound is below the best
+                # found are skipped without their other super allocations.
+                caps1 = self.raw(masks[idx] | jobs[lead[idx]], cols)
+                ub = self._share(idx.size, solo[idx], cont[idx], np.arange(idx.size), caps1)
+                o = np.argsort(-ub, kind="stable")
+                idx, ub = idx[o], ub[o]
+                if best == -np.inf:  # nothing scored yet: the most promising few set the bar
+                    best = self._score(idx[:SEED_ROWS], solo, cont, masks, jobs, cols, value)
+                    idx, ub = idx[SEED_ROWS:], ub[SEED_ROWS:]
+                    cut = best - margin * max(1.0, abs(best))
+                idx = idx[ub >= cut]
+            if idx.size:
+                best = max(best, self._score(idx, solo, cont, masks, jobs, cols, value))
         return Prediction(value, solo)
+
+    def _score(self, idx: np.ndarray, solo: np.ndarray, cont: np.ndarray, masks: np.ndarray, jobs: np.ndarray,
+               cols: np.ndarray | None, value: np.ndarray) -> float:
+        """Contention-aware values of candidates ``idx`` (every super allocation) into ``value``; their best."""
+        sub = cont[idx]
+        ci, ji = np.nonzero(sub)
+        caps = self.raw(masks[idx][ci] | jobs[ji], cols)
+        value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
+        return float(value[idx].max())
+
+    def _lead_contender(self, cont: np.ndarray) -> np.ndarray:
+        """Per candidate row, the contending job most likely to set its capacity: the one spanning
+        the most hosts (a super allocation over more hosts predicts less). Any choice is a valid
+        bound; this one only makes it tight more often."""
+        if cont.shape[1] == 0:
+            return np.zeros(cont.shape[0], dtype=np.int64)
+        span = (self._E_masks != 0).sum(axis=0)
+        return np.where(cont, span[None, :], -1).argmax(axis=1)
 
     def explain(self, mask: np.ndarray) -> dict[str, Any]:
         """Breakdown for one allocation (CLI / debugging): contenders, capacity, demand."""

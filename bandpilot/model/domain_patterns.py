@@ -54,6 +54,8 @@ class DomainPatterns:
         self.path = dict(path)
         self._unit, _ = spec.units
         self._cls = _classes(spec)
+        #: domain class per unit (-1: not an NVLink domain)
+        self.classes = self._cls
 
     def __len__(self) -> int:
         return len(self.table)
@@ -117,6 +119,31 @@ class DomainPatterns:
                 cache[key] = v
             out[i] = min(v, self._cap(row))
         return out
+
+    def part_values(self, cls_ids: np.ndarray, hist: np.ndarray) -> np.ndarray:
+        """Uncapped values of in-domain parts given as (domain class, tray histogram): ``hist[:, c - 1]``
+        trays hold ``c`` GPUs of the part (vectorised :meth:`predict` for the domain tokens; the
+        distinct patterns of a batch are few, so the Python loop runs over those only)."""
+        key = np.concatenate([np.asarray(cls_ids, dtype=np.int64)[:, None], np.asarray(hist, dtype=np.int64)], axis=1)
+        if key.shape[0] == 0:
+            return np.zeros(0)
+        uniq, inv = np.unique(key, axis=0, return_inverse=True)
+        vals = np.empty(uniq.shape[0])
+        for i, row in enumerate(uniq.tolist()):
+            pat = tuple(c for c in range(len(row) - 1, 0, -1) for _ in range(row[c]))
+            v = self.table.get((row[0], pat))
+            vals[i] = v if v is not None else self._path(row[0], pat)
+        return vals[inv.ravel()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": [[c, list(pat), v] for (c, pat), v in sorted(self.table.items())],
+                "path": [[c, k, v] for (c, k), v in sorted(self.path.items())]}
+
+    @classmethod
+    def from_dict(cls, spec: ClusterSpec, stage1: np.ndarray, doc: dict[str, Any]) -> "DomainPatterns":
+        table = {(int(c), tuple(int(x) for x in pat)): float(v) for c, pat, v in doc["table"]}
+        path = {(int(c), int(k)): float(v) for c, k, v in doc["path"]}
+        return cls(spec, stage1, table, path)
 
     def _path(self, c: int, pat: tuple[int, ...]) -> float:
         k = sum(pat)

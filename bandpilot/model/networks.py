@@ -13,7 +13,7 @@ embedding), without stage-1 features or the prior.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -142,6 +142,8 @@ class HierarchicalNet(nn.Module):
     #: attention pooling) and sees domain labels only through equality (``same_dom``, ``xdom``):
     #: the prediction memo may key rows by their canonical pattern (bandpilot.model.canonical)
     token_symmetric = True
+    #: token features a subclass appends (:meth:`_extra_token_features`): its tokens carry more than a host's
+    extra_tokens = 0
 
     def __init__(self, n_types: int, max_gpus: int, hidden: int = 32, layers: int = 6, heads: int = 4,
                  head_layers: int = 3, dropout: float = 0.0, min_intra: bool = True,
@@ -163,7 +165,7 @@ class HierarchicalNet(nn.Module):
         self.host_speed = bool(host_speed)
         if self.host_speed:
             self.config["host_speed"] = True
-        n_tok = N_TOKEN_FEATURES + (1 if self.host_speed else 0)
+        n_tok = N_TOKEN_FEATURES + (1 if self.host_speed else 0) + self.extra_tokens
         if self.resid_bound != RESID_BOUND:
             self.config["resid_bound"] = self.resid_bound
         p = PRIOR_INIT
@@ -250,6 +252,7 @@ class HierarchicalNet(nn.Module):
                 same_dom,
                 (cnt % 2 == 1).to(cnt.dtype),
                 *([t["speed"]] if self.host_speed else []),
+                *self._extra_token_features(t),
             ],
             dim=-1,
         ).masked_fill(pad.unsqueeze(-1), 0.0)
@@ -275,6 +278,9 @@ class HierarchicalNet(nn.Module):
             dim=-1,
         )
         return tok, glob
+
+    def _extra_token_features(self, t: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return []
 
     def prior_log(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
         """Log bandwidth of the physics prior alone (no learned residual)."""
@@ -413,6 +419,10 @@ class HierarchicalEnsemble(nn.Module):
             m.fit_scaling(t)
 
 
+#: net kinds other modules register (kind -> builder(spec, **config)): ``domain`` (bandpilot.model.domain_net)
+NET_KINDS: dict[str, Callable[..., nn.Module]] = {}
+
+
 def build_net(kind: str, spec: ClusterSpec, **cfg: Any) -> nn.Module:
     if kind == "hierarchical":
         cfg.setdefault("n_types", len(spec.gpu_types))
@@ -421,7 +431,9 @@ def build_net(kind: str, spec: ClusterSpec, **cfg: Any) -> nn.Module:
         if members > 1:
             return HierarchicalEnsemble(members=members, **cfg)
         return HierarchicalNet(**cfg)
+    if kind in NET_KINDS:
+        return NET_KINDS[kind](spec, **cfg)
     if kind == "naive":
         cfg.setdefault("n_gpus", spec.n_gpus)
         return NaiveNet(**cfg)
-    raise ModelError(f"unknown model kind {kind!r}: expected 'hierarchical' or 'naive'")
+    raise ModelError(f"unknown model kind {kind!r}: expected 'hierarchical', 'domain' or 'naive'")

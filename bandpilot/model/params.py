@@ -15,7 +15,7 @@ SPLITS = ("random", "stratified", "pattern", "explicit")
 class TrainParams:
     """Hyper-parameters (``params/train.yaml``); every field can be overridden from the CLI."""
 
-    model: str = "hierarchical"  # or "naive" (Table III ablation)
+    model: str = "hierarchical"  # "domain" (NVLink-domain clusters: domain tokens) or "naive" (Table III ablation)
     layers: int = 1  # paper: 6; on the real H100 data 1 layer generalises best (less overfitting) and is 4x faster
     hidden: int = 32
     heads: int = 4
@@ -106,8 +106,8 @@ class TrainParams:
         return cls.from_dict(doc, src)
 
     def validate(self, source: str = "params") -> None:
-        if self.model not in ("hierarchical", "naive"):
-            raise SpecError(f"{source}: model must be 'hierarchical' or 'naive', got {self.model!r}")
+        if self.model not in ("hierarchical", "domain", "naive"):
+            raise SpecError(f"{source}: model must be 'hierarchical', 'domain' or 'naive', got {self.model!r}")
         if self.split not in SPLITS:
             raise SpecError(f"{source}: split must be one of {SPLITS}, got {self.split!r}")
         if self.loss not in ("huber", "mse", "l1", "cauchy", "trimmed"):
@@ -139,11 +139,11 @@ class TrainParams:
     def net_config(self) -> dict[str, Any]:
         cfg = dict(hidden=self.hidden, layers=self.layers, heads=self.heads, head_layers=self.head_layers,
                    dropout=self.dropout)
-        if self.model == "hierarchical":
+        if self.model in ("hierarchical", "domain"):  # domain: the hierarchical net over domain tokens
             cfg["resid_bound"] = self.resid_bound
             if self.host_speed:
                 cfg["host_speed"] = True
-        if self.model == "hierarchical" and self.prior_imbalance:
+        if self.model in ("hierarchical", "domain") and self.prior_imbalance:
             cfg["imbalance"] = True
         if self.model == "hierarchical" and self.members > 1:
             cfg["members"] = self.members

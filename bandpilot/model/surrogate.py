@@ -21,7 +21,10 @@ from torch import nn
 
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
+from bandpilot.model import domain_net  # noqa: F401  (registers the 'domain' net kind)
 from bandpilot.model.canonical import PatternKeys
+from bandpilot.model.domain_patterns import DomainPatterns
+from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.networks import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
@@ -54,6 +57,7 @@ CONFIG_FILE = "surrogate.json"
 WEIGHTS_FILE = "weights.pt"
 STAGE1_FILE = "stage1.npy"
 REPLAY_FILE = "replay.npz"
+PATTERNS_FILE = "domain_patterns.json"  # stage 1.5 of a 'domain' model
 
 
 # ------------------------------------------------------------------------------------------
@@ -70,7 +74,8 @@ class Surrogate:
 
     def __init__(self, spec: ClusterSpec, stage1: np.ndarray, net: nn.Module, *, kind: str = "hierarchical",
                  meta: dict[str, Any] | None = None, replay: tuple[np.ndarray, np.ndarray] | None = None,
-                 uri: str | None = None, name: str | None = None, model_version: str | None = None) -> None:
+                 uri: str | None = None, name: str | None = None, model_version: str | None = None,
+                 patterns: DomainPatterns | None = None) -> None:
         stage1 = np.asarray(stage1, dtype=np.float64)
         width = 1 << int(spec.gpus_per_host.max())
         if stage1.shape != (spec.n_hosts, width):
@@ -89,6 +94,9 @@ class Surrogate:
         self._max_gpus = int(spec.gpus_per_host.max())
         self._full = spec.full_masks
         self.memory: PatternMemory | None = None  # measured-pattern corrections (see bandpilot.model.memory)
+        #: stage 1.5 of a 'domain' model: in-domain values by count pattern (its net sees domain tokens)
+        self.patterns = patterns
+        self._view: DomainView | None = None
         #: the prediction memo (off: every cross-host row goes through the net - the reference path)
         self.memo_enabled = True
         #: rows the net was actually run on since construction (memo misses; informational)
@@ -103,7 +111,24 @@ class Surrogate:
         masks = np.asarray(masks, dtype=np.int64)
         if self.kind == "naive":
             return gpu_tokens(masks, self._hosts, self._max_gpus)
+        if self.kind == "domain":
+            return self.domain_view.tokens(masks)
         return host_tokens(masks, np.bitwise_count(masks).astype(np.int64), self.stage1, self._hosts)
+
+    @property
+    def domain_view(self) -> DomainView:
+        """Domain tokens and in-domain values ('domain' models; built on first use)."""
+        if self._view is None or self._view.patterns is not self.patterns or self._view.stage1 is not self.stage1:
+            if self.patterns is None:
+                raise ModelError(f"model {self.name!r} of kind 'domain' has no stage-1.5 domain patterns")
+            self._view = DomainView(self.spec, self.stage1, self._hosts, self.patterns)
+        return self._view
+
+    def net_rows(self, masks: np.ndarray) -> np.ndarray:
+        """Which cross-host rows the net predicts (a 'domain' model: not those inside one NVLink domain)."""
+        if self.kind != "domain":
+            return np.ones(masks.shape[0], dtype=bool)
+        return ~self.domain_view.inside(masks)
 
     def _check_masks(self, masks: Any) -> np.ndarray:
         try:
@@ -137,6 +162,13 @@ class Surrogate:
         return out
 
     def _predict_cross(self, masks: np.ndarray) -> np.ndarray:
+        net = self.net_rows(masks)
+        if not net.all():  # rows inside one NVLink domain: stage 1.5, exactly as measured
+            out = np.empty(masks.shape[0])
+            out[~net] = self.domain_view.inside_values(masks[~net])
+            if net.any():
+                out[net] = self._predict_cross(masks[net])
+            return out
         out = self._predict_model(masks)
         if self.memory is not None and len(self.memory):
             out = out * np.exp(self.memory.correction(self.pattern_keys(masks)))
@@ -149,6 +181,8 @@ class Surrogate:
         """Build the pattern memory from measured cross-host rows (model residuals, median per pattern)."""
         masks = self._check_masks(masks)
         self.memory = None
+        net = self.net_rows(masks)
+        masks, busbw = masks[net], np.asarray(busbw, dtype=np.float64)[net]
         resid = np.log(np.asarray(busbw, dtype=np.float64)) - np.log(self._predict_model(masks))
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
@@ -200,7 +234,7 @@ class Surrogate:
         return rows.view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
 
     def _predict_uncached(self, masks: np.ndarray) -> np.ndarray:
-        if self.kind == "hierarchical" and masks.shape[0] > 64:
+        if self.kind in ("hierarchical", "domain") and masks.shape[0] > 64:
             # Identical (count, intra) rows predict identically: dedupe before the forward pass.
             counts = np.bitwise_count(masks).astype(np.int64)
             intra = self.stage1[np.arange(self.spec.n_hosts)[None, :], masks]
@@ -253,6 +287,8 @@ class Surrogate:
             np.savez_compressed(path / REPLAY_FILE, masks=self.replay[0], busbw=self.replay[1])
         if self.memory is not None:
             self.memory.save(path)
+        if self.patterns is not None:
+            (path / PATTERNS_FILE).write_text(json.dumps(self.patterns.to_dict()))
         return path
 
     @classmethod
@@ -275,6 +311,8 @@ class Surrogate:
             state = torch.load(path / WEIGHTS_FILE, map_location="cpu", weights_only=True)
             net.load_state_dict(state)
             stage1 = np.load(path / STAGE1_FILE)
+            pats = path / PATTERNS_FILE
+            patterns = DomainPatterns.from_dict(spec, stage1, json.loads(pats.read_text())) if pats.is_file() else None
         except BandPilotError:
             raise
         except (OSError, KeyError, ValueError, RuntimeError) as exc:
@@ -284,7 +322,7 @@ class Surrogate:
             with np.load(path / REPLAY_FILE) as z:
                 replay = (z["masks"].astype(np.int64), z["busbw"].astype(np.float64))
         sur = cls(spec, stage1, net, kind=cfg["kind"], meta=cfg.get("meta") or {}, replay=replay,
-                   uri=uri or str(path), name=name or cfg.get("name"), model_version=model_version)
+                   uri=uri or str(path), name=name or cfg.get("name"), model_version=model_version, patterns=patterns)
         try:
             sur.memory = PatternMemory.load(path)
         except (OSError, KeyError, ValueError) as exc:

@@ -20,6 +20,9 @@ import torch
 
 from bandpilot.errors import DataError
 from bandpilot.model.datamodule import MIN_POOL, SurrogateDataModule, cross_pool, split_pool, val_split
+from bandpilot.model.domain_patterns import DomainPatterns
+from bandpilot.model.domain_tokens import DomainView
+from bandpilot.model.tokens import host_arrays
 from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.module import AverageWeights, KeepBest, OptunaPruning, SurrogateModule, callbacks
 from bandpilot.model.networks import build_net
@@ -63,7 +66,7 @@ def record_provenance(sur: Surrogate, ds: "Dataset", p: TrainParams, cfg: dict[s
     spec = ds.spec
     out = {"cluster": spec.name, "fingerprint": spec.fingerprint(), "dataset_hash": dataset_fingerprint(ds),
            "dataset_path": str(ds.path) if ds.path else None, "dataset_rows": int(len(ds)), **data}
-    if p.model == "hierarchical":
+    if p.model in ("hierarchical", "domain"):
         out["prior"] = sur.net.prior_params()  # type: ignore[operator]
         out["min_intra"] = bool(cfg["min_intra"])
     sur.meta = {"trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "params": p.as_dict(),
@@ -162,16 +165,37 @@ def _auto_min_intra(sur_stage1: np.ndarray, masks: np.ndarray, y: np.ndarray) ->
     return bool(over < 0.05)
 
 
+def _cross_domain(spec: Any, stage1: np.ndarray, patterns: DomainPatterns, pool: Any) -> Any:
+    view = DomainView(spec, stage1, host_arrays(spec), patterns)
+    return pool.take(np.flatnonzero(~view.inside(pool.masks))) if len(pool) else pool
+
+
+def _auto_min_intra_units(spec: Any, stage1: np.ndarray, patterns: DomainPatterns, masks: np.ndarray, y: np.ndarray) -> bool:
+    """``_auto_min_intra`` with domains for hosts: does the data obey min(in-domain values of the domains)?"""
+    t = DomainView(spec, stage1, host_arrays(spec), patterns).tokens(masks)
+    lim = np.where(~t["pad"] & (t["cnt"] >= 2), t["intra"], np.inf).min(axis=1)
+    has = np.isfinite(lim)
+    return bool(not has.any() or (y[has] > 1.05 * lim[has]).mean() < 0.05)
+
+
 def fit_pool(spec: Any, stage1: np.ndarray, tr: Any, va: Any, p: TrainParams, *,
              trial: Any = None) -> tuple[Surrogate, dict[str, Any], list[dict[str, float]], bool, float]:
     """A new surrogate fit on the cross-host rows ``tr`` (``va``: validation rows, may be empty);
     returns (surrogate, net config, history, pruned, best val MAPE)."""
     cfg = p.net_config()
-    if p.model == "hierarchical":
-        cfg["min_intra"] = p.min_intra == "true" or (p.min_intra == "auto" and _auto_min_intra(stage1, tr.masks, tr.busbw))
+    patterns = None
+    if p.model == "domain":  # stage 1.5 from this fit's in-domain rows; the net learns the cross-domain rest
+        patterns = DomainPatterns.fit(spec, stage1, tr.masks, tr.busbw)
+        tr, va = _cross_domain(spec, stage1, patterns, tr), _cross_domain(spec, stage1, patterns, va)
+        if len(tr) < 2:
+            raise DataError(f"{len(tr)} cross-domain measurements in the training rows; model 'domain' needs at least 2")
+    if p.model in ("hierarchical", "domain"):
+        auto = p.min_intra == "auto" and (_auto_min_intra(stage1, tr.masks, tr.busbw) if patterns is None
+                                          else _auto_min_intra_units(spec, stage1, patterns, tr.masks, tr.busbw))
+        cfg["min_intra"] = p.min_intra == "true" or auto
     torch.manual_seed(p.seed)
     net = build_net(p.model, spec, **cfg)
-    sur = Surrogate(spec, stage1, net, kind=p.model)
+    sur = Surrogate(spec, stage1, net, kind=p.model, patterns=patterns)
     history, pruned, best_val = fit_net(sur, tr.masks, tr.busbw, None, va.masks, va.busbw, p, epochs=p.epochs, lr=p.lr,
                                      fit_scaling=True, trial=trial)
     return sur, cfg, history, pruned, best_val

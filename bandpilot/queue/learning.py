@@ -166,6 +166,14 @@ def load_estimates(conn: sa.Connection, ids: Sequence[str] | None = None) -> dic
     return out
 
 
+def load_live_estimates(conn: sa.Connection) -> dict[str, float]:
+    """Expected run times of the requests still pending or running: all a batch asks about (the
+    estimates of every request ever submitted grow with the store's history)."""
+    q = (sa.select(T_ESTIMATES.c.request_id, T_ESTIMATES.c.expected_s)
+         .join(T_REQ, T_REQ.c.id == T_ESTIMATES.c.request_id).where(T_REQ.c.status.in_(_LIVE)))
+    return {r: float(s) for r, s in conn.execute(q).all()}
+
+
 #: Finished jobs looked at to learn run times (the most recent ones).
 LEARN_WINDOW = 2000
 

@@ -293,6 +293,10 @@ T_GEN = sa.Table(
 #: A tenant's pending requests (its limits, :mod:`bandpilot.queue.quotas`) and its own ids (v7).
 IX_REQ_TENANT = sa.Index("ix_bp_requests_tenant_status", T_REQ.c.tenant, T_REQ.c.status)
 
+#: The most recent released jobs (learned run times, every batch that plans with estimates): with
+#: the status index alone each batch read and sorted every released job in the store's history (v10).
+IX_JOBS_ENDED = sa.Index("ix_bp_jobs_status_ended", T_JOBS.c.status, T_JOBS.c.ended_at)
+
 _V1_TABLES = [T_SCHEMA, T_CLUSTER, T_REQ, T_ASSIGN, T_JOBS, T_GPUS, T_BATCH]
 
 
@@ -354,6 +358,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
      lambda conn: IX_REQ_TENANT.create(conn, checkfirst=True)),
     (8, "parallelism shape of a request; rank map of its assignment", _m8_shape),
     (9, "elastic requests (min_k, max_k, k_step) and resize generations", _m9_elastic),
+    (10, "released jobs by end time (learned run times)", lambda conn: IX_JOBS_ENDED.create(conn, checkfirst=True)),
 ]
 
 

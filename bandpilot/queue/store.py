@@ -374,14 +374,14 @@ class Store:
         loc = self._gpu_loc
         free = np.zeros(spec.n_hosts, dtype=np.int64)
         owned: dict[str, list[str]] = {}
-        for gid, state, job in conn.execute(_GPU_STATE_STMT):
+        for gid, state, job in conn.execute(_GPU_STATE_STMT).all():  # one fetchall, not row by row
             if state == "free":
                 h, i = loc[gid]
                 free[h] |= np.int64(1) << i
             elif state == "busy":
                 owned.setdefault(job, []).append(gid)
         jobs = []
-        for jid, demand in conn.execute(_ACTIVE_JOBS_STMT):
+        for jid, demand in conn.execute(_ACTIVE_JOBS_STMT).all():
             gpus = owned.get(jid, [])
             mask = np.zeros(spec.n_hosts, dtype=np.int64)
             for g in gpus:

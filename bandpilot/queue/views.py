@@ -160,13 +160,20 @@ def fragmentation(store: Store) -> dict[str, Any]:
         return fragmentation_in(conn, spec)
 
 
+_FRAG_COUNTS = (
+    sa.select(T_GPUS.c.host, T_GPUS.c.state, sa.func.count(), sa.func.sum(sa.case((T_GPUS.c.drain_pending, 1), else_=0)))
+    .group_by(T_GPUS.c.host, T_GPUS.c.state)
+)
+
+
 def fragmentation_in(conn: sa.Connection, spec: Any) -> dict[str, Any]:
     """:func:`fragmentation` inside an open transaction."""
-    rows = conn.execute(sa.select(T_GPUS.c.host, T_GPUS.c.state, T_GPUS.c.drain_pending)).all()
+    # counted by the database (a few rows per host, not one per GPU: every batch samples this)
+    rows = conn.execute(_FRAG_COUNTS).all()
     per: dict[str, dict[str, int]] = {h.name: {"free": 0, "busy": 0, "unavailable": 0, "drain_pending": 0} for h in spec.hosts}
-    for host, st, dp in rows:
-        per[host][st] += 1
-        per[host]["drain_pending"] += int(bool(dp))
+    for host, st, n, dp in rows:
+        per[host][st] += int(n)
+        per[host]["drain_pending"] += int(dp or 0)
     hosts = []
     for h in spec.hosts:
         c = per[h.name]

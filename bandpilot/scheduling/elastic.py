@@ -2,12 +2,11 @@
 level: at epoch boundaries the queue redistributes GPUs among the running elastic jobs and the
 pending queue by learning utility, then realises the quotas on concrete GPUs.
 
-*Quotas* (:func:`elastic_quotas`, seed eq. 31): the GPUs in play ``G`` (free ones plus those of the
-running jobs at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, clamped
-to each job's ``[min_k, max_k]`` by water-filling and snapped to its ``k_step``. A running job is
-always admitted (at least its ``min_k``: no preemption here); pending ones are admitted in the
-caller's order (utility first) by an admission rule (:data:`ADMISSIONS`): ``fit-k`` (default) while
-the requested ``k`` of every admitted one fits, ``min-k`` (seed 001's) while their ``min_k`` fits.
+*Quotas* (:func:`elastic_quotas`, seed eq. 31, :mod:`bandpilot.scheduling.elastic_admission`): the
+GPUs in play (free ones plus those of the running jobs at an epoch boundary) are shared by utility
+over the jobs admitted, within each job's ``[min_k, max_k]``; pending ones are admitted in the
+caller's order (utility first) by an admission rule (:data:`ADMISSIONS`: ``fit-k``, the default,
+``min-k``, ``idle``).
 
 *GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing proposes grown sets (:func:`grow_rows`:
 greedy by the predicted bandwidth of ``S ∪ new`` under the current co-tenants, from a few seed
@@ -26,9 +25,8 @@ assignment writes for admissions).
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import sqlalchemy as sa
@@ -44,97 +42,15 @@ from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.scheduling.assign_write import write_assignment
 from bandpilot.scheduling.batch import load_pending, model_version_of
+from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and admission rules, public here too
+    ADMISSIONS, DEFAULT_ADMISSION, Admission, Candidate, _snap, elastic_quotas)
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
-from bandpilot.scheduling.policies import order_pending, utility_prior
+from bandpilot.scheduling.estimates import Estimates
+from bandpilot.scheduling.policies import ESTIMATE_POLICIES, order_pending, utility_prior
 from bandpilot.topology.cluster import popcount
-
-
-@dataclass(frozen=True)
-class Candidate:
-    id: str
-    k: int  # current size (running) or requested size (pending)
-    lo: int
-    hi: int
-    step: int
-    utility: float
-    running: bool
-
-
-def _snap(c: Candidate, x: float) -> int:
-    """The largest allowed size <= x (at least min_k)."""
-    if x <= c.lo:
-        return c.lo
-    return min(c.hi, c.lo + int(math.floor((x - c.lo) / c.step + 1e-9)) * c.step)
-
-
-@dataclass(frozen=True)
-class Admission:
-    """When does a pending request join the quotas? ``need``: the GPUs it claims for admission
-    (running jobs always claim their ``min_k``); ``fill_leftovers``: after the quotas, requests still
-    waiting start on whatever is left free (at the largest size that fits)."""
-
-    name: str
-    need: Callable[[Candidate, int], int]
-    fill_leftovers: bool
-    doc: str
-
-
-#: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
-#: default (best measured, README issue 22): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
-#: once, every one slowly - processor sharing, which on a burst doubles mean JCT against first come,
-#: first served - and crowds the NICs.
-ADMISSIONS = {a.name: a for a in (
-    Admission("fit-k", lambda c, n: max(c.lo, min(c.k, n)), False,
-              "while the requested k of every admitted request fits; quotas then water-fill into the ranges"),
-    Admission("min-k", lambda c, n: c.lo, True,
-              "seed 001's: while min_k fits, then the leftovers (every request that fits runs, small)"),
-)}
-DEFAULT_ADMISSION = "fit-k"
-
-
-def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION) -> dict[str, int]:
-    """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
-    most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
-    pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits."""
-    admitted: list[Candidate] = []
-    used = need = 0
-    rule = ADMISSIONS[admission]
-    for c in sorted(cands, key=lambda c: not c.running):  # running first, then the given order
-        nk = c.lo if c.running else rule.need(c, n_gpus)
-        if c.running or need + nk <= n_gpus:
-            admitted.append(c)
-            used += c.lo
-            need += nk
-    if not admitted:
-        return {}
-    if used > n_gpus:
-        raise RequestError(f"running jobs need {used} GPUs at their min_k but only {n_gpus} are in play")
-    w = {c.id: max(c.utility, 1e-6) for c in admitted}
-    share: dict[str, float] = {}
-    fixed: dict[str, float] = {}
-    while True:  # water-filling: clamp the ones outside [lo, hi], share the rest again
-        free = [c for c in admitted if c.id not in fixed]
-        budget = n_gpus - sum(fixed.values())
-        tot = sum(w[c.id] for c in free)
-        share = {c.id: budget * w[c.id] / tot for c in free} if free else {}
-        low = [c for c in free if share[c.id] < c.lo]
-        high = [c for c in free if share[c.id] > c.hi]
-        if not low and not high:
-            break
-        for c in low or high:  # fix the lower bounds first: they take budget from the others
-            fixed[c.id] = c.lo if low else c.hi
-    exact = {**fixed, **share}
-    quota = {c.id: _snap(c, exact[c.id]) for c in admitted}
-    left = n_gpus - sum(quota.values())
-    # hand out what rounding left, a step at a time, largest shortfall (then utility) first
-    for c in sorted(admitted, key=lambda c: (-(exact[c.id] - quota[c.id]), -w[c.id], c.id)):
-        if left >= c.step and quota[c.id] + c.step <= c.hi:
-            quota[c.id] += c.step
-            left -= c.step
-    return quota
 
 
 _RUNNING = (
@@ -188,12 +104,16 @@ def rebalance(
             n_play += len(gpus)
             u = r.utility if r.utility is not None else prior
             cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
-        order = order_pending(pending, policy, None, now())
+        expected = None
+        if policy in ESTIMATE_POLICIES:  # sjf/hrrn order by run-time estimates, as the batch does
+            est = Estimates.load(conn, [p.req.id for p in pending])
+            expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
+        order = order_pending(pending, policy, expected, now())
         reqs = {p.req.id: p.req for p in order}
         for p in order:
             u = p.req.utility if p.req.utility is not None else prior
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False))
-        rep.quotas = elastic_quotas(cands, n_play, admission)
+        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
                      PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k))

@@ -15,7 +15,7 @@ from typing import Iterable
 
 import sqlalchemy as sa
 
-from bandpilot.queue.learning import learned_runtimes, load_estimates
+from bandpilot.queue.learning import learned_runtimes, load_estimates, load_live_estimates
 from bandpilot.queue.requests import Request
 
 SOURCES = ("estimate", "time_limit", "learned_tenant_size", "learned_size")
@@ -31,6 +31,12 @@ class Estimates:
     def load(cls, conn: sa.Connection, ids: Iterable[str] | None = None) -> "Estimates":
         tk, k = learned_runtimes(conn)
         return cls(load_estimates(conn, None if ids is None else list(ids)), tk, k)
+
+    @classmethod
+    def load_live(cls, conn: sa.Connection) -> "Estimates":
+        """Estimates of the pending and running requests (what one batch plans with), loaded once."""
+        tk, k = learned_runtimes(conn)
+        return cls(load_live_estimates(conn), tk, k)
 
     def source(self, req: Request) -> tuple[float | None, str | None]:
         """(expected run time in seconds, where it came from) - (None, None) when unknown."""

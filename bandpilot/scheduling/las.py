@@ -59,8 +59,10 @@ class LasPreemptPostFilter(PreemptPostFilter):
         self.prior = attained
 
     @classmethod
-    def load(cls, conn: sa.Connection, state: State, placer: Placer, now: float, **kw: Any) -> "LasPreemptPostFilter":
-        return cls(state, placer, conn.execute(_CANDIDATES).all(), Estimates.load(conn), now, load_attained(conn), **kw)
+    def load(cls, conn: sa.Connection, state: State, placer: Placer, now: float, estimates: Estimates | None = None,
+             **kw: Any) -> "LasPreemptPostFilter":
+        est = estimates if estimates is not None else Estimates.load(conn)  # the batch's copy when given
+        return cls(state, placer, conn.execute(_CANDIDATES).all(), est, now, load_attained(conn), **kw)
 
     def attained(self, c: Candidate) -> float:
         return self.prior.get(c.id, 0.0) + c.k * max(0.0, self.now - c.started_at)

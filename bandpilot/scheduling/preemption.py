@@ -133,8 +133,10 @@ class PreemptPostFilter:
         self.groups = self._groups()
 
     @classmethod
-    def load(cls, conn: sa.Connection, state: State, placer: Placer, now: float, **kw: Any) -> "PreemptPostFilter":
-        return cls(state, placer, conn.execute(_CANDIDATES).all(), Estimates.load(conn), now, **kw)
+    def load(cls, conn: sa.Connection, state: State, placer: Placer, now: float, estimates: Estimates | None = None,
+             **kw: Any) -> "PreemptPostFilter":
+        est = estimates if estimates is not None else Estimates.load(conn)  # the batch's copy when given
+        return cls(state, placer, conn.execute(_CANDIDATES).all(), est, now, **kw)
 
     def _groups(self) -> list[tuple[str, np.ndarray]]:
         """(name, host indices) per NVLink domain on a domain cluster, per host otherwise."""

@@ -141,8 +141,10 @@ class Book:
 
     @classmethod
     def load(cls, conn: sa.Connection, mode: str, state: State, placer: Placer, now: float,
-             max_reservations: int | None = None) -> "Book":
-        book = cls(mode, state, placer, Estimates.load(conn), now, conn.execute(_ACTIVE).all(), max_reservations)
+             max_reservations: int | None = None, estimates: Estimates | None = None) -> "Book":
+        """``estimates``: the batch's copy (:meth:`Estimates.load_live`), loaded here when None."""
+        est = estimates if estimates is not None else Estimates.load(conn)
+        book = cls(mode, state, placer, est, now, conn.execute(_ACTIVE).all(), max_reservations)
         row = conn.execute(_LAST_HOLDER).first()
         if row is not None and book.active:
             book.last_holder = (row.request_id, float(row.submitted_at))

@@ -76,10 +76,7 @@ class TrueBandwidth:
         act = np.flatnonzero((used.sum(axis=1) >= 2) & (solo > 0))
         if act.size < 2:
             return solo.copy(), solo
-        sub = used[act].astype(np.float32)
-        share = (sub @ sub.T) > 0.5
-        np.fill_diagonal(share, False)
-        ai, aj = np.nonzero(share)
+        ai, aj = _sharing_pairs(used[act])
         if ai.size == 0:
             return solo.copy(), solo
         ci, cj = act[ai], act[aj]
@@ -92,3 +89,24 @@ class TrueBandwidth:
         with np.errstate(divide="ignore", invalid="ignore"):
             shared = np.where(demand > 0, solo / demand * cap, 0.0)
         return np.where(demand <= cap, solo, shared), solo
+
+
+def _sharing_pairs(used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ordered pairs ``(i, j)``, ``i != j``, of rows of ``used`` (jobs x hosts) that share a host,
+    sorted by ``(i, j)``: from the host -> job incidence (no BLAS product of the whole matrix,
+    which on a busy 2-core machine spun its threads for a few hundred rows)."""
+    m = used.shape[0]
+    r, h = np.nonzero(used.T)  # grouped by host
+    if r.size == 0:
+        return r, r
+    jobs = h
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    sizes = np.diff(np.r_[starts, r.size])
+    grp = np.repeat(np.arange(starts.size), sizes)
+    gs = sizes[grp]  # each incidence pairs with every member of its host's group
+    ai = np.repeat(jobs, gs)
+    first = np.repeat(starts[grp], gs)
+    within = np.arange(int(gs.sum())) - np.repeat(np.cumsum(gs) - gs, gs)
+    aj = jobs[first + within]
+    code = np.unique(ai[ai != aj] * m + aj[ai != aj])
+    return code // m, code % m

@@ -34,6 +34,7 @@ import math
 from typing import Any
 
 
+from bandpilot.errors import BandPilotError
 from bandpilot.scheduling.elastic import rebalance
 from bandpilot.simulation.curves import curve_for
 from bandpilot.simulation.engine import SimConfig, SimResult, _Run, _Sim
@@ -42,6 +43,21 @@ from bandpilot.topology.cluster import popcount
 
 #: Compute scaling efficiency per doubling of GPUs when the trace gives none.
 DEFAULT_SCALING = 0.9
+#: ``simulate --elastic``: ``auto`` (the default, README issue 22) runs per-epoch quotas when some job of
+#: the trace declares a range (``min_k < max_k``) and the fixed-gang queue otherwise, so a trace without
+#: ranges runs exactly as with ``off``.
+ELASTIC_MODES = ("auto", "on", "off")
+DEFAULT_ELASTIC = "auto"
+
+
+def elastic_for(mode: str, jobs: Any) -> bool:
+    """Does ``simulate --elastic MODE`` run ``jobs`` with per-epoch quotas? (A bad mode: a one-line error.)"""
+    m = str(mode).strip().lower()
+    if m not in ELASTIC_MODES:
+        raise BandPilotError(f"--elastic must be one of {', '.join(ELASTIC_MODES)}, got {mode!r}")
+    if m != "auto":
+        return m == "on"
+    return any((j.min_k or j.k) < (j.max_k or j.k) for j in jobs)
 
 
 def _r(k: int) -> float:
@@ -65,9 +81,6 @@ class ElasticSim(_Sim):
         self.waiting_resize = False
         self.priced: dict[str, tuple[int, tuple[bytes, int]]] = {}  # job -> (epoch, round key) of its last pricing
         self.last_key: tuple[bytes, int] | None = None
-
-    def _epochs(self, jid: str) -> int:
-        return self.jobs[jid].epochs or self.cfg.epochs
 
     def _wants_batch(self) -> bool:
         if self.pending:

@@ -165,6 +165,14 @@ class _Run:
     reported: int = 1  # last epoch reported (the warm-up reported epochs 0 and 1)
     started: float = 0.0  # when this run (after the last restart) began
     p0: float = 0.0  # progress at that start
+    _held: tuple[Any, int] | None = None  # (mask object, its GPU count): popcount once per mask
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs held (elastic runs replace ``mask`` on a resize: recounted then)."""
+        if self._held is None or self._held[0] is not self.mask:
+            self._held = (self.mask, int(popcount(self.mask).sum()))
+        return self._held[1]
 
 
 @dataclass
@@ -227,6 +235,11 @@ class _Sim:
         self.jobs = {j.id: j for j in self.trace}
         self._kept: dict[str, tuple[float, int]] = {}  # preempted: (progress kept, epochs reported)
 
+    def _epochs(self, jid: str) -> int:
+        """The job's epochs (trace column), else the configured default: it reports once per epoch
+        (seed 001 Sec. 4.6), so a 50-epoch job reports 50 times over its run."""
+        return self.jobs[jid].epochs or self.cfg.epochs
+
     # -- store operations ------------------------------------------------------------------
     # The queue acts only at batches, so arrivals, releases and entropy reports since the last one
     # are written just before it (submit times come from the trace): four transactions per batch.
@@ -251,11 +264,13 @@ class _Sim:
             for j in batch:
                 if j.utility is None:  # the seed's warm-up measurement: entropy before and after epoch 1
                     c = curve_for(j.id, self.cfg.seed)
-                    rows += [{"job": j.id, "epoch": 0, "entropy": c.at(0, self.cfg.epochs)},
-                             {"job": j.id, "epoch": 1, "entropy": c.at(1, self.cfg.epochs)}]
+                    ep = self._epochs(j.id)
+                    rows += [{"job": j.id, "epoch": 0, "entropy": c.at(0, ep)},
+                             {"job": j.id, "epoch": 1, "entropy": c.at(1, ep)}]
         for jid, r in self.running.items():
-            now_epoch = min(self.cfg.epochs, int(r.progress * self.cfg.epochs + 1e-9))
-            rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)} for e in range(r.reported + 1, now_epoch + 1)]
+            ep = self._epochs(jid)
+            now_epoch = min(ep, int(r.progress * ep + 1e-9))
+            rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, ep)} for e in range(r.reported + 1, now_epoch + 1)]
             r.reported = max(r.reported, now_epoch)
         if rows:
             for out in report_entropy(self.store, rows, lam=self.cfg.lam):
@@ -325,8 +340,9 @@ class _Sim:
     def _complete(self, t: float, ids: list[str]) -> None:
         for jid in ids:
             r = self.running.pop(jid)
-            self._final_rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, self.cfg.epochs)}
-                                 for e in range(r.reported + 1, self.cfg.epochs + 1)]
+            ep = self._epochs(jid)
+            self._final_rows += [{"job": jid, "epoch": e, "entropy": r.curve.at(e, ep)}
+                                 for e in range(r.reported + 1, ep + 1)]
             self._to_release.append(jid)
             self.busy &= ~r.mask
             r.rec.end_s, r.rec.status = t, "done"
@@ -361,7 +377,7 @@ class _Sim:
         for r in self.running.values():
             r.progress = min(1.0, r.progress + r.rate * dt)
             r.rec.bw_time += min(1.0, r.ratio) * dt
-            r.rec.gpu_s += int(popcount(r.mask).sum()) * dt
+            r.rec.gpu_s += r.n_gpus * dt
 
     # -- hooks (bandpilot.simulation.elastic overrides them) --------------------------------
     def _wants_batch(self) -> bool:

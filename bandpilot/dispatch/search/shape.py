@@ -18,8 +18,8 @@ call (de-duplicated).
 
 Search: a TP group fits a *unit* (the host, or the NVLink domain on rack-scale clusters) when the
 unit has ``tp`` free GPUs. Candidate GPU sets are built from several unit orders (fullest first,
-best fit, least exposed to cross-host tenants, rack-compact, and the sets the bandwidth-only search
-and the compact baseline chose); each set is cut into TP groups unit by unit (leftovers form spanning
+best fit, least exposed to cross-host tenants, rack-compact, the segment baseline's block cut, and
+the sets the compact baseline and, optionally, the bandwidth-only search chose); each set is cut into TP groups unit by unit (leftovers form spanning
 groups only when the aligned room runs out), and the groups are laid out two ways: DP-inner (a
 unit's groups are DP replicas of one stage, PP crosses units) and PP-inner (a unit's groups are
 consecutive stages, DP crosses). Units are visited in locality order, so PP stages land on
@@ -31,11 +31,12 @@ in full (near-exact with a budget); otherwise every candidate is scored exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.shape_units import count_vectors, counts_greedy
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import ClusterSpec, popcount
 
@@ -296,86 +297,6 @@ def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int,
     return out
 
 
-def _counts_greedy(cap: np.ndarray, order: np.ndarray, G: int) -> np.ndarray:
-    n = np.zeros(cap.size, dtype=np.int64)
-    need = G
-    for u in order:
-        if need == 0:
-            break
-        n[u] = min(int(cap[u]), need)
-        need -= int(n[u])
-    return n
-
-
-def _counts_bestfit(cap: np.ndarray, loc: np.ndarray, G: int) -> np.ndarray:
-    fit = np.flatnonzero(cap >= G)
-    if fit.size:
-        n = np.zeros(cap.size, dtype=np.int64)
-        n[fit[np.lexsort((loc[fit], cap[fit]))[0]]] = G
-        return n
-    order = np.lexsort((loc, -cap))
-    n = np.zeros(cap.size, dtype=np.int64)
-    need = G
-    for u in order:
-        rest = [v for v in order if n[v] == 0 and cap[v] >= need]
-        if rest:
-            n[min(rest, key=lambda v: (cap[v], loc[v]))] = need
-            return n
-        n[u] = cap[u]
-        need -= int(cap[u])
-        if need <= 0:
-            break
-    return n
-
-
-def _count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, exposed: np.ndarray,
-                   rack_of_unit: np.ndarray, shape: Shape) -> dict[str, np.ndarray]:
-    """TP groups per unit for each unit order: fullest first, best fit, least exposed, rack-compact,
-    and clean (most TP groups on hosts no cross-host tenant touches) whole or water-filled over the
-    fewest units - the splits the bandwidth-only search starts from, here without its model calls.
-    ``cap1`` / ``clean1``: a unit's room / clean room in TP groups."""
-    U, G = cap1.size, shape.pp * shape.dp
-    loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
-    exposed_u = np.bincount(unit, weights=exposed.astype(np.int64), minlength=U)
-    counts: dict[str, np.ndarray] = {}
-    # whole stages (DP-inner) or whole pipelines (PP-inner) per unit keep DP / PP groups inside units
-    for tag, block in (("", 1), ("+dp-blocks", shape.dp), ("+pp-blocks", shape.pp)):
-        cap, clean = cap1 // block * block, np.minimum(clean1, cap1) // block * block
-        if tag and (block == 1 or cap.sum() < G):
-            continue  # (without blocks, too little aligned room still gives every unit's room + spanning groups)
-        counts["fullest" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap)), G)
-        counts["bestfit" + tag] = _counts_bestfit(cap, loc, G)
-        counts["quiet" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, exposed_u > 0)), G)
-        rack_cap = np.bincount(rack_of_unit, weights=cap)
-        counts["rack" + tag] = _counts_greedy(cap, np.lexsort((loc, -cap, -rack_cap[rack_of_unit])), G)
-        by_clean = np.lexsort((loc, -cap, -clean))
-        counts["clean" + tag] = _counts_greedy(cap, by_clean, G)
-        # water-filled on clean room alone when it holds the job (a unit's share beyond its clean room
-        # lands on trays a cross-host tenant touches, and one such DP group slows the whole axis)
-        use = clean if clean.sum() >= G else cap
-        by_clean = by_clean[use[by_clean] > 0]
-        m0 = int(np.searchsorted(np.cumsum(use[by_clean]), G)) + 1
-        # the fewest units, and twice as many: spread groups share each unit's NICs with fewer siblings
-        spreads = ((m0, "clean-balanced"), (min(2 * m0, by_clean.size), "clean-spread"))  # all units: no gain
-        for i, (m, name) in enumerate(spreads):
-            if 1 < m <= by_clean.size and all(m != prev for prev, _ in spreads[:i]):
-                n = np.zeros(U, dtype=np.int64)
-                n[by_clean[:m]] = _balanced(use[by_clean[:m]] // block, G // block) * block
-                if n.sum() == G:
-                    counts[name + tag] = n
-    return counts
-
-
-def _balanced(cap: np.ndarray, n: int) -> np.ndarray:
-    """Water-filling split of ``n`` over units with capacities ``cap`` (largest share first)."""
-    q = max(c for c in range(int(cap.max()) + 1) if np.minimum(cap, c).sum() <= n)
-    base = np.minimum(cap, q)
-    extra = n - int(base.sum())
-    elig = np.flatnonzero(cap > q)
-    base[elig[:extra]] += 1
-    return base
-
-
 def _layouts(groups: list[list[tuple[int, int]]], shape: Shape, label: str) -> list[Placement]:
     """DP-inner (groups in order are replicas of a stage) and PP-inner (consecutive stages)."""
     arr = np.array(groups, dtype=np.int64).reshape(shape.pp * shape.dp, shape.tp, 2)
@@ -401,13 +322,13 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     def cap_of(fr: np.ndarray) -> np.ndarray:
         return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
 
-    counts = _count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
-                            rack_of_unit, shape)
+    free_u = np.bincount(unit, weights=popcount(free), minlength=U)
+    counts = count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
+                            rack_of_unit, shape, free_u)
     out: list[Placement] = []
     seen: set[bytes] = set()
     done: set[tuple[bytes, bool]] = set()
     exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
-    free_u = np.bincount(unit, weights=popcount(free), minlength=U)
 
     def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
         clean = label.startswith("clean")
@@ -432,30 +353,39 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
             emit(label, free, n, paired=True)
     for label, m in seeds.items():
         c = cap_of(m)
-        emit(label, m, np.minimum(c, _counts_greedy(c, np.lexsort((loc, -c)), G)))
+        emit(label, m, np.minimum(c, counts_greedy(c, np.lexsort((loc, -c)), G)))
     return out
 
 
 def shape_search(pred: ContentionPredictor, free: np.ndarray, shape: Shape,
-                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None) -> tuple[Placement, int]:
+                 seeds: dict[str, np.ndarray] | None = None, fixed: list[Placement] | None = None,
+                 refine: Callable[[ContentionPredictor, Shape, Placement, np.ndarray], Placement] | None = None,
+                 ) -> tuple[Placement, int]:
     """The candidate with the lowest predicted step time, and how many candidates were scored.
     ``fixed`` rank maps (e.g. a baseline's) compete as they are, so the result is never predicted
     slower than them."""
-    cands = candidates(pred.spec, free, shape, pred, seeds or {}) + list(fixed or [])
+    fixed = list(fixed or [])
+    # a candidate equal to a fixed rank map (the block cut's DP-inner layout often is the segment
+    # baseline's GPU-id order) is scored once, as the fixed one (always scored in full)
+    keys = {np.stack([f.hosts, f.idx]).tobytes() for f in fixed}
+    cands = [c for c in candidates(pred.spec, free, shape, pred, seeds or {})
+             if np.stack([c.hosts, c.idx]).tobytes() not in keys] + fixed
     if not cands:
         raise ValueError("no candidate placement")  # callers check k <= free first
     # TP (and EP within it) inside one unit whenever there is room: a rule, not a score trade-off
     unit = pred.spec.units[0]
     aligned = [c for c in cands if bool((unit[c.hosts].reshape(-1, shape.tp) == unit[c.hosts[::shape.tp]][:, None]).all())]
     cands = aligned or cands
-    fixed = [c for c in fixed or [] if any(c is a for a in cands)]
+    fixed = [c for c in fixed if any(c is a for a in cands)]
     rows_each = sum(g.shape[0] for g in group_ranks(shape).values()) * 2
     if rows_each * len(cands) > ROW_BUDGET and len(cands) > FINALISTS:
         score(pred, shape, cands, sample=SAMPLE)
         keep = sorted(cands, key=lambda c: c.step_ms)[:FINALISTS]
-        cands = keep + [c for c in fixed or [] if all(c is not x for x in keep)]
+        cands = keep + [c for c in fixed if all(c is not x for x in keep)]
     score(pred, shape, cands)
     best = min(cands, key=lambda c: (c.step_ms, c.label))
+    if refine is not None:
+        best = refine(pred, shape, best, free)
     return best, len(cands)
 
 

@@ -1,0 +1,127 @@
+"""Who joins the next epoch's GPU quotas, and with how many GPUs? Seed 001's quotas (eq. 31) and the
+admission rules of :mod:`bandpilot.scheduling.elastic` as a plug-in registry (:data:`ADMISSIONS`).
+
+*Quotas* (:func:`elastic_quotas`): the GPUs in play ``G`` (free ones plus those of the running jobs
+at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, clamped to each job's
+``[min_k, max_k]`` by water-filling and snapped to its ``k_step``. A running job is always admitted
+(at least its ``min_k``: no preemption here); pending ones are admitted in the caller's order
+(utility first) while what the rule makes them claim fits:
+
+* ``fit-k`` (default, best measured): the requested ``k`` fits the GPUs in play once the running
+  jobs at a boundary are counted at their ``min_k``;
+* ``min-k``: the ``min_k`` fits, then every request that fits anything starts (leftovers);
+* ``idle`` (seed 001 Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
+  within the currently idle GPUs"): the requested ``k`` fits the GPUs idle now - running jobs are
+  never shrunk to make room for a newcomer, only re-shared among the admitted by utility.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from bandpilot.errors import RequestError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    k: int  # current size (running) or requested size (pending)
+    lo: int
+    hi: int
+    step: int
+    utility: float
+    running: bool
+
+
+def _snap(c: Candidate, x: float) -> int:
+    """The largest allowed size <= x (at least min_k)."""
+    if x <= c.lo:
+        return c.lo
+    return min(c.hi, c.lo + int(math.floor((x - c.lo) / c.step + 1e-9)) * c.step)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """When does a pending request join the quotas? ``need``: the GPUs it claims for admission
+    (running jobs always claim their ``min_k``); ``fill_leftovers``: after the quotas, requests still
+    waiting start on whatever is left free (at the largest size that fits); ``idle_only``: the
+    claims of the pending requests must also fit the GPUs idle now (not those running jobs at a
+    boundary would give up)."""
+
+    name: str
+    need: Callable[[Candidate, int], int]
+    fill_leftovers: bool
+    doc: str
+    idle_only: bool = False
+
+
+#: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
+#: default (best measured, README issue 22): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
+#: once, every one slowly - processor sharing, which on a burst doubles mean JCT against first come,
+#: first served - and crowds the NICs; ``idle`` (the seed's text) lets 16-GPU jobs starve behind
+#: smaller ones, as greedy backfill does.
+ADMISSIONS = {a.name: a for a in (
+    Admission("fit-k", lambda c, n: max(c.lo, min(c.k, n)), False,
+              "while the requested k of every admitted request fits; quotas then water-fill into the ranges"),
+    Admission("min-k", lambda c, n: c.lo, True,
+              "while min_k fits, then the leftovers (every request that fits runs, small)"),
+    Admission("idle", lambda c, n: max(c.lo, min(c.k, n)), False,
+              "seed 001's text: while the requested k fits the GPUs idle now (running jobs are not shrunk for it)",
+              idle_only=True),
+)}
+DEFAULT_ADMISSION = "fit-k"
+
+
+def _admitted(cands: Sequence[Candidate], n_gpus: int, rule: Admission, n_idle: int) -> list[Candidate]:
+    admitted: list[Candidate] = []
+    need = claimed = 0
+    for c in sorted(cands, key=lambda c: not c.running):  # running first, then the given order
+        if c.running:
+            admitted.append(c)
+            need += c.lo
+            continue
+        nk = rule.need(c, n_gpus)
+        if need + nk <= n_gpus and (not rule.idle_only or claimed + nk <= n_idle):
+            admitted.append(c)
+            need += nk
+            claimed += nk
+    return admitted
+
+
+def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION,
+                   n_idle: int | None = None) -> dict[str, int]:
+    """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
+    most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
+    pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits
+    (``n_idle``: the GPUs idle now, for the rules that admit into idle GPUs only; default all)."""
+    admitted = _admitted(cands, n_gpus, ADMISSIONS[admission], n_gpus if n_idle is None else n_idle)
+    if not admitted:
+        return {}
+    used = sum(c.lo for c in admitted if c.running)
+    if used > n_gpus:
+        raise RequestError(f"running jobs need {used} GPUs at their min_k but only {n_gpus} are in play")
+    w = {c.id: max(c.utility, 1e-6) for c in admitted}
+    share: dict[str, float] = {}
+    fixed: dict[str, float] = {}
+    while True:  # water-filling: clamp the ones outside [lo, hi], share the rest again
+        free = [c for c in admitted if c.id not in fixed]
+        budget = n_gpus - sum(fixed.values())
+        tot = sum(w[c.id] for c in free)
+        share = {c.id: budget * w[c.id] / tot for c in free} if free else {}
+        low = [c for c in free if share[c.id] < c.lo]
+        high = [c for c in free if share[c.id] > c.hi]
+        if not low and not high:
+            break
+        for c in low or high:  # fix the lower bounds first: they take budget from the others
+            fixed[c.id] = c.lo if low else c.hi
+    exact = {**fixed, **share}
+    quota = {c.id: _snap(c, exact[c.id]) for c in admitted}
+    left = n_gpus - sum(quota.values())
+    # hand out what rounding left, a step at a time, largest shortfall (then utility) first
+    for c in sorted(admitted, key=lambda c: (-(exact[c.id] - quota[c.id]), -w[c.id], c.id)):
+        if left >= c.step and quota[c.id] + c.step <= c.hi:
+            quota[c.id] += c.step
+            left -= c.step
+    return quota

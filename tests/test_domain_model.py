@@ -1,0 +1,128 @@
+"""Issue 24 (build item 3): the rack-scale surrogate - domain tokens between tray and cluster."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bandpilot.data.domain_planning import plan_domains
+from bandpilot.data.synthetic import fabric_dataset
+from bandpilot.errors import ModelError
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.model.domain_patterns import DomainPatterns
+from bandpilot.model.domain_tokens import DomainView
+from bandpilot.model.tokens import host_arrays
+from bandpilot.topology.cluster import spec_from_dict
+
+TRAY = ["X NV18 NV18 NV18", "NV18 X NV18 NV18", "NV18 NV18 X NV18", "NV18 NV18 NV18 X"]
+
+
+def nvl_spec(domains: int = 4, trays: int = 4):
+    return spec_from_dict({
+        "name": f"nvl-{domains}x{trays}", "gpus_per_host": 4,
+        "host_groups": [{"prefix": "t", "count": domains * trays, "gpu": "GB200", "topology": TRAY,
+                         "nvlink_domain_size": trays}],
+        "network": {"nic_gbps": 400, "rails_per_host": 4},
+        "emulator": {"seed": 3, "noise": 0.02,
+                     "gpus": {"GB200": {"link": {"NV": 59.44}, "cap": 479.8, "sharpness": 2.1, "hop_penalty": 0.39,
+                                        "ring_eff": [1.0, 1.05, 1.1, 0.99, 1.0, 1.01, 1.02]}}},
+    })
+
+
+@pytest.fixture(scope="module")
+def fab():
+    return make_fabric(nvl_spec())
+
+
+def _planned(fab, cross: int, seed: int = 0):
+    pl = [m for m in plan_domains(fab.spec, cross_domain_samples=cross, seed=seed) if m.cross_host]
+    return np.array([m.masks for m in pl], dtype=np.int64)
+
+
+def test_domain_tokens_are_one_per_domain(fab):
+    spec = fab.spec
+    masks = _planned(fab, 40)
+    y = fab.bandwidth_masks(masks)
+    view = DomainView(spec, fab.stage1, host_arrays(spec), DomainPatterns.fit(spec, fab.stage1, masks, y))
+    row = np.zeros(spec.n_hosts, dtype=np.int64)
+    row[[0, 1]] = [0b1111, 0b0011]  # domain 0: 6 GPUs on 2 trays
+    row[5] = 0b0001  # domain 1: 1 GPU
+    t = view.tokens(row[None, :])
+    assert (~t["pad"]).sum() == 2 and t["xdom"][0] == 1.0
+    assert sorted(t["cnt"][0][~t["pad"][0]].tolist()) == [1.0, 6.0]
+    assert sorted(t["trays"][0][~t["pad"][0]].tolist()) == [1.0, 2.0]
+    assert sorted(t["rails"][0][~t["pad"][0]].tolist()) == [1.0, 6.0]  # 4 + 2 rails driven on the two trays
+    six = t["intra"][0][t["cnt"][0] == 6.0][0]
+    inside = row.copy()
+    inside[5] = 0
+    assert view.inside(np.array([row, inside])).tolist() == [False, True]
+    assert six == pytest.approx(view.inside_values(inside[None, :])[0])  # the domain token carries stage 1.5
+    assert six == pytest.approx(fab.bandwidth_masks(inside[None, :])[0], rel=0.05)
+    in_rows = masks[view.inside(masks)]  # vectorised lookups = the row-wise stage 1.5 table
+    assert np.allclose(view.inside_values(in_rows), view.patterns.predict(in_rows))
+
+
+@pytest.mark.slow
+def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path):
+    from bandpilot.model.crossval import fit
+    from bandpilot.model.surrogate import Surrogate
+
+    ds = fabric_dataset(fab, cross_masks=_planned(fab, 300), seed=1)
+    res = fit(ds, {"model": "domain", "epochs": 80, "folds": 3, "threads": 1}, plots=False)
+    sur = res.surrogate
+    assert sur.kind == "domain" and len(sur.patterns) > 0
+    test = np.array([m.masks for m in plan_domains(fab.spec, cross_domain_samples=200, seed=9) if m.cross_host])
+    truth = fab.bandwidth_masks(test)
+    ape = np.abs(sur.predict_masks(test) / truth - 1)
+    net = sur.net_rows(test)
+    assert net.sum() > 100 and (~net).sum() > 20
+    assert ape[net].mean() < 0.05 and ape[~net].mean() < 0.03  # cross-domain net, in-domain stage 1.5
+    sur.save(tmp_path / "m")
+    back = Surrogate.load(tmp_path / "m")
+    assert back.kind == "domain" and np.allclose(back.predict_masks(test), sur.predict_masks(test))
+
+
+def test_domain_model_needs_nvlink_domains():
+    from bandpilot.model.networks import build_net
+    from bandpilot.topology.cluster import load_cluster
+    from pathlib import Path
+
+    h100 = load_cluster(Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml")
+    with pytest.raises(ModelError, match="needs a cluster with NVLink domains"):
+        build_net("domain", h100)
+    with pytest.raises(ModelError, match="members must be 1"):
+        build_net("domain", nvl_spec(), members=3)
+
+
+def _two_class_spec(per_class: int):
+    groups = [{"prefix": p, "count": per_class * 3, "gpu": g, "topology": TRAY, "nvlink_domain_size": 3}
+              for p, g in (("a", "GB200"), ("b", "GB300"))]
+    return spec_from_dict({"name": f"two-{per_class}", "gpus_per_host": 4, "host_groups": groups,
+                           "network": {"nic_gbps": 400, "rails_per_host": 4}})
+
+
+def test_plan_grows_with_domain_classes_not_domains():
+    from collections import Counter
+
+    from bandpilot.data.domain_planning import domain_levels
+
+    assert domain_levels(16) == [2, 3, 4, 6, 9, 13, 16] and domain_levels(2) == [2] and domain_levels(1) == []
+    assert len(domain_levels(1389)) == 18  # a log ladder, not 1,388 levels
+    sizes = {}
+    for per_class in (2, 6):
+        spec = _two_class_spec(per_class)
+        unit = spec.units[0]
+        plan = [m for m in plan_domains(spec, cross_domain_samples=90, seed=2, intra=False)]
+        kinds = Counter("in" if m.stratum.startswith("1d") else "cross" for m in plan)
+        sizes[per_class] = dict(kinds)
+        gpu_of = {int(unit[h]): spec.hosts[h].gpu for h in range(spec.n_hosts)}
+        mixes = Counter()
+        for m in plan:
+            if not m.stratum.startswith("1d"):
+                us = sorted({int(unit[h]) for h in np.flatnonzero(np.array(m.masks))})
+                mixes[tuple(sorted(gpu_of[u] for u in us))] += 1
+        assert mixes[("GB200", "GB300")] > 5  # classes take turns: the mixed pair is sampled
+        in_doms = {gpu_of[int(unit[np.flatnonzero(np.array(m.masks))[0]])] for m in plan if m.stratum.startswith("1d")}
+        assert in_doms == {"GB200", "GB300"}  # stage 1.5 once per class
+    assert sizes[2]["in"] == sizes[6]["in"]  # three times the domains, the same stage-1.5 plan
+    assert sizes[2]["cross"] <= sizes[6]["cross"] <= 90
