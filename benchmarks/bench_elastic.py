@@ -1,12 +1,14 @@
 """Elastic jobs (issue 22): per-epoch GPU quotas by utility vs fixed gangs, by JCT.
 
     python -m benchmarks elastic             # or: python -m benchmarks.bench_elastic [--seeds 10]
+    python -m benchmarks.bench_elastic --first-seed 10 --seeds 8 --only "best non-elastic"   # held-out seeds
 
 Workload: seed 001's 50-job shape (:func:`~bandpilot.simulation.workloads.seed001_workload`: eight
 job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the stated range
 ``min_k = max(1, k / 4)``, ``max_k = min(2 k, 32)``, step 1, compute scaling efficiency 0.9 per
 doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), ``resize_s = 30``.
-Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags.
+Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
+(``idle``: seed 001's admission as written, into the GPUs idle now).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
