@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.errors import ModelError
+from bandpilot.model.canonical import mix_lanes
 from bandpilot.fabric.units import unit_index
 from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.topology.cluster import ClusterSpec
@@ -77,6 +78,18 @@ class DomainView:
         """Values of :meth:`inside` rows: the one domain's in-domain value."""
         z = self._units(masks)
         return z["intra"].max(axis=1)
+
+    def keys(self, masks: np.ndarray) -> np.ndarray:
+        """(n,) 16-byte memo keys of rows over >= 2 units: rows whose domain tokens agree up to order
+        share one (the net reads nothing else: no positional encoding, domains compared only for
+        equality), so a search's many tray choices of one per-domain pattern are one forward row."""
+        z = self._units(masks)
+        used = z["cnt"] > 0
+        n, u = used.shape
+        feats = np.stack([z["cnt"], z["trays"], z["rails"], z["intra"], np.where(used, z["speed"], 0.0),
+                          np.broadcast_to(self.u_rail, (n, u)), np.broadcast_to(self.u_gtype.astype(np.float64), (n, u))],
+                         axis=-1)
+        return mix_lanes(np.ascontiguousarray(feats).view(np.uint64), used)
 
     def tokens(self, masks: np.ndarray) -> dict[str, np.ndarray]:
         """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``."""
