@@ -35,6 +35,9 @@ FORMAT_VERSION = 1
 #: 400 ms vs 7 ms; 4 x 8 H100 at load 13, 20 decisions: max 8.2 s with the pool above 256 rows,
 #: 0.35 s single-threaded). Bigger offline batches keep the pool.
 SMALL_BATCH = 8192
+#: Rows x tokens^2 of one forward chunk (~8 M: 8,192 rows of up to 32 hosts, 512 rows of 128):
+#: the attention scores and the pairwise domain feature are that many cells per head / feature.
+FORWARD_TOKENS = 8 * 1024 * 1024
 
 
 class _threads_for:
@@ -254,12 +257,26 @@ class Surrogate:
         return self._forward(masks)
 
     def _forward(self, masks: np.ndarray, chunk: int = 8192) -> np.ndarray:
-        out = np.empty(masks.shape[0])
-        self.forward_rows += masks.shape[0]
-        with torch.inference_mode(), _threads_for(masks.shape[0]):
-            for s in range(0, masks.shape[0], chunk):
-                t = to_torch(self.tokens(masks[s : s + chunk]))
-                out[s : s + chunk] = torch.exp(self.net(t)).double().numpy()
+        """Net output for rows, in chunks of at most ``chunk`` rows and :data:`FORWARD_TOKENS`
+        squared-token cells: attention and the pairwise domain feature grow with rows x tokens^2,
+        and a chunk of 8,192 super allocations over ~100 hosts each held GBs (the simulator's
+        3.4 GB peak). Rows go in ascending token count, so short rows are not padded to long ones."""
+        n = masks.shape[0]
+        out = np.empty(n)
+        self.forward_rows += n
+        if n == 0:
+            return out
+        n_tok = (masks != 0).sum(axis=1)
+        order = np.argsort(n_tok, kind="stable")
+        with torch.inference_mode(), _threads_for(n):
+            s = 0
+            while s < n:
+                t_max = int(n_tok[order[min(n, s + chunk) - 1]])
+                rows = max(1, min(chunk, FORWARD_TOKENS // max(1, t_max * t_max)))
+                idx = order[s : s + rows]
+                t = to_torch(self.tokens(masks[idx]))
+                out[idx] = torch.exp(self.net(t)).double().numpy()
+                s += rows
         return out
 
     def predict(self, allocations: Sequence[Sequence[str]]) -> np.ndarray:
