@@ -118,6 +118,10 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)} + preempt": replace(RECOMMENDED, preempt="on"),
         f"{label(RECOMMENDED)}, hrrn uncapped": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): math.inf}),
         f"{label(RECOMMENDED)}, hrrn age cap 4 h": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): 4 * H}),
+        # issue 21's max-JCT levers: hrrn with starvation aging (past 12 h, +1 per 0.1 h waited beyond;
+        # policies.HRRN_STARVE_S / HRRN_STARVE_RATE_S), preemption by the leading blocked gang only
+        f"{label(replace(RECOMMENDED, policy='hrrn-aged'))} (starvation aging)": replace(RECOMMENDED, policy="hrrn-aged"),
+        f"{label(RECOMMENDED)} + preempt leader": replace(RECOMMENDED, preempt="leader"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
         f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
         f"{label(PREVIOUS)} + drain target after 24 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H}),
