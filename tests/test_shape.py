@@ -545,7 +545,8 @@ def _seed_rule(fab, state, k) -> bool:
     from bandpilot.dispatch.search.context import SearchContext
     from bandpilot.dispatch.shaped import bandwidth_seed_cheap
 
-    return bandwidth_seed_cheap(SearchContext(fab, state, state.free, k, predictor=ContentionPredictor(fab, state)))
+    return bandwidth_seed_cheap(fab.spec, state.free, lambda: SearchContext(fab, state, state.free, k,
+                                                                     predictor=ContentionPredictor(fab, state)))
 
 
 def _check_never_worse(fab, state, shp):

@@ -279,7 +279,7 @@ class Dispatcher:
             with one_blas_thread():  # small numpy products: a 2-thread pool spins on a busy machine
                 got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
                                        lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
-                                       (lambda job=seed_job: bandwidth_seed_cheap(job.context())) if rule is None else rule)
+                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule)
             if place is None or got.step_ms < place.step_ms:
                 place = got
         assert place is not None  # _filter left at least one part that fits

@@ -43,16 +43,22 @@ RELAID = ("compact", "bandwidth")
 #: more, the hybrid search at 18-400 ms CPU, 3-25x the shape search) the set is not a candidate
 #: unless ``Dispatcher.shape_bandwidth_seed = True``.
 SEED_COUNT_VECTORS = 5_000
+#: Hosts with free GPUs above which the rule does not even count the vectors (counting costs ~3 ms
+#: on 128 hosts, a third of a shaped select there, for a count of 10^18 and more).
+SEED_MAX_HOSTS = 64
 
 
-def bandwidth_seed_cheap(ctx: SearchContext) -> bool:
+def bandwidth_seed_cheap(spec: Any, free: np.ndarray, context: Callable[[], SearchContext]) -> bool:
     """The budget rule for seeding the shape search with the bandwidth-only set: its search is
     cheap when it is exhaustive over few count vectors, or, on NVLink-domain clusters, when the job
     fits one domain's free GPUs (the domain search then scores only in-domain count patterns, 2-5 ms
     CPU on 1,152 GPUs; across domains 8-38 ms, as much as the shape search itself)."""
-    if ctx.spec.nvlink_domains:
+    if spec.nvlink_domains:
+        ctx = context()
         return bool(Units(ctx).free.max(initial=0) >= ctx.k)
-    return ctx.count_vectors(pareto=True) <= SEED_COUNT_VECTORS
+    if int(np.count_nonzero(free)) > SEED_MAX_HOSTS:
+        return False
+    return context().count_vectors(pareto=True) <= SEED_COUNT_VECTORS
 
 
 def shaped_select(spec: Any, free: np.ndarray, shape: Shape, algorithm: str, pred: ContentionPredictor,
