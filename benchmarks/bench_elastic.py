@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_jct import RECOMMENDED, truth_fabric  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
-from bandpilot.simulation.elastic import simulate  # noqa: E402
+from bandpilot.simulation.elastic import DEFAULT_SCALING, simulate  # noqa: E402
 from bandpilot.simulation.engine import SimConfig  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
@@ -47,6 +47,7 @@ CONFIGS = {
     "utility (fixed gangs)": replace(PLAIN, policy="utility"),
     "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
+    "elastic + utility, perfect-scaling pricing (before)": SimConfig(policy="utility", elastic=True, scaling_pricing="perfect"),
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
@@ -66,7 +67,8 @@ REF = "fifo (fixed gangs)"
 
 def workload(seed: int, n_gpus: int, step: bool = False) -> list:
     """The stated ranges; ``step``: sizes are multiples of ``min_k`` (whole quarters of k)."""
-    return [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, n_gpus), k_step=max(1, j.k // 4) if step else None)
+    return [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, n_gpus), k_step=max(1, j.k // 4) if step else None,
+                    scaling=j.scaling or DEFAULT_SCALING)  # declared in the trace, so the queue prices growth by it
             for j in seed001_workload(seed)]
 
 

@@ -41,6 +41,7 @@ def simulate_cmd(
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
     admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline)."),
+    scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -72,7 +73,7 @@ def simulate_cmd(
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
-                    start_or_wait=start_or_wait)
+                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)

@@ -74,7 +74,7 @@ def _stored_shape(text: str | None) -> Shape | None:
 _PENDING_COLS = (T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.tenant, T_REQ.c.priority, T_REQ.c.utility,
                  T_REQ.c.submitted_at, T_REQ.c.constraints, T_REQ.c.time_limit_s, T_REQ.c.comm_fraction,
                  T_REQ.c.preemptible, T_REQ.c.checkpoint_s, T_REQ.c.checkpoint_every_s, T_REQ.c.shape,
-                 T_REQ.c.min_k, T_REQ.c.max_k, T_REQ.c.k_step, T_REQ.c.reason, T_REQ.c.detail)
+                 T_REQ.c.min_k, T_REQ.c.max_k, T_REQ.c.k_step, T_REQ.c.scaling, T_REQ.c.reason, T_REQ.c.detail)
 #: How many leading columns of a pending row describe the request (the rest are its stored note).
 PENDING_REQ_COLS = len(_PENDING_COLS) - 2
 PENDING_STMT = sa.select(*_PENDING_COLS).where(T_REQ.c.status == "pending").order_by(T_REQ.c.submitted_at, T_REQ.c.seq)
@@ -84,9 +84,9 @@ _pending_cache: dict[tuple, "Pending"] = {}
 def row_to_pending(row: tuple) -> Pending:
     p = _pending_cache.get(row)
     if p is None:
-        seq, rid, k, tenant, prio, util, sub, cons, limit, comm, pre, ckpt, every, shape, lo, hi, step = row
+        seq, rid, k, tenant, prio, util, sub, cons, limit, comm, pre, ckpt, every, shape, lo, hi, step, eta = row
         req = Request(rid, int(k), tenant, int(prio), util, float(sub), _stored_constraints(cons),
-                      limit, comm, bool(pre), ckpt, every, _stored_shape(shape), lo, hi, step)
+                      limit, comm, bool(pre), ckpt, every, _stored_shape(shape), lo, hi, step, eta)
         p = Pending(req, int(seq), float(sub))
         if len(_pending_cache) > 200_000:
             _pending_cache.clear()
