@@ -122,10 +122,40 @@ def scale(n_jobs: int) -> str:
             f"Target <= 600 s for 10,000 jobs: {ok if n_jobs >= 10_000 else 'see extrapolation'}.")
 
 
-def scale_surrogate(n_jobs: int, threads: int, memo: bool = True) -> str:
+#: Queue configurations of the surrogate scale run: the default queue users run
+#: (:mod:`bandpilot.scheduling.recommended`) and the fifo + greedy-backfill one measured before.
+SCALE_QUEUES = {
+    "default": SimConfig(algorithm="bandpilot"),
+    "greedy": SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0),
+}
+
+
+def _progress(label: str, t0: float, c0: float, every: int = 1000):
+    """A progress hook: every ``every`` finished jobs one stderr line (wall, CPU, peak RSS, load) -
+    a long run shows where its time goes, and how far it got if it is stopped."""
+    import resource
+
+    last = [0]
+
+    def hook(done: int, n: int) -> None:
+        if done >= last[0] + every or (done == n and done > last[0]):
+            last[0] = done
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            print(f"  {label}: {done}/{n} jobs done, {time.perf_counter() - t0:.0f} s wall, "
+                  f"{time.process_time() - c0:.0f} CPU s, peak RSS {rss:.2f} GB, load {os.getloadavg()[0]:.1f}",
+                  file=sys.stderr, flush=True)
+
+    return hook
+
+
+def scale_surrogate(n_jobs: int, threads: int, memo: bool = True, queue: str = "default", perfect: bool = True) -> str:
     """The scale run's first ``n_jobs`` jobs with a surrogate (params/train.yaml, trained here on 600
     emulated cross-host allocations of the 128-host cluster) instead of the perfect predictor.
-    ``memo=False``: the surrogate's prediction memo off (every row through the net - the baseline)."""
+    ``memo=False``: the surrogate's prediction memo off (every row through the net - the baseline).
+    ``queue``: a key of :data:`SCALE_QUEUES`; ``perfect=False`` skips the perfect-predictor comparison
+    run. Wall and CPU seconds of the simulation are reported (CPU: the share the machine's other
+    jobs leave does not count), and the process's peak RSS."""
+    import resource
     from bandpilot.data.synthetic import fabric_dataset
     from bandpilot.model.params import TrainParams
     from bandpilot.model.train import train
@@ -138,16 +168,22 @@ def scale_surrogate(n_jobs: int, threads: int, memo: bool = True) -> str:
     t_train = time.perf_counter() - t0
     jobs = public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)
     res.surrogate.memo_enabled = memo
-    walls = {}
-    for label, model in (("surrogate", res.surrogate), ("perfect predictor", fab)):
-        t0 = time.perf_counter()
-        simulate(jobs, Dispatcher(model), fab, SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0))
-        walls[label] = time.perf_counter() - t0
+    walls, cpus, runs = {}, {}, {}
+    for label, model in (("surrogate", res.surrogate), ("perfect predictor", fab))[: 2 if perfect else 1]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        runs[label] = simulate(jobs, Dispatcher(model), fab, SCALE_QUEUES[queue], progress=_progress(label, t0, c0))
+        walls[label], cpus[label] = time.perf_counter() - t0, time.process_time() - c0
     s = walls["surrogate"]
+    sr = summarize(runs["surrogate"])
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    vs = f" vs {walls['perfect predictor']:.0f} s with the perfect predictor" if perfect else ""
     measured = n_jobs >= 10_000
     ok = ("met" if s <= 300 else "MISSED") if measured else "not measured at 10,000 jobs"
-    return (f"{n_jobs} of the same jobs with a trained surrogate (trained in {t_train:.0f} s; prediction memo "
-            f"{'on' if memo else 'OFF'}): {s:.0f} s vs {walls['perfect predictor']:.0f} s with the perfect predictor"
+    cfg = SCALE_QUEUES[queue]
+    return (f"{n_jobs} of the same jobs, queue {queue} ({cfg.policy} + {cfg.backfill} backfill, locality "
+            f"{cfg.locality:g}), with a trained surrogate (trained in {t_train:.0f} s; prediction memo "
+            f"{'on' if memo else 'OFF'}): {s:.0f} s wall ({cpus['surrogate']:.0f} CPU s, {sr['batches']} batches, mean JCT "
+            f"{sr['avg_jct_s'] / H:.2f} h, peak RSS {rss:.2f} GB){vs}"
             f"{'' if measured else f'; linear extrapolation to 10,000 jobs (not a measurement): {s * 10_000 / n_jobs:.0f} s'} "
             f"(issue 24 target for 10,000 jobs: <= 300 s, {ok}).")
 
@@ -159,6 +195,10 @@ def main() -> None:
     ap.add_argument("--scale-surrogate", type=int, default=1000, help="jobs of the scale run with a surrogate (0 skips)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--memo", choices=["on", "off"], default="on", help="the surrogate's prediction memo (off: baseline)")
+    ap.add_argument("--queue", choices=sorted(SCALE_QUEUES), default="default",
+                    help="queue of the surrogate scale run: default (what users run) or greedy (fifo + greedy backfill, the earlier figures)")
+    ap.add_argument("--perfect", choices=["on", "off"], default="on",
+                    help="also run the surrogate scale run's jobs with the perfect predictor (off: the surrogate alone)")
     args = ap.parse_args()
     setup_env()
     import torch
@@ -172,7 +212,7 @@ def main() -> None:
         print(scale(args.scale_jobs), flush=True)
     if args.scale_surrogate:
         print()
-        print(scale_surrogate(args.scale_surrogate, args.threads, args.memo == "on"), flush=True)
+        print(scale_surrogate(args.scale_surrogate, args.threads, args.memo == "on", args.queue, args.perfect == "on"), flush=True)
     print(f"\nLoad average at end: {os.getloadavg()[0]:.1f}")
 
 

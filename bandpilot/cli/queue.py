@@ -404,7 +404,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
@@ -414,7 +414,7 @@ def dispatch_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,

@@ -50,6 +50,8 @@ COLUMNS_FROM = 512
 #: Pruned evaluations: chunks of more candidates than this are first bounded with one super
 #: allocation each (:meth:`ContentionPredictor.predict_best`); the first chunk's best few set the bar.
 SEED_ROWS = 8
+#: Super allocations per model call in a pruned evaluation (64 MB of mask rows on 128 hosts).
+PAIR_ROWS = 65_536
 
 
 _HASH_W = np.random.default_rng(0x5EED).integers(1, 2**62, size=4096, dtype=np.int64) | 1
@@ -355,11 +357,16 @@ class ContentionPredictor:
 
     def _score(self, idx: np.ndarray, solo: np.ndarray, cont: np.ndarray, masks: np.ndarray, jobs: np.ndarray,
                cols: np.ndarray | None, value: np.ndarray) -> float:
-        """Contention-aware values of candidates ``idx`` (every super allocation) into ``value``; their best."""
-        sub = cont[idx]
-        ci, ji = np.nonzero(sub)
-        caps = self.raw(masks[idx][ci] | jobs[ji], cols)
-        value[idx] = self._share(idx.size, solo[idx], sub, ci, caps)
+        """Contention-aware values of candidates ``idx`` (every super allocation) into ``value``; their
+        best. At most :data:`PAIR_ROWS` super allocations per model call: a late chunk of 16,384
+        candidates x dozens of contenders was GBs of mask rows (and their copies) at once."""
+        n_pairs = cont[idx].sum(axis=1)
+        ends = np.searchsorted(np.cumsum(n_pairs), np.arange(PAIR_ROWS, int(n_pairs.sum()), PAIR_ROWS), side="right")
+        for part in np.split(idx, np.unique(ends[(ends > 0) & (ends < idx.size)])):
+            sub = cont[part]
+            ci, ji = np.nonzero(sub)
+            caps = self.raw(masks[part][ci] | jobs[ji], cols)
+            value[part] = self._share(part.size, solo[part], sub, ci, caps)
         return float(value[idx].max())
 
     def _lead_contender(self, cont: np.ndarray) -> np.ndarray:

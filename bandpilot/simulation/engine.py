@@ -317,7 +317,7 @@ class _Sim:
     def _next_starving(self, t: float) -> float:
         """With preemption on, a batch when the next waiting request reaches the starvation bound
         (nothing else may change for hours, and a batch only runs when something did)."""
-        if self.cfg.preempt != "on" or not self.pending:
+        if self.cfg.preempt == "off" or not self.pending:
             return math.inf
         due = [self.recs[j].submit_s + STARVE_S for j in self.pending]
         later = [x for x in due if x > t + 1e-6]

@@ -244,17 +244,22 @@ class SearchContext:
     def classes(self, allowed: np.ndarray | None = None, coarse: bool = False) -> list[_Class]:
         """Host classes with free GPUs. ``coarse``: classes ignore contention exposure (members
         ordered least-exposed first, so enumerated counts land on the least-contended hosts)."""
-        out = []
         lab = self.ccls if coarse else self.cls
         ok = lab >= 0 if allowed is None else (lab >= 0) & allowed
-        for c in range(self.n_cclasses if coarse else self.n_classes):
-            members = np.flatnonzero(ok & (lab == c))
-            if members.size:
-                if coarse:
-                    members = members[np.lexsort((members, self.exposure[members]))]
-                    out.append(_Class(members, int(self.fcount[members[0]]), False))
-                else:
-                    out.append(_Class(members, int(self.fcount[members[0]]), bool(self.exposed[members[0]])))
+        hosts = np.flatnonzero(ok)
+        if hosts.size == 0:
+            return []
+        # one sort for all classes (ascending class id; members by host index, coarse ones
+        # least-exposed first) instead of one scan of every host per class
+        labs = lab[hosts]
+        keys = (hosts, self.exposure[hosts], labs) if coarse else (hosts, labs)
+        o = np.lexsort(keys)
+        hosts, labs = hosts[o], labs[o]
+        cuts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
+        out = []
+        for members in np.split(hosts, cuts[1:]):
+            h = int(members[0])
+            out.append(_Class(members, int(self.fcount[h]), False if coarse else bool(self.exposed[h])))
         return out
 
     # -- evaluation -----------------------------------------------------------------------
