@@ -6,7 +6,8 @@
 Workload: seed 001's 50-job shape (:func:`~bandpilot.simulation.workloads.seed001_workload`: eight
 job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the stated range
 ``min_k = max(1, k / 4)``, ``max_k = min(2 k, 32)``, step 1, compute scaling efficiency 0.9 per
-doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), ``resize_s = 30``.
+doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), declared in the trace so the
+queue prices growth by it (``--scaling-pricing perfect``: the row priced as before), ``resize_s = 30``.
 Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
 (``idle``: seed 001's admission as written, into the GPUs idle now).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).

@@ -134,8 +134,8 @@ def mixed(truth, seeds: int) -> str:
         # the recommended queue with the other placement pricing (lifetime <-> now)
         f"{label(RECOMMENDED)}, {OTHER_PRICING} pricing": replace(RECOMMENDED, placement_pricing=OTHER_PRICING),
     }
-    if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like stays as the reference
-        cfgs = {k: v for k, v in cfgs.items() if k.startswith("Slurm-like") or any(c in k for c in CONFIGS)}
+    if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like and the recommended row stay (the reference and the targets)
+        cfgs = {k: v for k, v in cfgs.items() if k.startswith(("Slurm-like", "recommended")) or any(c in k for c in CONFIGS)}
     blocks = []
     for demand in ("full", "comm"):
         rows: dict[str, list[dict]] = {}

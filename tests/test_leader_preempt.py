@@ -1,6 +1,5 @@
 """Issue 21, ``--preempt leader``: only the batch's first blocked gang (no reservation ahead of it)
-may evict, so a starving gang further down the order cannot take the GPUs being drained for the
-leader's reservation; the eviction itself is the preemption plug-in's (one transaction, audited)."""
+may evict; the eviction itself is the preemption plug-in's (one transaction, audited)."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def test_only_the_leading_blocked_gang_may_evict(store, fab):
     _fill(store, fab)
     rep = _batch(store, fab, "leader")
     # A leads but cannot start even with every preemptible job gone (N holds 8 GPUs): it reserves;
-    # G is behind A's reservation, so it may not evict P1 into the GPUs A is waiting for
+    # G, starving too, is behind A's reservation: it may not evict
     assert rep.preempted == [] and rep.assigned == []
     out = {o.request_id: o for o in rep.outcomes}
     assert out["A"].reason == "reserved" and out["G"].reason != "preempted"
