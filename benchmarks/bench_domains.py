@@ -19,9 +19,11 @@ fragmentation of a batch queue under churn.
   Slurm-block-like baseline; fragmentation after it (stranded GPUs, largest placeable gang,
   whole free domains). Target: BandPilot at least as good on both.
 
-The model is the emulator itself, as in ``bench_dispatch`` for its large emulated clusters: a
-surrogate is not trained on 1,152 GPUs here (the profiling plan for domains is future work), so the
-emulator is the bandwidth oracle for search quality.
+Models: ``Ideal-BP`` searches on the emulator itself (search quality alone); ``bandpilot
+(trained)`` on the rack-scale surrogate ``bandpilot train`` fits on the domain plan's measurements
+(domain tokens, ``bench_rackmodel``; ``--model`` to reuse one); ``bandpilot (noisy 5%)`` is the
+emulator with 5 % noise, the stand-in used before a surrogate was trained at this scale. The queue
+and churn sections place with the emulator as the model.
 """
 
 from __future__ import annotations
@@ -57,14 +59,21 @@ SPEC = ROOT / "params" / "clusters" / "nvl72x16.yaml"
 KS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 36, 48, 64, 72, 96, 128, 144, 192, 288]
 TARGET_P50, TARGET_P99, TARGET_GBE, TARGET_QUEUE = 100.0, 500.0, 0.99, 60.0
 ALGOS = ["Ideal-BP", "bandpilot (noisy 5%)", "block", "topo"]
+TRAINED = "bandpilot (trained)"  # the rack-scale surrogate `bandpilot train` fits (domain tokens)
+#: the trained surrogate of ``--model`` (or one profiled and trained here), None with --no-trained
+_MODEL: list = [None]
 
 
 def _runner(fab, seed: int):
     d = {"ideal": Dispatcher(fab, seed), "noisy": Dispatcher(NoisyPredictor(fab, 0.05, seed), seed)}
+    if _MODEL[0] is not None:
+        d["trained"] = Dispatcher(_MODEL[0], seed)
 
     def run(a: str, k: int, st: State):
         if a == "Ideal-BP":
             return d["ideal"].select(k, st)
+        if a == TRAINED:
+            return d["trained"].select(k, st)
         if a == "bandpilot (noisy 5%)":
             return d["noisy"].select(k, st)
         return d["ideal"].select(k, st, a)
@@ -238,6 +247,26 @@ def bench_patterns(fab, seed: int) -> dict:
             "held_max": float(held.max()), "random_mape": float(rnd.mean()), "random_max": float(rnd.max())}
 
 
+def _load_trained(uri: str | None, seed: int) -> None:
+    import torch
+
+    from bandpilot.model.surrogate import Surrogate
+
+    torch.set_num_threads(1)
+    if uri is None:
+        from benchmarks.bench_rackmodel import profile_and_train
+
+        with tempfile.TemporaryDirectory(prefix="bench-domains-model-") as tmp:
+            t = time.perf_counter()
+            model_dir, info = profile_and_train(Path(tmp), 600, seed)
+            _MODEL[0] = Surrogate.load(model_dir)
+        print(f"trained surrogate: profile + `bandpilot train` in {time.perf_counter() - t:.0f} s, "
+              f"cross-validated MAPE {info['cv_mape']:.2f} %\n")
+    else:
+        _MODEL[0] = Surrogate.load(uri)
+    ALGOS.insert(2, TRAINED)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--states", type=int, default=4, help="random states per (k, profile)")
@@ -247,7 +276,12 @@ def main() -> None:
     ap.add_argument("--churn-seeds", type=int, nargs="*", default=[], help="extra churn seeds (one row each)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "quality", "queue", "churn", "patterns"])
+    ap.add_argument("--model", help="trained surrogate (directory or models:/ URI) for the 'bandpilot (trained)' rows; "
+                    "default: profile nvl72x16 (--samples 600) and `bandpilot train` one (bench_rackmodel)")
+    ap.add_argument("--no-trained", action="store_true", help="no trained-model rows (the emulator stand-ins only)")
     args = ap.parse_args()
+    if not args.no_trained and not {"latency", "quality"} <= set(args.skip):
+        _load_trained(args.model, args.seed)
     if args.quick:
         args.states, args.requests, args.churn = 1, 200, 400
     spec = load_cluster(SPEC)

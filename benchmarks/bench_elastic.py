@@ -6,7 +6,8 @@
 Workload: seed 001's 50-job shape (:func:`~bandpilot.simulation.workloads.seed001_workload`: eight
 job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the stated range
 ``min_k = max(1, k / 4)``, ``max_k = min(2 k, 32)``, step 1, compute scaling efficiency 0.9 per
-doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), ``resize_s = 30``.
+doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), declared in the trace so the
+queue prices growth by it (``--scaling-pricing perfect``: the row priced as before), ``resize_s = 30``.
 Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
 (``idle``: seed 001's admission as written, into the GPUs idle now).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
@@ -31,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_jct import RECOMMENDED, truth_fabric  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
-from bandpilot.simulation.elastic import simulate  # noqa: E402
+from bandpilot.simulation.elastic import DEFAULT_SCALING, simulate  # noqa: E402
 from bandpilot.simulation.engine import SimConfig  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
@@ -47,6 +48,7 @@ CONFIGS = {
     "utility (fixed gangs)": replace(PLAIN, policy="utility"),
     "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
+    "elastic + utility, perfect-scaling pricing (before)": SimConfig(policy="utility", elastic=True, scaling_pricing="perfect"),
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
@@ -66,7 +68,8 @@ REF = "fifo (fixed gangs)"
 
 def workload(seed: int, n_gpus: int, step: bool = False) -> list:
     """The stated ranges; ``step``: sizes are multiples of ``min_k`` (whole quarters of k)."""
-    return [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, n_gpus), k_step=max(1, j.k // 4) if step else None)
+    return [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, n_gpus), k_step=max(1, j.k // 4) if step else None,
+                    scaling=j.scaling or DEFAULT_SCALING)  # declared in the trace, so the queue prices growth by it
             for j in seed001_workload(seed)]
 
 

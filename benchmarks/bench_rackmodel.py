@@ -3,7 +3,8 @@
 1. ``bandpilot profile -c nvl72x16 --samples N`` on the emulator (2 % measurement noise): stage 1
    per tray, stage 1.5 per class of domains, N cross-domain allocations (domain_planning).
 2. ``bandpilot train`` on that dataset (it picks the ``domain`` model on NVLink-domain clusters),
-   registered in a scratch MLflow registry; wall time against the 15-minute target.
+   registered in a scratch MLflow registry; wall time against the 15-minute target (``--gate``:
+   then ``bandpilot promote`` on it, a reduced k grid).
 3. Accuracy against the emulator's noiseless truth on held-out rows - another seed's plan, minus
    any allocation the training set holds: cross-domain MAPE (target <= 5 %) and in-domain MAPE
    (>= 2 trays of one domain, target <= 2 %), by the number of domains spanned.
@@ -11,7 +12,7 @@
    ``Dispatcher.select(..., "exact")`` on the emulator), idle / moderate / heavy states of
    ``bench_dispatch``; both selections scored by the emulator with contention (target >= 99 %).
 
-Usage: ``python -m benchmarks.bench_rackmodel [--samples 600] [--states 3] [--model DIR]``
+Usage: ``python -m benchmarks.bench_rackmodel [--samples 600] [--states 3] [--gate] [--model DIR]``
 (``--model``: score an already trained model directory, skipping 1-2).
 """
 
@@ -51,12 +52,23 @@ def load() -> str:
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def _run(args: list[str]) -> float:
+def _run(args: list[str], env: dict | None = None) -> float:
     t = time.perf_counter()
-    r = subprocess.run([str(BIN), *args], capture_output=True, text=True)
+    r = subprocess.run([str(BIN), *args], capture_output=True, text=True, env=None if env is None else {**os.environ, **env})
     if r.returncode:
         raise SystemExit(f"bandpilot {' '.join(args[:1])} failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+    _run.stdout = r.stdout  # type: ignore[attr-defined]
     return time.perf_counter() - t
+
+
+def gate(work: Path) -> tuple[float, list[str]]:
+    """``bandpilot promote`` on the registered version (a reduced k grid and 3 scenarios per k:
+    the full gate on 1,152 GPUs takes far longer); returns its time and decision lines."""
+    secs = _run(["promote", "--candidate", f"models:/bandpilot-{SPEC.stem}/1", "--ks", "2,4,8,16,36,72", "-r", "3",
+                 "-w", "1", "--algorithms", "bandpilot,ideal", "-o", str(work / "promo"), "--no-progress"],
+                env={"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"})
+    keep = [ln.strip() for ln in _run.stdout.splitlines() if any(w in ln for w in ("PASS", "FAIL", "candidate v"))]  # type: ignore[attr-defined]
+    return secs, keep
 
 
 def profile_and_train(work: Path, samples: int, seed: int) -> tuple[Path, dict]:
@@ -148,6 +160,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--states", type=int, default=3, help="states per (k, profile) for GBE")
     ap.add_argument("--test-samples", type=int, default=600, help="cross-domain rows of the held-out plan")
+    ap.add_argument("--gate", action="store_true", help="also run `bandpilot promote` on the registered model")
     ap.add_argument("--model", type=Path, help="score this trained model directory (skip profile + train)")
     ap.add_argument("--data", type=Path, help="with --model: its dataset (held-out rows exclude its allocations)")
     args = ap.parse_args()
@@ -164,6 +177,8 @@ def main() -> None:
         if args.model is None:
             model_dir, info = profile_and_train(Path(tmp), args.samples, args.seed)
             data = info.pop("data")
+            if args.gate:
+                info["gate"] = gate(Path(tmp))
         else:
             model_dir, data = args.model, args.data
         sur = Surrogate.load(model_dir)
@@ -175,6 +190,9 @@ def main() -> None:
               f"(fit {info['train_seconds']:.0f} s, target {TARGET_TRAIN_S:.0f} s: "
               f"{'met' if info['train_wall_s'] <= TARGET_TRAIN_S else 'MISSED'}); "
               f"cross-validated MAPE vs the noisy measurements {info['cv_mape']:.2f} % on {info['n_train']:.0f} rows")
+    if "gate" in info:
+        secs, lines = info["gate"]
+        print(f"\n`bandpilot promote` ({secs:.0f} s):\n\n" + "\n".join(f"    {ln}" for ln in lines))
     rows = held_out(spec, fab, train_masks, args.test_samples, args.seed + 1)
     acc = accuracy(sur, rows)
     print(f"\nheld-out rows (plan seed {args.seed + 1}, {rows['dropped']} already in training dropped), "

@@ -77,6 +77,17 @@ def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path
     net = sur.net_rows(test)
     assert net.sum() > 100 and (~net).sum() > 20
     assert ape[net].mean() < 0.05 and ape[~net].mean() < 0.03  # cross-domain net, in-domain stage 1.5
+    sur.memo_enabled = False  # the domain-token memo changes no prediction
+    ref = sur.predict_masks(test)
+    sur.memo_enabled = True
+    assert np.allclose(sur.predict_masks(test), ref, rtol=1e-5) and np.allclose(sur.predict_masks(test), ref, rtol=1e-5)
+    row = test[net][0]
+    swapped = np.roll(row, 4)  # every tray one domain on (4 trays per domain): same domain tokens
+    view = sur.domain_view
+    assert view.keys(np.array([row, swapped]))[0] == view.keys(np.array([row, swapped]))[1]
+    other = row.copy()
+    other[np.flatnonzero(other)[0]] = 0
+    assert view.keys(np.array([row, other]))[0] != view.keys(np.array([row, other]))[1]
     sur.save(tmp_path / "m")
     back = Surrogate.load(tmp_path / "m")
     assert back.kind == "domain" and np.allclose(back.predict_masks(test), sur.predict_masks(test))
@@ -126,3 +137,15 @@ def test_plan_grows_with_domain_classes_not_domains():
         assert in_doms == {"GB200", "GB300"}  # stage 1.5 once per class
     assert sizes[2]["in"] == sizes[6]["in"]  # three times the domains, the same stage-1.5 plan
     assert sizes[2]["cross"] <= sizes[6]["cross"] <= 90
+
+
+def test_domain_model_finetunes_on_new_cross_domain_rows(fab):
+    from bandpilot.model.crossval import fit
+    from bandpilot.model.finetune import finetune
+
+    sur = fit(fabric_dataset(fab, cross_masks=_planned(fab, 80), seed=1),
+              {"model": "domain", "epochs": 10, "folds": 2, "threads": 1}, plots=False).surrogate
+    new = fabric_dataset(fab, cross_masks=_planned(fab, 60, seed=5), seed=4)
+    res = finetune(sur, new, {"finetune_epochs": 5, "threads": 1}, plots=False)
+    assert res.surrogate.kind == "domain" and res.surrogate.patterns is sur.patterns
+    assert np.isfinite(res.surrogate.predict_masks(_planned(fab, 20, seed=7))).all()

@@ -195,3 +195,21 @@ def test_stage_1_5_domain_patterns_predict_unmeasured_patterns(nvl72):
         DomainPatterns.fit(make_fabric(load_cluster(ROOT / "params/clusters/h100.yaml")).spec, nvl72.stage1, masks, y)
     with pytest.raises(ModelError, match="different clusters"):
         DomainAwareModel(make_fabric(nvl_spec()), dp)
+
+
+def test_locality_margin_keeps_a_small_gang_on_fewer_trays(tiny):
+    """Issue 21 (Helios on nvl72x16): with the queue's locality margin a 2-GPU gang takes two GPUs
+    of one tray, not the single free GPUs of two trays for the same predicted bandwidth (in-domain
+    values tie); without a margin fragmentation still decides (no GPU stranded on a tray)."""
+    spec = tiny.spec
+    gpus = [g for g in spec.gpu_ids if spec.hosts[spec.host_index[g.rpartition(":")[0]]].domain == spec.hosts[0].domain]
+    by_tray: dict[str, list[str]] = {}
+    for g in gpus:
+        by_tray.setdefault(g.rpartition(":")[0], []).append(g)
+    t0, t1, t2 = sorted(by_tray)
+    free = [by_tray[t0][0], by_tray[t1][0]] + by_tray[t2]  # one free GPU on two trays, a whole third tray
+    st_ = State.from_dict(spec, {"free": free, "jobs": [{"id": "busy", "gpus": by_tray[t0][1:] + by_tray[t1][1:], "demand_gbps": 0.0}]})
+    spread = Dispatcher(tiny).select(2, st_)
+    assert len(spread.hosts) == 2  # the fragmentation order: both single free GPUs, no tray left partly used
+    local = Dispatcher(tiny, locality=0.5).select(2, st_)
+    assert local.hosts == [t2] and local.predicted_gbps >= spread.predicted_gbps * 0.5

@@ -4,6 +4,7 @@ trace's optional run-time and preemption columns."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,20 @@ def test_an_overdue_job_is_expected_to_run_half_its_estimate_more():
 
     assert expected_end(0.0, 100.0, 50.0) == 100.0  # on time: its estimate
     assert expected_end(0.0, 100.0, 300.0) == 300.0 + OVERDUE_SHARE * 100.0 > 300.0  # overdue: never in the past
+
+
+def test_hrrn_aged_lifts_a_starving_request_steeply(monkeypatch):
+    from bandpilot.scheduling import policies
+    from bandpilot.scheduling.policies import Pending, order_pending
+
+    mk = lambda rid, sub: Pending(q.Request(rid, 2, submitted_at=sub), 0, sub)  # noqa: E731
+    # a 29 h estimate (capped to 8 h) waiting 20 h: ratio 1 + 20/8 = 3.5; a 0.2 h job waiting 1 h: 6
+    exp = {"long": 29 * 3600.0, "short": 0.2 * 3600.0}
+    pend = [mk("long", 0.0), mk("short", 19 * 3600.0)]
+    order = lambda policy: [p.req.id for p in order_pending(pend, policy, exp, now=20 * 3600.0)]  # noqa: E731
+    assert order("hrrn") == ["short", "long"]  # plain hrrn: the short one leads
+    monkeypatch.setattr(policies, "HRRN_STARVE_S", 12 * 3600.0)
+    monkeypatch.setattr(policies, "HRRN_STARVE_RATE_S", 0.5 * 3600.0)
+    assert order("hrrn-aged") == ["long", "short"]  # 3.5 + (20 - 12) / 0.5 = 19.5 > 6
+    pend[0] = mk("long", 9 * 3600.0)  # waited 11 h: not starving yet, no boost (2.4 < 6)
+    assert order("hrrn-aged") == ["short", "long"]

@@ -345,7 +345,7 @@ def test_clean_hosts_without_the_bandwidth_seed():
     jobs = [{"id": "t", "gpus": [f"h100-{h}:{i}" for h in (0, 1) for i in range(4, 8)], "demand_gbps": 400.0}]
     st_ = _state(H100, {h: 4 for h in range(4)}, jobs)
     disp = Dispatcher(H100)
-    assert disp.shape_bandwidth_seed is False
+    disp.shape_bandwidth_seed = False
     sel = disp.select(8, st_, shape="tp=4,dp=2")
     assert {g.rpartition(":")[0] for g in sel.ranks} == {"h100-2", "h100-3"}
     blind = disp.select(8, st_, "blind", shape="tp=4,dp=2")
@@ -541,12 +541,23 @@ def _shaped_states(draw, fab, shapes):
     return State.from_dict(spec, {"free": free, "jobs": jobs}), shp
 
 
+def _seed_rule(fab, state, k) -> bool:
+    from bandpilot.dispatch.search.context import SearchContext
+    from bandpilot.dispatch.shaped import bandwidth_seed_cheap
+
+    return bandwidth_seed_cheap(fab.spec, state.free, lambda: SearchContext(fab, state, state.free, k,
+                                                                     predictor=ContentionPredictor(fab, state)))
+
+
 def _check_never_worse(fab, state, shp):
+    """With default settings the pick is never predicted slower than blind, segment and - whenever
+    the budget rule makes its set a candidate - bandwidth-only."""
     if shp.k > state.n_free:
         return
-    disp, seeded = Dispatcher(fab), Dispatcher(fab)
-    seeded.shape_bandwidth_seed = True
-    for d, base in ((disp, "blind"), (disp, "segment"), (seeded, "bandpilot")):
+    disp = Dispatcher(fab)
+    assert disp.shape_bandwidth_seed is None  # the default: the budget rule decides
+    bases = ("blind", "segment") + (("bandpilot",) if _seed_rule(fab, state, shp.k) else ())
+    for d, base in ((disp, b) for b in bases):
         got = d.select(shp.k, state, shape=shp)
         other = d.select(shp.k, state, base, shape=shp)
         ok = got.placement["step_ms"] <= other.placement["step_ms"] * (1 + 1e-9)
@@ -561,11 +572,24 @@ H100_SHAPES = [(2, 1, 2), (2, 1, 4), (4, 1, 2), (8, 1, 2), (4, 2, 2), (2, 2, 4),
 @settings(max_examples=60, deadline=None)
 @given(_shaped_states(H100, H100_SHAPES))
 def test_shape_search_never_predicts_worse_than_a_baseline(case):
-    """On the same state and model the shape search's predicted step time is at most each baseline's:
-    blind (compact) and segment (block cut) by default - their sets are seeds and their GPU-id-order
-    rank maps compete as they are - and bandwidth-only with ``shape_bandwidth_seed`` (off by default:
-    its search costs 2-8x the shape search's latency)."""
-    _check_never_worse(H100, *case)
+    """On the same state and model, with default settings, the shape search's predicted step time is
+    at most each baseline's: blind (compact), segment (block cut) and bandwidth-only - their sets are
+    seeds and their GPU-id-order rank maps compete as they are. On this 4 x 8 cluster the budget rule
+    always seeds bandwidth-only (checked: the property covers it on every drawn state)."""
+    state, shp = case
+    if shp.k <= state.n_free:
+        assert _seed_rule(H100, state, shp.k)
+    _check_never_worse(H100, state, shp)
+
+
+def test_bandwidth_seed_budget_rule():
+    """The rule seeds bandwidth-only on small clusters and on a job inside one NVLink domain, not on
+    1,024 H100s (there its search costs 3-25x the shape search) nor across NVLink domains."""
+    big = make_fabric(load_cluster("params/clusters/h100-128.yaml"))
+    assert _seed_rule(H100, State.idle(H100.spec), 16)
+    assert not _seed_rule(big, State.idle(big.spec), 64)
+    assert _seed_rule(NVL, State.idle(NVL.spec), 64)
+    assert not _seed_rule(NVL, State.idle(NVL.spec), 128)
 
 
 @pytest.mark.slow
@@ -638,3 +662,20 @@ def test_refine_move_count_matches_the_listing(case):
     H, _ = _moves(base, state.free, shp, unit, 8, 10**9, np.random.default_rng(0))
     rule = bool(_aligned(base.hosts[None, :], unit, shp.tp)[0])
     assert H.shape[0] == _n_moves(base.hosts, state.free & ~used, unit, shp.tp, rule)
+
+
+def test_one_blas_thread_limits_and_restores():
+    """The shaped search runs numpy's BLAS (the one its products use) on one thread - a 2-thread pool
+    spins on a busy machine - and leaves the process's setting as it was."""
+    from threadpoolctl import threadpool_info
+
+    from bandpilot.dispatch.threads import one_blas_thread
+
+    def numpy_blas():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
+
+    before = numpy_blas()
+    assert before  # this venv's numpy wheel bundles its OpenBLAS
+    with one_blas_thread():
+        assert numpy_blas() == [1] * len(before)
+    assert numpy_blas() == before

@@ -68,6 +68,9 @@ class SubmitBody(_Body):
     min_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the fewest GPUs the job runs on (default k).")
     max_k: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: the most GPUs the job can use (default k).")
     k_step: Optional[int] = Field(None, ge=1, le=1_000_000, description="Elastic: sizes are min_k plus multiples of this.")
+    scaling: Optional[float] = Field(None, gt=0, le=1, allow_inf_nan=False,
+                                     description="Elastic: compute scaling efficiency per doubling of GPUs (0, 1]; "
+                                     "growth is priced by it (default: perfect, 1).")
     shape: Optional[Union[Annotated[Text, Field(max_length=400)], JSONObject]] = Field(
         None, description="Parallelism shape: 'tp=T,pp=P,dp=D[,ep=E]' or {tp, pp, dp, ep, traffic, compute_ms, model}; "
         "k must be tp*pp*dp. The assignment then carries the rank map (launch formats follow it).")

@@ -87,6 +87,8 @@ def submit_cmd(
     min_k: Optional[int] = typer.Option(None, "--min-k", help="Elastic: the fewest GPUs the job can run on (default k)."),
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Elastic: the most GPUs the job can use (default k)."),
     k_step: Optional[int] = typer.Option(None, "--k-step", help="Elastic: sizes are min-k plus multiples of this."),
+    scaling: Optional[float] = typer.Option(None, "--scaling", help="Elastic: compute scaling efficiency per doubling "
+                                            "of GPUs in (0, 1]; growth is priced by it (default: perfect, 1)."),
     shape: Optional[str] = typer.Option(None, "--shape", help="Parallelism shape tp=T,pp=P,dp=D[,ep=E][,model=PRESET] "
                                         "(k = tp*pp*dp; --k may be left out); placed per axis, rank map stored."),
     traffic: Optional[str] = typer.Option(None, "--traffic", help="With --shape: bytes per step per GPU per axis, "
@@ -115,7 +117,7 @@ def submit_cmd(
         doc: dict[str, Any] = {"id": req_id or q.new_request_id(), "k": k, "tenant": tenant, "priority": priority}
         extra = (("utility", utility), ("time_limit_s", time_limit), ("comm_fraction", comm_fraction),
                  ("checkpoint_s", checkpoint_s), ("min_k", min_k), ("max_k", max_k), ("k_step", k_step),
-                 ("preemptible", preemptible or None), ("constraints", cons or None),
+                 ("scaling", scaling), ("preemptible", preemptible or None), ("constraints", cons or None),
                  ("shape", shp.to_dict() if shp is not None else None))
         doc.update({key: v for key, v in extra if v is not None})
         requests, errors, labels = [q.Request.from_dict(doc, "flags")], [], ["flags"]
@@ -272,6 +274,7 @@ def rebalance_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for resized and new jobs: full | comm."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
+    scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
     admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -288,7 +291,7 @@ def rebalance_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
-                    policy=policy, pricing=growth_pricing, admission=admission)
+                    policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing)
     doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting}
     if as_json:
         _echo_json(doc)
@@ -401,7 +404,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
@@ -411,7 +414,7 @@ def dispatch_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited)."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,

@@ -23,7 +23,7 @@ def simulate_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
@@ -34,13 +34,14 @@ def simulate_cmd(
     reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative: how many blocked gangs, in policy order, get a reservation (Maui's RESERVATIONDEPTH)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="How BandPilot values a placement: now (against the jobs running now) | lifetime (over its estimated run time: co-tenants that end, later cross-host jobs on its hosts from the arrival mix, the slowdown it imposes on co-tenants) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth)."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("auto", "--elastic", help="auto (default): on when some job of the trace declares min_k < max_k, else off (a trace without ranges runs exactly as with off) | on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
     admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline)."),
+    scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -72,7 +73,7 @@ def simulate_cmd(
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
-                    start_or_wait=start_or_wait)
+                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)

@@ -39,6 +39,7 @@ from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.model import BandwidthModel, check_model
 from bandpilot.dispatch.search import Found, IntractableError
 from bandpilot.dispatch.state import State
+from bandpilot.dispatch.threads import one_blas_thread
 from bandpilot.errors import ModelError, PlacementError, SpecError, StateError
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
@@ -108,10 +109,12 @@ class Dispatcher:
         self.pricing = pricing
         strategies.pricing(pricing)
         self._domains = domain_index(self.spec.hosts)[0]
-        #: shaped requests: also seed the shape search with the bandwidth-only set. Off by default:
-        #: the shape search's own clean / water-filled unit splits reach the same step times
-        #: (measured, ``python -m benchmarks shape``) without the bandwidth-only search's cost
-        self.shape_bandwidth_seed = False
+        #: shaped requests: also seed the shape search with the bandwidth-only set (its GPU-id-order
+        #: rank map competes too, so the pick is never predicted slower than bandwidth-only). None
+        #: (default): when that search is cheap (:func:`bandpilot.dispatch.shaped.bandwidth_seed_cheap`:
+        #: small clusters, a job inside one NVLink domain); True: always (h100-128: 3-25x the shape
+        #: search's CPU); False: never
+        self.shape_bandwidth_seed: bool | None = None
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""
@@ -248,7 +251,7 @@ class Dispatcher:
 
     def _select_shaped(self, k: Any, state: Any, algorithm: str, constraints: Any, shape: Any, t0: float) -> Selection:
         from bandpilot.dispatch.shape import Shape
-        from bandpilot.dispatch.shaped import placement_dict, shaped_select
+        from bandpilot.dispatch.shaped import bandwidth_seed_cheap, placement_dict, shaped_select
 
         shp = Shape.parse(shape)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -272,9 +275,11 @@ class Dispatcher:
                 continue
             seed_job = Job(self.model, st, sub, shp.k, Constraints(single_host=cons.single_host), pred, self._domains,
                            self.seed, self.frag_tie, self.locality)
-            got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
-                                   lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
-                                   self.shape_bandwidth_seed)
+            rule = self.shape_bandwidth_seed
+            with one_blas_thread():  # small numpy products: a 2-thread pool spins on a busy machine
+                got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
+                                       lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
+                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule)
             if place is None or got.step_ms < place.step_ms:
                 place = got
         assert place is not None  # _filter left at least one part that fits

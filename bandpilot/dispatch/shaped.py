@@ -17,6 +17,8 @@ import numpy as np
 
 from bandpilot.dispatch.baselines import block_select, topo_select
 from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.context import SearchContext
+from bandpilot.dispatch.search.domains import Units
 from bandpilot.dispatch.search.shape import Placement, rank_order, score, shape_search
 from bandpilot.dispatch.search.shape_refine import refine
 from bandpilot.dispatch.shape import Shape
@@ -35,17 +37,43 @@ BASELINE_SETS: dict[str, Callable[[Any, np.ndarray, Shape], np.ndarray]] = {
 }
 #: The baseline sets the search also re-lays out.
 RELAID = ("compact", "bandwidth")
+#: Count vectors (with the Pareto subsets of exposed hosts) up to which the bandwidth-only search is
+#: an exhaustive count search of at most this many rows: cheap enough to seed every shaped search
+#: with its set (4 x 8 H100 tables: <= 2,589 vectors, <= 4 ms CPU). Beyond it (h100-128: 10^18 and
+#: more, the hybrid search at 18-400 ms CPU, 3-25x the shape search) the set is not a candidate
+#: unless ``Dispatcher.shape_bandwidth_seed = True``.
+SEED_COUNT_VECTORS = 5_000
+#: Hosts with free GPUs above which the rule does not even count the vectors (counting costs ~3 ms
+#: on 128 hosts, a third of a shaped select there, for a count of 10^18 and more).
+SEED_MAX_HOSTS = 64
+
+
+def bandwidth_seed_cheap(spec: Any, free: np.ndarray, context: Callable[[], SearchContext]) -> bool:
+    """The budget rule for seeding the shape search with the bandwidth-only set: its search is
+    cheap when it is exhaustive over few count vectors, or, on NVLink-domain clusters, when the job
+    fits one domain's free GPUs (the domain search then scores only in-domain count patterns, 2-5 ms
+    CPU on 1,152 GPUs; across domains 8-38 ms, as much as the shape search itself)."""
+    if spec.nvlink_domains:
+        ctx = context()
+        return bool(Units(ctx).free.max(initial=0) >= ctx.k)
+    if int(np.count_nonzero(free)) > SEED_MAX_HOSTS:
+        return False
+    return context().count_vectors(pareto=True) <= SEED_COUNT_VECTORS
 
 
 def shaped_select(spec: Any, free: np.ndarray, shape: Shape, algorithm: str, pred: ContentionPredictor,
-                  bandwidth_only: Callable[[], np.ndarray], bandwidth_seed: bool = True) -> tuple[Placement, int]:
-    """The placement ``algorithm`` makes for ``shape`` (scored), and the candidates it scored."""
+                  bandwidth_only: Callable[[], np.ndarray],
+                  bandwidth_seed: bool | Callable[[], bool] = True) -> tuple[Placement, int]:
+    """The placement ``algorithm`` makes for ``shape`` (scored), and the candidates it scored.
+    ``bandwidth_seed``: whether the bandwidth-only set is a candidate, or the budget rule deciding
+    it (called only for the shape search)."""
     if algorithm not in SHAPE_ALGORITHMS:
         raise PlacementError("invalid_request",
                              f"algorithm {algorithm!r} does not take a shape; choose from {list(SHAPE_ALGORITHMS)}")
     if algorithm == "shape":
         seeds = {name: make(spec, free, shape) for name, make in BASELINE_SETS.items()}
-        if bandwidth_seed:  # the bandwidth-only search's cost, for its set: less contended hosts
+        if bandwidth_seed() if callable(bandwidth_seed) else bandwidth_seed:
+            # the bandwidth-only search's set: less contended hosts, better spanning TP groups
             seeds["bandwidth"] = bandwidth_only()
         fixed, seen = [], set()
         for name, m in list(seeds.items()):

@@ -72,3 +72,17 @@ class PatternKeys:
             per_row = np.add.reduceat(_mix(per_dom, seed ^ _M1), row_starts) if row_starts.size else per_dom
             out[g_row[row_starts], lane] = per_row
         return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
+
+
+def mix_lanes(feats: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """(n,) 16-byte order-free keys of rows of tokens: ``feats`` (n, t, f) uint64 feature bits,
+    ``used`` (n, t) which tokens count; each token is a chain of splitmix mixes of its features,
+    a row the wrapping sum of its tokens' mixes, in two independent lanes."""
+    out = np.zeros((feats.shape[0], 2), dtype=np.uint64)
+    for lane, seed in enumerate(_SEEDS):
+        h = _mix(feats[..., 0], seed)
+        for f in range(1, feats.shape[-1]):
+            h = _mix(h ^ feats[..., f], seed)
+        with np.errstate(over="ignore"):
+            out[:, lane] = np.where(used, h, np.uint64(0)).sum(axis=1, dtype=np.uint64)
+    return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()

@@ -124,15 +124,21 @@ class DomainPatterns:
         """Uncapped values of in-domain parts given as (domain class, tray histogram): ``hist[:, c - 1]``
         trays hold ``c`` GPUs of the part (vectorised :meth:`predict` for the domain tokens; the
         distinct patterns of a batch are few, so the Python loop runs over those only)."""
-        key = np.concatenate([np.asarray(cls_ids, dtype=np.int64)[:, None], np.asarray(hist, dtype=np.int64)], axis=1)
-        if key.shape[0] == 0:
+        hist = np.asarray(hist, dtype=np.int64)
+        if hist.shape[0] == 0:
             return np.zeros(0)
-        uniq, inv = np.unique(key, axis=0, return_inverse=True)
-        vals = np.empty(uniq.shape[0])
-        for i, row in enumerate(uniq.tolist()):
-            pat = tuple(c for c in range(len(row) - 1, 0, -1) for _ in range(row[c]))
-            v = self.table.get((row[0], pat))
-            vals[i] = v if v is not None else self._path(row[0], pat)
+        # one integer per (class, histogram): a 1-D unique is ~10x faster than a row-wise one
+        base = int(hist.max()) + 1
+        code = np.asarray(cls_ids, dtype=np.int64)
+        for c in range(hist.shape[1]):
+            code = code * base + hist[:, c]
+        uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        vals = np.empty(uniq.size)
+        for i, r in enumerate(first.tolist()):
+            row, c0 = hist[r].tolist(), int(cls_ids[r])
+            pat = tuple(c for c in range(len(row), 0, -1) for _ in range(row[c - 1]))
+            v = self.table.get((c0, pat))
+            vals[i] = v if v is not None else self._path(c0, pat)
         return vals[inv.ravel()]
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.errors import ModelError
+from bandpilot.model.canonical import mix_lanes
 from bandpilot.fabric.units import unit_index
 from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.topology.cluster import ClusterSpec
@@ -74,9 +75,29 @@ class DomainView:
         return one & (self.u_cls[u] >= 0) & ((masks != 0).sum(axis=1) >= 2)
 
     def inside_values(self, masks: np.ndarray) -> np.ndarray:
-        """Values of :meth:`inside` rows: the one domain's in-domain value."""
+        """Values of :meth:`inside` rows: the one domain's in-domain value (row sums, no per-unit
+        reductions: a row holds one domain, and a search asks about thousands of such rows)."""
+        masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+        if masks.shape[0] == 0:
+            return np.zeros(0)
+        counts = np.bitwise_count(masks).astype(np.int64)
+        hist = np.stack([(counts == c).sum(axis=1) for c in range(1, self.max_gpus + 1)], axis=1)
+        s1 = self.stage1[np.arange(masks.shape[1])[None, :], masks]
+        cap = np.where(counts >= 2, s1, np.inf).min(axis=1)
+        cls = self.u_cls[self.ix.unit[np.argmax(counts > 0, axis=1)]]
+        return np.minimum(self.patterns.part_values(cls, hist), cap)
+
+    def keys(self, masks: np.ndarray) -> np.ndarray:
+        """(n,) 16-byte memo keys of rows over >= 2 units: rows whose domain tokens agree up to order
+        share one (the net reads nothing else: no positional encoding, domains compared only for
+        equality), so a search's many tray choices of one per-domain pattern are one forward row."""
         z = self._units(masks)
-        return z["intra"].max(axis=1)
+        used = z["cnt"] > 0
+        n, u = used.shape
+        feats = np.stack([z["cnt"], z["trays"], z["rails"], z["intra"], np.where(used, z["speed"], 0.0),
+                          np.broadcast_to(self.u_rail, (n, u)), np.broadcast_to(self.u_gtype.astype(np.float64), (n, u))],
+                         axis=-1)
+        return mix_lanes(np.ascontiguousarray(feats).view(np.uint64), used)
 
     def tokens(self, masks: np.ndarray) -> dict[str, np.ndarray]:
         """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``."""

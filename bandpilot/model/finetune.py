@@ -51,13 +51,16 @@ def finetune(sur: Surrogate, new: "Dataset", params: TrainParams | dict[str, Any
     n_test = max(1, len(pool) // 5) if len(pool) >= 5 else 0
     te, tr = pool.take(np.sort(perm[:n_test])), pool.take(np.sort(perm[n_test:]))
     net = copy.deepcopy(sur.net)
-    tuned = Surrogate(sur.spec, stage1, net, kind=sur.kind, meta=dict(sur.meta), replay=sur.replay, name=sur.name)
+    tuned = Surrogate(sur.spec, stage1, net, kind=sur.kind, meta=dict(sur.meta), replay=sur.replay, name=sur.name,
+                      patterns=sur.patterns)
     replay_m, replay_y = _replay_rows(sur, tr.masks)
     before_replay = evaluate_predictions(replay_y, sur.predict_masks(replay_m)) if len(replay_y) else {}
     before_new = evaluate_predictions(te.busbw, sur.predict_masks(te.masks)) if len(te) else {}
     masks = np.concatenate([tr.masks, replay_m])
     y = np.concatenate([tr.busbw, replay_y])
     w = np.concatenate([np.ones(len(tr)), np.full(len(replay_y), p.finetune_replay_weight)])
+    net_rows = tuned.net_rows(masks)  # a 'domain' model: in-domain rows are stage 1.5, not the net's
+    masks, y, w = masks[net_rows], y[net_rows], w[net_rows]
     history, _, _ = fit_net(tuned, masks, y, w, None, None, p, epochs=p.finetune_epochs, lr=p.finetune_lr, fit_scaling=False)
     train_seconds = time.perf_counter() - t0
     # The replay store now mixes old and new so the next fine-tune remembers both.
@@ -128,6 +131,6 @@ def _provenance(sur: Surrogate, tuned: Surrogate, new: "Dataset", pool_size: int
         "base_model": sur.uri,
         "base_version": sur.model_version,
     }
-    if sur.kind == "hierarchical":
+    if sur.kind in ("hierarchical", "domain"):
         data["prior"] = tuned.net.prior_params()  # type: ignore[operator]
     return data

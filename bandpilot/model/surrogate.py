@@ -172,12 +172,18 @@ class Surrogate:
             if net.any():
                 out[net] = self._predict_cross(masks[net])
             return out
-        out = self._predict_model(masks)
+        # a domain model's memo and memory share one key (its domain tokens): computed once
+        keys = self.domain_view.keys(masks) if self.kind == "domain" else None
+        out = self._predict_model(masks, keys)
         if self.memory is not None and len(self.memory):
-            out = out * np.exp(self.memory.correction(self.pattern_keys(masks)))
+            out = out * np.exp(self.memory.correction(self.pattern_keys(masks) if keys is None else keys))
         return out
 
     def pattern_keys(self, masks: np.ndarray) -> np.ndarray:
+        if self.kind == "domain":
+            # what the domain net reads: per-tray count patterns would mix rows that group their trays
+            # into domains differently (held-out cross-domain MAPE 1.40 % with them, 1.33 % with these)
+            return self.domain_view.keys(masks)
         return pattern_keys(masks, self._hosts["gtype"], self._max_gpus)
 
     def remember(self, masks: np.ndarray, busbw: np.ndarray) -> None:
@@ -189,7 +195,7 @@ class Surrogate:
         resid = np.log(np.asarray(busbw, dtype=np.float64)) - np.log(self._predict_model(masks))
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
-    def _predict_model(self, masks: np.ndarray) -> np.ndarray:
+    def _predict_model(self, masks: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
         """Model output for cross-host rows, remembered while the weights, the stage-1 tables and
         the mode stay the same: a scheduler or a simulation asks about the same inputs decision
         after decision. A token-symmetric net (:mod:`~bandpilot.model.canonical`) is asked once
@@ -198,7 +204,7 @@ class Surrogate:
         if masks.shape[0] == 0 or not self.memo_enabled:
             return self._predict_uncached(masks)
         rows = np.ascontiguousarray(masks, dtype=np.int64)
-        keys = self._memo_keys(rows)
+        keys = self._memo_keys(rows) if keys is None else keys
         if keys is None:
             return self._predict_uncached(masks)
         token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
@@ -227,6 +233,8 @@ class Surrogate:
 
     def _memo_keys(self, rows: np.ndarray) -> np.ndarray | None:
         """Memo keys of cross-host rows (canonical patterns, or the rows' bytes), None: no memo."""
+        if self.kind == "domain":  # keyed by the domain tokens (bandpilot.model.domain_tokens)
+            return self.domain_view.keys(rows)
         if self.kind == "hierarchical" and getattr(self.net, "token_symmetric", False):
             keyer = getattr(self, "_keyer", None)
             if keyer is None or keyer[0] is not self.stage1:
@@ -344,6 +352,8 @@ class Surrogate:
             sur.memory = PatternMemory.load(path)
         except (OSError, KeyError, ValueError) as exc:
             raise ModelError(f"{path}: corrupt pattern memory ({exc.__class__.__name__}: {str(exc)[:120]})") from None
+        if sur.kind == "domain" and sur.memory is not None and len(sur.memory) and sur.memory.keys.dtype.itemsize != 16:
+            raise ModelError(f"{path}: pattern memory keyed by trays, not domain tokens (a pre-release 'domain' model): retrain it")
         return sur
 
     @classmethod

@@ -75,7 +75,7 @@ def request_row(r: Request, ts: float) -> dict[str, Any]:
         "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
         "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
         "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
-        "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step,
+        "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step, "scaling": r.scaling,
         "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
     }
 

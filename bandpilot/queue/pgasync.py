@@ -42,7 +42,7 @@ _PG = postgresql.dialect()
 _COLS = [(c, T_REQ.c[c].type.compile(dialect=_PG).split("(")[0]) for c in
          ("id", "tenant", "k", "priority", "utility", "constraints", "submitted_at", "status", "reason", "detail",
           "attempts", "last_batch", "updated_at", "time_limit_s", "comm_fraction", "preemptible", "checkpoint_s",
-          "checkpoint_every_s", "min_k", "max_k", "k_step", "shape")]
+          "checkpoint_every_s", "min_k", "max_k", "k_step", "shape", "scaling")]
 _FIRST = 8  # parameters $1..$7 are the check's and the audit row's; the row's start at $8
 
 # One statement after the lock: a tenant's pending requests and GPUs and whether one of its ids is

@@ -29,7 +29,11 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]{0,199}$")
 RUNTIME_KEYS = ("time_limit_s", "comm_fraction", "preemptible", "checkpoint_s", "checkpoint_every_s")
 #: Elastic range (schema v9): a data-parallel job may run on any size min_k, min_k + step, ..., max_k.
 ELASTIC_KEYS = ("min_k", "max_k", "k_step")
-_REQUEST_KEYS = ("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape") + RUNTIME_KEYS + ELASTIC_KEYS
+#: Declared compute scaling efficiency per doubling of GPUs (schema v11): how the elastic pricing
+#: values a growth; None = perfect scaling (1.0), the pricing's assumption before it was declarable.
+SCALING_KEYS = ("scaling",)
+_REQUEST_KEYS = (("id", "k", "tenant", "priority", "utility", "submitted", "submitted_at", "constraints", "shape")
+                 + RUNTIME_KEYS + ELASTIC_KEYS + SCALING_KEYS)
 
 
 def _parse_time(value: Any, where: str) -> float:
@@ -76,6 +80,8 @@ class Request:
     min_k: int | None = None
     max_k: int | None = None
     k_step: int | None = None
+    #: compute efficiency per doubling of GPUs in (0, 1] (1 = linear); None = not declared (priced as 1)
+    scaling: float | None = None
 
     @property
     def lo(self) -> int:
@@ -99,7 +105,7 @@ class Request:
 
     def runtime_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in RUNTIME_KEYS + ELASTIC_KEYS:
+        for key in RUNTIME_KEYS + ELASTIC_KEYS + SCALING_KEYS:
             v = getattr(self, key)
             if v is not None and v is not False:
                 out[key] = v
@@ -166,7 +172,7 @@ class Request:
             except RequestError as exc:
                 raise RequestError(f"{where}: {exc}") from None
         return cls(rid, k, tenant.strip(), prio, util, sub_t, cons, **_runtime_fields(doc, where), shape=shape,
-                   **_elastic_fields(doc, k, where))
+                   **_elastic_fields(doc, k, where), scaling=_positive(doc, "scaling", where, upper=1.0))
 
 
 def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, int | None]:

@@ -31,7 +31,8 @@ figures) of its assignment, nullable like v6's fields.
 v6 also adds the run-time and preemption fields of a request (``time_limit_s``,
 ``comm_fraction``, ``preemptible``, ``checkpoint_s``, ``checkpoint_every_s``), all nullable so a
 store written before them still opens and its requests read as "not given".
-v9 adds the elastic range of a request (``min_k``, ``max_k``, ``k_step``; NULL = the fixed ``k``).
+v9 adds the elastic range of a request (``min_k``, ``max_k``, ``k_step``; NULL = the fixed ``k``);
+v11 its declared compute ``scaling`` efficiency per doubling (NULL = not declared: priced as perfect).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ V6_REQUEST_COLUMNS = (("time_limit_s", sa.Double()), ("comm_fraction", sa.Double
                       ("checkpoint_s", sa.Double()), ("checkpoint_every_s", sa.Double()))
 #: Request columns added by v9: the elastic range (NULL: a fixed gang of ``k``).
 V9_REQUEST_COLUMNS = (("min_k", sa.Integer()), ("max_k", sa.Integer()), ("k_step", sa.Integer()))
+#: Request columns added by v11: the declared compute scaling efficiency (NULL: not declared).
+V11_REQUEST_COLUMNS = (("scaling", sa.Double()),)
 
 
 T_SCHEMA = sa.Table(
@@ -98,6 +101,8 @@ T_REQ = sa.Table(
     sa.Column("shape", sa.Text, nullable=True),
     # v9 (added by ALTER on older stores, see _m9_elastic):
     *(sa.Column(name, type_, nullable=True) for name, type_ in V9_REQUEST_COLUMNS),
+    # v11 (ALTER on older stores, _m11_scaling)
+    *(sa.Column(name, type_, nullable=True) for name, type_ in V11_REQUEST_COLUMNS),
     sa.CheckConstraint("k > 0", name="ck_bp_requests_k"),
     sa.CheckConstraint(
         "status IN ('pending','assigned','rejected','released','cancelled')", name="ck_bp_requests_status"
@@ -344,6 +349,15 @@ def _m9_elastic(conn: sa.Connection) -> None:
     T_GEN.create(conn, checkfirst=True)
 
 
+def _m11_scaling(conn: sa.Connection) -> None:
+    # nullable: rows stored before read as "not declared", priced as before (perfect scaling)
+    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+    ops = alembic_ops(conn)
+    for name, type_ in V11_REQUEST_COLUMNS:
+        if name not in have:
+            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+
+
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.
 MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (1, "initial schema", _m1_initial),
@@ -359,6 +373,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (8, "parallelism shape of a request; rank map of its assignment", _m8_shape),
     (9, "elastic requests (min_k, max_k, k_step) and resize generations", _m9_elastic),
     (10, "released jobs by end time (learned run times)", lambda conn: IX_JOBS_ENDED.create(conn, checkfirst=True)),
+    (11, "declared compute scaling efficiency of a request", _m11_scaling),
 ]
 
 

@@ -123,7 +123,8 @@ def request_doc(r: Any, reservation: dict[str, Any] | None) -> dict[str, Any]:
         "algorithm": r["algorithm"], "model_version": r["model_version"], "assigned": iso(r["assigned_at"]),
         "time_limit_s": r["time_limit_s"], "comm_fraction": r["comm_fraction"],
         "preemptible": bool(r["preemptible"]), "checkpoint_s": r["checkpoint_s"],
-        "checkpoint_every_s": r["checkpoint_every_s"], "reservation": reservation, **elastic_doc(r),
+        "checkpoint_every_s": r["checkpoint_every_s"], "scaling": r.get("scaling"), "reservation": reservation,
+        **elastic_doc(r),
     }
 
 

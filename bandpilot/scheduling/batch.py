@@ -39,6 +39,7 @@ from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
+from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
@@ -147,6 +148,9 @@ def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[st
         out.append(row_to_pending(t[:PENDING_REQ_COLS]))
         notes[t[1]] = (t[PENDING_REQ_COLS], t[PENDING_REQ_COLS + 1])
     return out, notes
+
+#: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).
+PREEMPTORS = {"on": PreemptPostFilter, "leader": LeaderPreemptPostFilter}
 
 
 def run_batch(
@@ -315,9 +319,9 @@ class _Batch:
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)
-        if self.preempt == "on":
+        if self.preempt != "off":
             # asked first: a plan that starts the gang now beats a reservation for later
-            kind = LasPreemptPostFilter if self.policy == "las" else PreemptPostFilter
+            kind = LasPreemptPostFilter if self.policy == "las" else PREEMPTORS[self.preempt]
             self.preemptor = kind.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                        estimates=self.estimates(conn))
             self.placer.post_filters.insert(0, self.preemptor)

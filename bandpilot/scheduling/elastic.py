@@ -45,7 +45,7 @@ from bandpilot.scheduling.batch import load_pending, model_version_of
 from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and admission rules, public here too
     ADMISSIONS, DEFAULT_ADMISSION, Admission, Candidate, _snap, elastic_quotas)
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
-    DEFAULT_COMM, DEFAULT_PRICING, GROW_GAIN, PRICERS, Context, Grown, grow_ratio)
+    DEFAULT_COMM, DEFAULT_PRICING, DEFAULT_SCALING_MODE, GROW_GAIN, PRICERS, SCALING_MODES, Context, Grown, grow_ratio)
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
@@ -55,7 +55,7 @@ from bandpilot.topology.cluster import popcount
 
 _RUNNING = (
     sa.select(T_REQ.c.id, T_REQ.c.k, T_REQ.c.min_k, T_REQ.c.max_k, T_REQ.c.k_step, T_REQ.c.utility, T_REQ.c.comm_fraction,
-              T_ASSIGN.c.gpus)
+              T_REQ.c.scaling, T_ASSIGN.c.gpus)
     .join(T_ASSIGN, T_ASSIGN.c.request_id == T_REQ.c.id).where(T_REQ.c.status == "assigned")
 )
 
@@ -72,16 +72,20 @@ def rebalance(
     store: Store, dispatcher: Any, *, at_boundary: Iterable[str] | None = None, blind: bool = False,
     algorithm: str = "bandpilot", demand: str = DEFAULT_DEMAND, epochs: dict[str, int] | None = None,
     policy: str = "utility", pricing: str = DEFAULT_PRICING, admission: str = DEFAULT_ADMISSION,
+    scaling: str = DEFAULT_SCALING_MODE,
 ) -> RebalanceReport:
     """One epoch-boundary round: quotas over the running elastic jobs in ``at_boundary`` (all
     running elastic jobs when None) and the pending queue (in ``policy`` order); shrinks, grows and
     admissions in one transaction, growths and admission sizes priced by ``pricing``
     (:data:`~bandpilot.scheduling.elastic_pricing.PRICERS`), pending requests admitted by
-    ``admission`` (:data:`ADMISSIONS`). Jobs not at a boundary keep their GPUs."""
+    ``admission`` (:data:`ADMISSIONS`), each job's compute priced by its declared ``scaling``
+    efficiency or as perfect (``scaling``: :data:`SCALING_MODES`). Jobs not at a boundary keep their GPUs."""
     if pricing not in PRICERS:
         raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
     if admission not in ADMISSIONS:
         raise RequestError(f"unknown elastic admission {admission!r}: use one of {', '.join(ADMISSIONS)}")
+    if scaling not in SCALING_MODES:
+        raise RequestError(f"unknown scaling pricing {scaling!r}: use one of {', '.join(SCALING_MODES)}")
     spec = dispatcher.model.spec
     rep = RebalanceReport()
     eligible = None if at_boundary is None else set(at_boundary)
@@ -94,6 +98,7 @@ def rebalance(
         held: dict[str, np.ndarray] = {}
         n_play = state.n_free
         fracs: dict[str, float | None] = {r.id: r.comm_fraction for r in running}
+        etas: dict[str, float | None] = {r.id: r.scaling for r in running}
         for r in running:
             lo = r.k if r.min_k is None else r.min_k
             hi = r.k if r.max_k is None else r.max_k
@@ -116,7 +121,8 @@ def rebalance(
         rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
-                     PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k))
+                     PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k),
+                     etas, scaling == "declared")
         _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
@@ -134,16 +140,22 @@ class _Round:
     pricer: Any
     admission: str
     best_gbps: Callable[[int], float] | None = None  # best idle-cluster bandwidth of a size (growth bounds)
+    etas: dict[str, float | None] = field(default_factory=dict)  # each job's declared scaling (None: not declared)
+    declared: bool = True  # price compute by the declared scaling; False: every job as perfect (before)
 
     def f(self, jid: str) -> float:
         f = self.fracs.get(jid)
         return DEFAULT_COMM if f is None else float(f)
 
+    def eta(self, jid: str) -> float:
+        e = self.etas.get(jid) if self.declared else None
+        return 1.0 if e is None else float(e)
+
     def best(self, k: int) -> float:
         return self.best_gbps(k) if self.best_gbps is not None else float("inf")
 
     def context(self, others: State, jid: str, mask: np.ndarray | None) -> Context:
-        return Context(self.model, others, jid, self.f(jid), self.fracs, self.demand, mask)
+        return Context(self.model, others, jid, self.f(jid), self.fracs, self.demand, mask, self.eta(jid))
 
 
 def _predict(model: Any, state: State, mask: np.ndarray) -> float:
@@ -173,7 +185,7 @@ def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
     for k in _growth_sizes(c, cur, target, local):
         # the most the job itself could gain at k (its size's best idle bandwidth): what imposes on
         # co-tenants only adds to the price, so a size that cannot pass this is not searched
-        if cur > 1 and grow_ratio(rnd.f(jid), cur, b0, k, rnd.best(k)) >= 1.0 - GROW_GAIN:
+        if cur > 1 and grow_ratio(rnd.f(jid), cur, b0, k, rnd.best(k), rnd.eta(jid)) >= 1.0 - GROW_GAIN:
             continue
         rows, value = grow_rows(rnd.model, others, mask, k - cur)
         n_hosts = (rows != 0).sum(axis=1)
@@ -278,18 +290,22 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
     (:func:`grow_ratio` against its declared ``k`` on the best idle placement; for ``welfare`` plus
     what the placement imposes on co-tenants)."""
     f = DEFAULT_COMM if req.comm_fraction is None else req.comm_fraction
+    rnd.etas[req.id] = req.scaling
+    eta = rnd.eta(req.id)
     ref = req.k if req.k > 1 else 2
     b_ref = _best_gbps(dispatcher, ref)
     scale = req.k / ref if req.k == 1 else 1
 
     def own_cost(k: int, b: float) -> float:
-        return grow_ratio(f, ref, b_ref, k, b) * scale
+        return grow_ratio(f, ref, b_ref, k, b, eta) * scale
 
     one_host = int(popcount(state.free).max()) if state.free.size else 0
     options, sels = [], []
-    # a quota that fits the roomiest host: smaller sizes only add compute time, and a one-host set
-    # presses no NIC, so only q is placed (on a mostly idle 1,024-GPU cluster most admissions)
-    for k in ([q] if q <= one_host else _size_options(req, q, one_host)):
+    # a quota that fits the roomiest host: under perfect scaling smaller sizes only add compute
+    # time, and a one-host set presses no NIC, so only q is placed (on a mostly idle 1,024-GPU
+    # cluster most admissions); a job declaring worse scaling may gain less from the extra GPUs
+    # than its ring collective loses, so its smaller sizes are priced too
+    for k in ([q] if q <= one_host and eta >= 1.0 else _size_options(req, q, one_host)):
         try:
             sel = dispatcher.select(k, state, algorithm, constraints=req.constraints.to_dict() or None)
         except Exception as exc:  # noqa: BLE001 - a placement failure: try the next size / next round
@@ -299,7 +315,7 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
         options.append((k, state.spec.to_mask(list(sel.gpus)), float(sel.predicted_gbps or 0.0)))
         sels.append(sel)
     pick = rnd.pricer.admission(Context(rnd.model, state, req.id, f, {**rnd.fracs, req.id: req.comm_fraction},
-                                        rnd.demand), own_cost, options)
+                                        rnd.demand, None, eta), own_cost, options)
     if pick is None:
         return state, False
     q, sel = options[pick][0], sels[pick]

@@ -18,10 +18,16 @@ job's placements at a few sizes - and a *pricer* (:data:`PRICERS`) picks one, or
   co-tenant's collective bandwidth, which the job's own prediction never saw.
 * ``self`` (the baseline, the pricing before): only the job's own predicted epoch time at the
   contended ``B(S ∪ new)``; what it imposes on co-tenants is free.
+
+Both price a job's compute share by its **declared** scaling efficiency ``η`` per doubling of GPUs
+(the request's ``scaling``; an undeclared one as perfect, ``η = 1``), the simulator's runtime model:
+compute at ``k1`` relative to ``k0`` is ``(k0 / k1) / η^log2(k1 / k0)``. ``scaling="perfect"``
+(:data:`SCALING_MODES`) prices every job as perfectly scaling, the pricing before it was declarable.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -38,14 +44,22 @@ DEFAULT_COMM = 0.5
 #: A growth must cut the predicted epoch time (the sum, for ``welfare``) by at least this much:
 #: it costs a restart.
 GROW_GAIN = 0.02
+#: How the compute share of a growth is priced: by each request's declared ``scaling`` (undeclared:
+#: perfect) or as perfect for every job (the pricing before ``scaling`` was declarable; comparison).
+SCALING_MODES = ("declared", "perfect")
+DEFAULT_SCALING_MODE = "declared"
 
 
-def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float) -> float:
+def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float, eta: float = 1.0) -> float:
     """The scheduler's predicted epoch time at ``k1`` GPUs on bandwidth ``b1`` relative to now
-    (``k0`` on ``b0``; ``f`` the job's collective share now): ``(1 - f) · k0 / k1 + f · r(k1) / r(k0) · b0 / b1``
-    with ``r(k) = 2 (k - 1) / k`` (ring all-reduce). Compute is taken to scale perfectly (optimistic
-    about growing); a 1-GPU job's ``f`` is read as its share at 2 GPUs on the predicted set."""
+    (``k0`` on ``b0``; ``f`` the job's collective share now):
+    ``(1 - f) · (k0 / k1) / η^log2(k1 / k0) + f · r(k1) / r(k0) · b0 / b1`` with ``r(k) = 2 (k - 1) / k``
+    (ring all-reduce) and ``η`` the job's compute scaling efficiency per doubling (1: perfect, the
+    default, optimistic about growing); a 1-GPU job's ``f`` is read as its share at 2 GPUs on the
+    predicted set."""
     comp = (1.0 - f) * k0 / k1
+    if eta != 1.0:
+        comp /= eta ** math.log2(k1 / k0)
     if k1 < 2:
         return comp
     r1 = 2.0 * (k1 - 1) / k1
@@ -91,6 +105,7 @@ class Context:
     fracs: dict[str, float | None]  # every running job's declared comm fraction
     demand: str  # the demand model the pressures are stored under
     mask: np.ndarray | None = None  # the job's current GPUs (None: pending)
+    eta: float = 1.0  # the job's compute scaling efficiency per doubling as priced (1: perfect)
 
     def _pressed(self, mask: np.ndarray) -> float:
         if int(np.count_nonzero(mask)) < 2:
@@ -137,7 +152,7 @@ class Welfare:
         best = None
         for k, mask, _ in cands:
             b1, imposed = ctx.imposed(ctx.mask, mask)
-            total = grow_ratio(ctx.f, k0, b0, k, b1) - 1.0 + imposed
+            total = grow_ratio(ctx.f, k0, b0, k, b1, ctx.eta) - 1.0 + imposed
             if total < -GROW_GAIN and (best is None or total < best[0] - 1e-9):
                 best = (total, k, mask, b1)
         return None if best is None else best[1:]
@@ -163,7 +178,7 @@ class SelfOnly:
             if c[0] not in best or c[2] > best[c[0]][2] + 1e-9:
                 best[c[0]] = c
         for k in sorted(best, reverse=True):
-            if grow_ratio(ctx.f, k0, b0, k, best[k][2]) < 1.0 - GROW_GAIN:
+            if grow_ratio(ctx.f, k0, b0, k, best[k][2], ctx.eta) < 1.0 - GROW_GAIN:
                 return best[k]
         return None
 

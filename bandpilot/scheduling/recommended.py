@@ -30,6 +30,11 @@ but not the default: placement alone it is within the seed-to-seed spread of the
 seeds), and in this queue it is worse on seeds 0-1 (mean 4.04 -> 4.80 h under ``full``, 4.20 -> 4.87 h
 under ``comm``) and even over 8 seeds (mean -3.8 % under ``full``, +0.8 % under ``comm``).
 
+The largest JCT stays above Slurm-like's over 24 seeds (+2 % / +9 %): the policy ``hrrn-aged``
+(hrrn + starvation aging past 12 h) brings it to -5 % / -5 % but costs 10 % / 3 % of the mean and misses
+the mean / p95 targets on seeds 8-15 (README, "Fourth round"), so it is a named policy; ``--preempt
+on`` and ``--preempt leader`` (:mod:`bandpilot.scheduling.leader_preempt`) raise the maximum here.
+
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
 and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).

@@ -48,7 +48,7 @@ from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batc
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
 from bandpilot.scheduling.startwait import START_WAIT_MODES
 from bandpilot.scheduling.elastic import ADMISSIONS, DEFAULT_ADMISSION
-from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, PRICERS
+from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, DEFAULT_SCALING_MODE, PRICERS, SCALING_MODES
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.curves import Curve, curve_for
@@ -82,6 +82,7 @@ class SimConfig:
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
     admission: str = DEFAULT_ADMISSION  # elastic admission: fit-k (requested k fits) | min-k (seed 001's: min_k fits)
+    scaling_pricing: str = DEFAULT_SCALING_MODE  # elastic: compute priced by each job's declared scaling | perfect (before)
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
@@ -114,6 +115,8 @@ class SimConfig:
             raise SimulationError(f"unknown elastic admission {self.admission!r}: use one of {', '.join(ADMISSIONS)}")
         if self.pricing not in PRICERS:
             raise SimulationError(f"unknown growth pricing {self.pricing!r}: use one of {', '.join(PRICERS)}")
+        if self.scaling_pricing not in SCALING_MODES:
+            raise SimulationError(f"unknown scaling pricing {self.scaling_pricing!r}: use one of {', '.join(SCALING_MODES)}")
         if self.demand not in DEMAND_MODELS:
             raise SimulationError(f"unknown demand model {self.demand!r}: use one of {', '.join(DEMAND_MODELS)}")
 
@@ -255,7 +258,9 @@ class _Sim:
                                         # elastic off: every job is a fixed gang of its k
                                         min_k=j.min_k if self.cfg.elastic else None,
                                         max_k=j.max_k if self.cfg.elastic else None,
-                                        k_step=j.k_step if self.cfg.elastic else None) for j in batch])
+                                        k_step=j.k_step if self.cfg.elastic else None,
+                                        # the trace's declared efficiency (None: undeclared) for the growth pricing
+                                        scaling=j.scaling if self.cfg.elastic else None) for j in batch])
             # a job without a time limit in the trace gets its exact compute time as the estimate
             # (the stated oracle); one with a limit is planned with that limit, errors and all
             oracle = {j.id: j.compute_s for j in batch if j.time_limit_s is None}
@@ -312,7 +317,7 @@ class _Sim:
     def _next_starving(self, t: float) -> float:
         """With preemption on, a batch when the next waiting request reaches the starvation bound
         (nothing else may change for hours, and a batch only runs when something did)."""
-        if self.cfg.preempt != "on" or not self.pending:
+        if self.cfg.preempt == "off" or not self.pending:
             return math.inf
         due = [self.recs[j].submit_s + STARVE_S for j in self.pending]
         later = [x for x in due if x > t + 1e-6]

@@ -163,9 +163,16 @@ class Units:
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE,
            cols: np.ndarray | None = None) -> int:
     """Best candidate; within ``tie`` of it, the least fragmenting one (see module docstring).
+    With a lifetime locality margin (``ctx.locality`` > 0, the queue's default) the candidates
+    within that margin of the best are near-equal and the fewest units, then the fewest trays win
+    before fragmentation decides - the margin's meaning on plain clusters ("fewer hosts win unless
+    spreading gains more"), which this search used to drop: it spread 2-GPU gangs over two trays'
+    single free GPUs for the same predicted bandwidth, and trays shared by several multi-tray jobs
+    is where the simulator's truth charges contention (README, issue 21, Helios).
     ``cols``: the rows are given on those host columns only."""
     vmax = float(np.max(value))
-    near = np.flatnonzero(value >= vmax - max(tie * abs(vmax), 1e-9))
+    margin = max(tie, ctx.locality)
+    near = np.flatnonzero(value >= vmax - max(margin * abs(vmax), 1e-9))
     if near.size == 1:
         return int(near[0])
     c = popcount(masks[near])
@@ -189,6 +196,8 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
     top = units.free == units.free.max()
     top_here = top if cols is None else top[seg_u]
     hits_top = (uused & top_here[None, :]).sum(axis=1) >= top.sum()
+    if ctx.locality > 0:  # fewer units, then fewer trays, then the fragmentation order
+        return int(near[np.lexsort((near, -value[near], tray_left, unit_left, hits_top, n_trays, n_units))[0]])
     return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, hits_top, n_units))[0]])
 
 
