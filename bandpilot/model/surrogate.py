@@ -35,9 +35,12 @@ FORMAT_VERSION = 1
 #: 400 ms vs 7 ms; 4 x 8 H100 at load 13, 20 decisions: max 8.2 s with the pool above 256 rows,
 #: 0.35 s single-threaded). Bigger offline batches keep the pool.
 SMALL_BATCH = 8192
-#: Rows x tokens^2 of one forward chunk (~8 M: 8,192 rows of up to 32 hosts, 512 rows of 128):
-#: the attention scores and the pairwise domain feature are that many cells per head / feature.
-FORWARD_TOKENS = 8 * 1024 * 1024
+#: Rows x tokens^2 of one forward chunk (128 Ki: 8,192 rows of up to 4 hosts, 128 rows of 32, 8 of
+#: 128): the attention scores and the pairwise domain feature are that many cells per head /
+#: feature. At 8 Mi cells a 2,000-job simulation on 128 hosts peaked at 2.2-2.4 GB RSS (one chunk
+#: of super allocations held ~450 MB); at 128 Ki it peaks at 1.24 GB and runs no slower (41.7 vs
+#: 50.7-52.6 CPU s, the same placements; README, issue 24). Below ~32 Ki per-chunk overhead shows.
+FORWARD_TOKENS = 128 * 1024
 
 
 class _threads_for:
