@@ -37,7 +37,7 @@ v11 its declared compute ``scaling`` efficiency per doubling (NULL = not declare
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import sqlalchemy as sa
 
@@ -320,42 +320,34 @@ def alembic_ops(conn: sa.Connection):
     return Operations(MigrationContext.configure(conn))
 
 
-def _m6_runtime_fields(conn: sa.Connection) -> None:
-    # A fresh store got the columns from T_REQ in v1 already; an older one gets them by ALTER.
-    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
+def _add_missing_columns(conn: sa.Connection, table: str, columns: Iterable[tuple[str, Any]]) -> None:
+    """Add the nullable ``(name, type)`` columns ``table`` lacks: a fresh store got them from the
+    table definitions in v1 already, an older one gets them by ALTER."""
+    have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
     ops = alembic_ops(conn)
-    for name, type_ in V6_REQUEST_COLUMNS:
+    for name, type_ in columns:
         if name not in have:
-            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+            ops.add_column(table, sa.Column(name, type_, nullable=True))
+
+
+def _m6_runtime_fields(conn: sa.Connection) -> None:
+    _add_missing_columns(conn, "bp_requests", V6_REQUEST_COLUMNS)
     T_RESERVE.create(conn, checkfirst=True)
 
 
 def _m8_shape(conn: sa.Connection) -> None:
-    # fresh stores got the columns from the table definitions in v1; older ones by ALTER
-    ops = alembic_ops(conn)
-    for table, cols in (("bp_requests", ("shape",)), ("bp_assignments", ("ranks", "placement"))):
-        have = {c["name"] for c in sa.inspect(conn).get_columns(table)}
-        for name in cols:
-            if name not in have:
-                ops.add_column(table, sa.Column(name, sa.Text, nullable=True))
+    _add_missing_columns(conn, "bp_requests", [("shape", sa.Text)])
+    _add_missing_columns(conn, "bp_assignments", [("ranks", sa.Text), ("placement", sa.Text)])
 
 
 def _m9_elastic(conn: sa.Connection) -> None:
-    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
-    ops = alembic_ops(conn)
-    for name, type_ in V9_REQUEST_COLUMNS:
-        if name not in have:
-            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+    _add_missing_columns(conn, "bp_requests", V9_REQUEST_COLUMNS)
     T_GEN.create(conn, checkfirst=True)
 
 
 def _m11_scaling(conn: sa.Connection) -> None:
     # nullable: rows stored before read as "not declared", priced as before (perfect scaling)
-    have = {c["name"] for c in sa.inspect(conn).get_columns("bp_requests")}
-    ops = alembic_ops(conn)
-    for name, type_ in V11_REQUEST_COLUMNS:
-        if name not in have:
-            ops.add_column("bp_requests", sa.Column(name, type_, nullable=True))
+    _add_missing_columns(conn, "bp_requests", V11_REQUEST_COLUMNS)
 
 
 #: Ordered migrations ``(version, name, function(connection))``; append, never edit.

@@ -96,12 +96,11 @@ def _sharing_pairs(used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sorted by ``(i, j)``: from the host -> job incidence (no BLAS product of the whole matrix,
     which on a busy 2-core machine spun its threads for a few hundred rows)."""
     m = used.shape[0]
-    r, h = np.nonzero(used.T)  # grouped by host
-    if r.size == 0:
-        return r, r
-    jobs = h
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    sizes = np.diff(np.r_[starts, r.size])
+    host, jobs = np.nonzero(used.T)  # incidences grouped by host
+    if host.size == 0:
+        return host, host
+    starts = np.flatnonzero(np.r_[True, host[1:] != host[:-1]])
+    sizes = np.diff(np.r_[starts, host.size])
     grp = np.repeat(np.arange(starts.size), sizes)
     gs = sizes[grp]  # each incidence pairs with every member of its host's group
     ai = np.repeat(jobs, gs)
