@@ -23,6 +23,7 @@ from bandpilot.dispatch.state import Job, State
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import schema as _schema  # MIGRATIONS read via the module: tests append a step
 from bandpilot.queue.clock import now
+from bandpilot.queue.rows import plain_rows
 from bandpilot.queue.schema import T_AUDIT, T_CLUSTER, T_GPUS, T_JOBS, T_SCHEMA, schema_version
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 
@@ -374,14 +375,14 @@ class Store:
         loc = self._gpu_loc
         free = np.zeros(spec.n_hosts, dtype=np.int64)
         owned: dict[str, list[str]] = {}
-        for gid, state, job in conn.execute(_GPU_STATE_STMT).all():  # one fetchall, not row by row
+        for gid, state, job in plain_rows(conn, _GPU_STATE_STMT):  # one fetchall of plain tuples
             if state == "free":
                 h, i = loc[gid]
                 free[h] |= np.int64(1) << i
             elif state == "busy":
                 owned.setdefault(job, []).append(gid)
         jobs = []
-        for jid, demand in conn.execute(_ACTIVE_JOBS_STMT).all():
+        for jid, demand in plain_rows(conn, _ACTIVE_JOBS_STMT):
             gpus = owned.get(jid, [])
             mask = np.zeros(spec.n_hosts, dtype=np.int64)
             for g in gpus:

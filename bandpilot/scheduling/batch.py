@@ -46,6 +46,7 @@ from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
 )
 from bandpilot.queue.requests import Request
+from bandpilot.queue.rows import plain_rows
 from bandpilot.queue.schema import T_BATCH, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
@@ -143,11 +144,12 @@ def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | No
 def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[str | None, str | None]]]:
     """Pending requests (parsed once per process and row version) and their stored notes."""
     out, notes = [], {}
-    for r in conn.execute(PENDING_STMT).all():  # one fetchall: row-by-row iteration cost ~3x per row
-        t = tuple(r)
-        out.append(row_to_pending(t[:PENDING_REQ_COLS]))
-        notes[t[1]] = (t[PENDING_REQ_COLS], t[PENDING_REQ_COLS + 1])
+    n = PENDING_REQ_COLS
+    for t in plain_rows(conn, PENDING_STMT):  # tuples; bool() of preemptible in row_to_pending
+        out.append(row_to_pending(t[:n]))
+        notes[t[1]] = (t[n], t[n + 1])
     return out, notes
+
 
 #: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).
 PREEMPTORS = {"on": PreemptPostFilter, "leader": LeaderPreemptPostFilter}
@@ -351,10 +353,19 @@ class _Batch:
         used: dict[str, int] = {}
         held: list[Pending] = []
         to_flush: list[Outcome] = []
+        # a request that cannot fit what is free (most of a long queue): what one() does with it, inline
+        quick = self.placer.quick_deferral if self.book is None and self.after_each is None else None
+        outcomes, version = self.report.outcomes, self.version
         for p in pl.queue:
             if pl.quotas is not None and used.get(p.req.tenant, 0) + p.req.k > pl.quotas.get(p.req.tenant, 0):
                 held.append(p)  # over its tenant's quota: only gets GPUs nobody within quota took
                 continue
+            if quick is not None:
+                o = quick(p.req, version)
+                if o is not None:
+                    to_flush.append(o)
+                    outcomes.append(o)
+                    continue
             self.one(conn_for, p, batch_id, False, used, to_flush)
         for p in held:
             self.one(conn_for, p, batch_id, True, used, to_flush)

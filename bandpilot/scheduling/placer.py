@@ -60,6 +60,7 @@ class Placer:
         self._fail: dict[tuple[int, str], tuple[str, str]] = {}
         self._never: dict[tuple[int, str], str | None] = {}
         self._valid: set[tuple[int, str]] = set()
+        self._short_of: dict[int, str] = {}  # quick deferrals' detail per k
         self.post_filters: list[PostFilter] = [RecordReason()]  # "nothing fits" plug-ins, default last
         #: lifetime pricing (:mod:`bandpilot.scheduling.outlook`): the future each placement is priced
         #: over, with the run-time estimates that give each request its horizon; None: priced now
@@ -96,10 +97,14 @@ class Placer:
     def quick_deferral(self, req: Request, version: str | None) -> "Outcome | None":
         """Per-request commits: a request that cannot fit even the last state seen (GPUs only
         leave the pool within our run) is deferred without opening a transaction."""
-        st = self.state
-        if st is not None and self._n_free < req.k and (req.k, req.constraints.key) in self._valid:
-            return Outcome(req.id, req.tenant, req.k, "deferred", "insufficient_gpus",
-                           f"needs {req.k} GPUs, fewer are free", model_version=version, at=now())
+        k = req.k
+        if self._n_free < k and self.state is not None and (k, req.constraints.key) in self._valid:
+            detail = self._short_of.get(k)
+            if detail is None:
+                detail = self._short_of[k] = f"needs {k} GPUs, fewer are free"
+            # positional: every pending request that cannot fit makes one per batch (hot path)
+            return Outcome(req.id, req.tenant, k, "deferred", "insufficient_gpus", detail, [], None, None, None,
+                           version, None, now())
         return None
 
     def place(self, req: Request, hide: np.ndarray | None = None) -> Any:
