@@ -115,6 +115,8 @@ class Store:
         self._spec: ClusterSpec | None = None
         self._fingerprint: str | None = None
         self._gpu_loc: dict[str, tuple[int, int]] = {}
+        #: the active jobs of the last load_state, reused while unchanged (see load_state)
+        self._jobs: dict[str, Job] = {}
         self.migrate()
 
     # -- engines --------------------------------------------------------------------------
@@ -354,6 +356,7 @@ class Store:
             self._spec = spec
             self._fingerprint = row.fingerprint
             self._gpu_loc = loc
+            self._jobs = {}  # masks of another spec's GPU locations
         return self._spec
 
     @property
@@ -373,22 +376,39 @@ class Store:
         spec = spec or self.spec
         self.spec  # noqa: B018 - fills the GPU location cache
         loc = self._gpu_loc
-        free = np.zeros(spec.n_hosts, dtype=np.int64)
+        # masks accumulate as Python ints (a numpy scalar op per GPU was most of this per batch)
+        free_of: dict[int, int] = {}
         owned: dict[str, list[str]] = {}
         for gid, state, job in plain_rows(conn, _GPU_STATE_STMT):  # one fetchall of plain tuples
             if state == "free":
                 h, i = loc[gid]
-                free[h] |= np.int64(1) << i
+                free_of[h] = free_of.get(h, 0) | (1 << i)
             elif state == "busy":
                 owned.setdefault(job, []).append(gid)
-        jobs = []
+        free = np.zeros(spec.n_hosts, dtype=np.int64)
+        if free_of:
+            free[list(free_of)] = list(free_of.values())
+        # An unchanged active job (same GPUs and demand) is the same Job object as last time: states
+        # share job objects, so the dispatcher's per-job caches (hosts, contention) stay warm
+        # across batches instead of being rebuilt for every running job each batch.
+        jobs, kept = [], {}
         for jid, demand in plain_rows(conn, _ACTIVE_JOBS_STMT):
-            gpus = owned.get(jid, [])
-            mask = np.zeros(spec.n_hosts, dtype=np.int64)
-            for g in gpus:
-                h, i = loc[g]
-                mask[h] |= np.int64(1) << i
-            jobs.append(Job(jid, tuple(gpus), float(demand), mask))
+            gpus = tuple(owned.get(jid, ()))
+            old = self._jobs.get(jid)
+            if old is not None and old.gpus == gpus and old.demand_gbps == float(demand) and old.mask.shape[0] == spec.n_hosts:
+                job = old
+            else:
+                per_host: dict[int, int] = {}
+                for g in gpus:
+                    h, i = loc[g]
+                    per_host[h] = per_host.get(h, 0) | (1 << i)
+                mask = np.zeros(spec.n_hosts, dtype=np.int64)
+                if per_host:
+                    mask[list(per_host)] = list(per_host.values())
+                job = Job(jid, gpus, float(demand), mask)
+            kept[jid] = job
+            jobs.append(job)
+        self._jobs = kept
         return State(spec, free, tuple(jobs))
 
 

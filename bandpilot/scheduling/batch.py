@@ -43,10 +43,10 @@ from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
-    ESTIMATE_POLICIES, PENDING_REQ_COLS, PENDING_STMT, POLICIES, Pending, order_pending, row_to_pending, utility_quotas,
+    ESTIMATE_POLICIES, POLICIES, Pending, order_pending, utility_quotas,
 )
+from bandpilot.scheduling.pending import load_pending  # also imported from here (elastic, tests)
 from bandpilot.queue.requests import Request
-from bandpilot.queue.rows import plain_rows
 from bandpilot.queue.schema import T_BATCH, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
@@ -139,16 +139,6 @@ def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | No
     ]
     if rows:
         conn.execute(_NOTE, rows)
-
-
-def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[str | None, str | None]]]:
-    """Pending requests (parsed once per process and row version) and their stored notes."""
-    out, notes = [], {}
-    n = PENDING_REQ_COLS
-    for t in plain_rows(conn, PENDING_STMT):  # tuples; bool() of preemptible in row_to_pending
-        out.append(row_to_pending(t[:n]))
-        notes[t[1]] = (t[n], t[n + 1])
-    return out, notes
 
 
 #: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).

@@ -295,6 +295,8 @@ class _Sim:
             for vid in plan["victims"]:
                 self._evict(t, vid)
         for o in rep.outcomes:
+            if o.status == "deferred":  # most of a long queue, every batch: nothing to record
+                continue
             rec = self.recs[o.request_id]
             if o.status == "assigned":
                 mask = self.spec.to_mask(o.gpus)
