@@ -88,3 +88,17 @@ def test_default_refiners_and_the_dispatcher_setting():
     bare = disp.select(shp.k, state, shape=shp).placement
     assert full["step_ms"] <= bare["step_ms"]
     assert "+refined" not in bare["layout"] and "+moved" not in bare["layout"]
+
+
+def test_gap_oracle_never_above_its_starts_and_leaves_the_contended_host():
+    """``bench_shape_gap``'s oracle (climbs + kicks on the truth) returns a placement no slower than
+    its best start point, and here one off the contended host."""
+    from benchmarks.bench_shape_gap import search
+
+    state, shp, start = _contended_case()
+    truth = ContentionPredictor(H100, state)
+    other = from_ranks(H100.spec, [f"h100-{h}:{i}" for h in (2, 3) for i in range(4, 8)])
+    score(truth, shp, [start, other])
+    best = search(truth, shp, [start, other], state.free, rounds=5, rows=5000, kicks=2, seed=0)
+    assert best.step_ms <= min(start.step_ms, other.step_ms)
+    assert 0 not in best.hosts and best.step_ms < start.step_ms
