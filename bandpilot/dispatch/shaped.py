@@ -36,10 +36,11 @@ DEFAULT_REFINERS: tuple[str, ...] = ("local", "nonlocal")
 def default_refiners(spec: Any) -> tuple[str, ...]:
     """The passes ``Dispatcher.shape_refiners = None`` runs: all of them, but no non-local pass on
     NVLink-domain clusters. Measured (``python -m benchmarks shape``, nvl72x16, 36 idle + busy
-    cases): the pick is already within 0.14 % (geomean) of what a 30-round hill climb with random
+    cases): the pick is already within 0.28 % (geomean) of what a 30-round hill climb with random
     kicks on the truth finds (``benchmarks.bench_shape_gap``), the non-local pass gained 0.0 points
-    true and cost p50 +23 ms per select (11 -> 35 ms). On h100-128 it gained 2 points true (8.3 ->
-    10.3 % below blind) for p50 +15 ms."""
+    true and cost p50 35 ms per select at load 4.0 (12 ms without, load 0.7). On h100-128 it gained
+    3.2 points true (8.3 -> 11.5 % below blind), p50 about 2x (interleaved A/B at load 12.5: 24.8
+    -> 50.8 ms, p99 225 -> 401 ms)."""
     return ("local",) if spec.nvlink_domains else DEFAULT_REFINERS
 
 
