@@ -100,7 +100,8 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 
 #: The scale run's configurations (``--scale N --scale-configs fifo,elastic``).
 SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
-         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self")}
+         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
+         "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt")}
 
 
 def main() -> int:
