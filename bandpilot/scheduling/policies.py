@@ -51,7 +51,9 @@ HRRN_STARVE_RATE_S = 0.1 * 3600.0
 #: only the small gangs (never the large) kept the default's mean but not its maximum (the
 #: largest JCT is then a 32-GPU gang on 2 of 8 seeds); 24 h for the large was measured too. Over 24
 #: seeds: max 6 % / 2 % below Slurm-like's, mean 8 % above the default's under ``full``, and every
-#: target missed on seeds 8-15 - a named policy, not the default (README, issue 21, "Fifth round").
+#: target missed on seeds 8-15; on held-out seeds 24-31 the queue collapses on two seeds (as under
+#: ``hrrn-aged``) and every target is missed - a named policy, not the default (README, issue 21,
+#: "Fifth round").
 HRRN_STARVE_BIG_S = 18 * 3600.0
 HRRN_BIG_GANG = 16
 #: ``las`` (Tiresias' discretised 2D-LAS): GPU-seconds of service received that move a request to

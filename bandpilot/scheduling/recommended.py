@@ -38,7 +38,8 @@ on`` and ``--preempt leader`` (:mod:`bandpilot.scheduling.leader_preempt`) raise
 drains the cluster) meets every target on the 24-seed means (mean -28 % / -25 %, p95 -21 % / -17 %,
 max -6 % / -2 % vs Slurm-like) but on the held-out seeds 8-15 misses all of them and is worse than
 this default on every figure there, and it costs 8 % of the ``full`` mean over 24 seeds (README,
-"Fifth round"): a named policy too.
+"Fifth round"); on seeds 24-31 it and ``hrrn-aged`` collapse the queue on two seeds (mean +14 % /
++15 % and -0.4 % / +7 % vs Slurm-like): named policies only.
 
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
