@@ -9,7 +9,8 @@ job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the
 doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), declared in the trace so the
 queue prices growth by it (``--scaling-pricing perfect``: the row priced as before), ``resize_s = 30``.
 Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
-(``idle``: seed 001's admission as written, into the GPUs idle now).
+(``idle``: seed 001's admission as written, into the GPUs idle now; ``srpt``: by estimated remaining
+work, only longer jobs yield).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
@@ -53,6 +54,7 @@ CONFIGS = {
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
     "elastic + utility, idle admission (seed 001's text)": SimConfig(policy="utility", elastic=True, admission="idle"),
+    "elastic + utility, srpt admission": SimConfig(policy="utility", elastic=True, admission="srpt"),
     "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
                                                                           admission="min-k", pricing="self"),
     "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
@@ -98,7 +100,8 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 
 #: The scale run's configurations (``--scale N --scale-configs fifo,elastic``).
 SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
-         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self")}
+         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
+         "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt")}
 
 
 def main() -> int:

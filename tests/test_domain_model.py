@@ -94,7 +94,7 @@ def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path
 
 
 def test_domain_model_needs_nvlink_domains():
-    from bandpilot.model.networks import build_net
+    from bandpilot.model.net_kinds import build_net
     from bandpilot.topology.cluster import load_cluster
     from pathlib import Path
 

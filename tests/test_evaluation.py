@@ -211,7 +211,7 @@ def test_trace_truth_and_mismatch(shared_data, h100, tmp_path):
 def _tiny_surrogate(fabric):
     import torch
 
-    from bandpilot.model.networks import build_net
+    from bandpilot.model.net_kinds import build_net
     from bandpilot.model.surrogate import Surrogate
 
     torch.manual_seed(0)

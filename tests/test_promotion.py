@@ -31,7 +31,7 @@ def het():
 def _surrogate(fabric, stage1=None):
     import torch
 
-    from bandpilot.model.networks import build_net
+    from bandpilot.model.net_kinds import build_net
     from bandpilot.model.surrogate import Surrogate
 
     torch.manual_seed(0)

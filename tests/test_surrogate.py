@@ -15,7 +15,7 @@ from bandpilot.topology.cluster import load_cluster
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.fabric.emulator import EmulatorFabric
 from bandpilot.data.synthetic import fabric_dataset, random_cross_masks
-from bandpilot.model.networks import build_net
+from bandpilot.model.net_kinds import build_net
 from bandpilot.model.surrogate import Surrogate
 from bandpilot.model.tokens import host_arrays, host_tokens, to_torch
 from bandpilot.model.train import train

@@ -275,7 +275,7 @@ def rebalance_cmd(
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
-    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

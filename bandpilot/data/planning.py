@@ -9,11 +9,12 @@ hosts.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
-import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -26,15 +27,20 @@ RAW_DIR = "raw"
 _ENUM_LIMIT = 20000  # enumerate count patterns of a host level up to this many, sample beyond
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedMeasurement:
-    """One nccl-tests run: an allocation (per-host masks in spec host order) and its sizes."""
+    """One nccl-tests run: an allocation (the GPU masks of the hosts it uses) and its sizes.
+
+    Why sparse: a run uses a handful of hosts (one per stage-1 run), and a dense per-host tuple made a
+    plan of 25,002 trays hold 375,030 tuples of 25,002 entries (quadratic; it ran out of memory).
+    ``masks`` still gives the dense per-host tuple for the callers that want one row of a matrix.
+    """
 
     id: str
-    masks: tuple[int, ...]
-    gpus: tuple[str, ...]
+    used: tuple[int, ...]  # spec indices of the hosts used, ascending
+    used_masks: tuple[int, ...]  # their GPU masks (non-zero)
+    n_hosts: int  # hosts in the spec (the length of ``masks``)
     hosts: tuple[str, ...]  # hosts used, in spec order
-    counts: tuple[int, ...]  # GPUs per used host
     collective: str
     bytes: int  # the message size the dataset keeps
     sizes: tuple[int, ...]  # sizes the run sweeps (a factor-2 ladder containing ``bytes``)
@@ -42,8 +48,29 @@ class PlannedMeasurement:
     repeat: int = 0
 
     @property
+    def masks(self) -> tuple[int, ...]:
+        """Per-host masks in spec host order (dense: O(hosts) per call)."""
+        out = [0] * self.n_hosts
+        for h, m in zip(self.used, self.used_masks):
+            out[h] = m
+        return tuple(out)
+
+    def mask(self, h: int) -> int:
+        """The GPU mask of spec host ``h`` (0 when unused)."""
+        i = bisect.bisect_left(self.used, h)
+        return self.used_masks[i] if i < len(self.used) and self.used[i] == h else 0
+
+    @property
+    def counts(self) -> tuple[int, ...]:  # GPUs per used host
+        return tuple(m.bit_count() for m in self.used_masks)
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        return tuple(f"{name}:{i}" for name, m in zip(self.hosts, self.used_masks) for i in range(m.bit_length()) if m >> i & 1)
+
+    @property
     def n_gpus(self) -> int:
-        return len(self.gpus)
+        return sum(self.counts)
 
     @property
     def cross_host(self) -> bool:
@@ -88,30 +115,71 @@ def planned_measurement(
     spec: ClusterSpec, masks: Sequence[int], sizes: tuple[int, ...], stratum: str, repeat: int,
     used: Sequence[int] | None = None,
 ) -> PlannedMeasurement:
-    if not isinstance(masks, tuple):  # plan() passes tuples of ints already
-        masks = tuple(int(m) for m in masks)
+    """A measurement from dense per-host ``masks`` (``used``: the hosts to read, default the non-zero ones)."""
     if used is None:
         used = [h for h, m in enumerate(masks) if m]
-    parts = [f"{safe(spec.hosts[h].name)}-{_idx_str(masks[h], spec.hosts[h].n_gpus)}" for h in used]
-    ident = parts[0] if len(parts) == 1 else "x-" + "+".join(parts)
-    if len(ident) > 120:
-        digest = hashlib.sha1(json.dumps(masks).encode()).hexdigest()[:12]
-        ident = f"x-{len(used)}h-{sum(bin(masks[h]).count('1') for h in used)}g-{digest}"
+    return sparse_measurement(spec, tuple(int(h) for h in used), tuple(int(masks[h]) for h in used), sizes, stratum, repeat)
+
+
+def sparse_measurement(
+    spec: ClusterSpec, used: tuple[int, ...], used_masks: tuple[int, ...], sizes: tuple[int, ...], stratum: str, repeat: int,
+) -> PlannedMeasurement:
+    """A measurement from the hosts it uses (ascending spec indices) and their masks: O(hosts used)."""
+    hosts = spec.hosts
+    ident = _ident(spec, used, used_masks)
     if repeat:
         ident += f"@r{repeat}"
-    gpus = tuple(f"{spec.hosts[h].name}:{i}" for h in used for i in range(spec.hosts[h].n_gpus) if masks[h] >> i & 1)
     return PlannedMeasurement(
         id=ident,
-        masks=masks,
-        gpus=gpus,
-        hosts=tuple(spec.hosts[h].name for h in used),
-        counts=tuple(bin(masks[h]).count("1") for h in used),
+        used=used,
+        used_masks=used_masks,
+        n_hosts=spec.n_hosts,
+        hosts=tuple(hosts[h].name for h in used),
         collective=spec.collective,
         bytes=spec.message_bytes,
         sizes=sizes,
-        stratum=stratum,
+        stratum=_intern(stratum),
         repeat=repeat,
     )
+
+
+def _ident(spec: ClusterSpec, used: Sequence[int], used_masks: Sequence[int]) -> str:
+    """``host-idx`` for one host, ``x-host-idx+host-idx...`` for several, or a digest of the masks
+    once that passes 120 characters (the parts are listed only up to that point)."""
+    hosts = spec.hosts
+    parts: list[str] = []
+    length = 1  # "x-" + "+".join(parts) is 1 + the parts' lengths + 1 each
+    for h, m in zip(used, used_masks):
+        parts.append(f"{safe(hosts[h].name)}-{_idx_str(m, hosts[h].n_gpus)}")
+        length += len(parts[-1]) + 1
+        if length > 120 and len(used) > 1:
+            break
+    ident = parts[0] if len(used) == 1 else "x-" + "+".join(parts)
+    if len(ident) <= 120:
+        return ident
+    digest = _dense_digest(used, used_masks, spec.n_hosts)
+    return f"x-{len(used)}h-{sum(m.bit_count() for m in used_masks)}g-{digest}"
+
+
+def _dense_digest(used: Sequence[int], used_masks: Sequence[int], n_hosts: int) -> str:
+    """``sha1(json.dumps(dense masks))[:12]`` - the ids earlier plans wrote - fed run by run, so a
+    long row costs its used hosts plus hashing, not a dense list of every host."""
+    h = hashlib.sha1(b"[")
+    nxt = 0
+    for host, m in zip(used, used_masks):
+        if host > nxt:
+            h.update(b"0, " * (host - nxt))
+        h.update(f"{m}, ".encode() if host < n_hosts - 1 else str(m).encode())
+        nxt = host + 1
+    if nxt < n_hosts:
+        h.update(b"0, " * (n_hosts - nxt - 1) + b"0")
+    h.update(b"]")
+    return h.hexdigest()[:12]
+
+
+def _intern(stratum: str) -> str:
+    """One string object per stratum: 375,030 stage-1 runs share 4 strata ("1h:1".."1h:4")."""
+    return sys.intern(stratum)
 
 
 def default_sizes(message_bytes: int) -> tuple[int, ...]:
@@ -183,14 +251,35 @@ def plan(
     if repeats < 1:
         raise SpecError(f"repeats must be >= 1, got {repeats}")
     sz = check_sizes(sizes, spec.message_bytes)
-    base: list[tuple[tuple[int, ...], str, tuple[int, ...] | None]] = []
+    out: list[PlannedMeasurement] = []
     if intra:
-        zeros = (0,) * spec.n_hosts
-        for h, host in enumerate(spec.hosts):
-            for mask in range(1, 1 << host.n_gpus):
-                base.append((zeros[:h] + (mask,) + zeros[h + 1 :], f"1h:{bin(mask).count('1')}", (h,)))
-    base += _CrossSample(spec, np.random.default_rng(seed)).draw(cross_host_samples)
-    return [planned_measurement(spec, masks, sz, stratum, r, used) for masks, stratum, used in base for r in range(repeats)]
+        out += _stage1(spec, sz, repeats)
+    if cross_host_samples:  # nothing to draw: skip the per-level pattern tables
+        for key, stratum in _CrossSample(spec, np.random.default_rng(seed)).draw(cross_host_samples):
+            out += [planned_measurement(spec, key, sz, stratum, r) for r in range(repeats)]
+    return out
+
+
+def _stage1(spec: ClusterSpec, sizes: tuple[int, ...], repeats: int) -> list[PlannedMeasurement]:
+    """Every GPU subset of every host, one host per run. Built sparse - a plan of 25,002 trays was
+    375,030 dense tuples of 25,002 masks - with what repeats across hosts made once: the index
+    strings, strata and one-element tuples per GPU count, the name per host."""
+    by_g: dict[int, list[tuple[tuple[int, ...], str, str]]] = {}
+    out: list[PlannedMeasurement] = []
+    for h, host in enumerate(spec.hosts):
+        g = host.n_gpus
+        if g not in by_g:
+            by_g[g] = [((m,), _idx_str(m, g), _intern(f"1h:{m.bit_count()}")) for m in range(1, 1 << g)]
+        used, names, prefix = (h,), (host.name,), safe(host.name) + "-"
+        for masks, idx, stratum in by_g[g]:
+            ident = prefix + idx
+            if len(ident) > 120:  # the rare long name: the general path (a digest id)
+                out += [sparse_measurement(spec, used, masks, sizes, stratum, r) for r in range(repeats)]
+                continue
+            for r in range(repeats):
+                out.append(PlannedMeasurement(ident + (f"@r{r}" if r else ""), used, masks, spec.n_hosts, names,
+                                              spec.collective, spec.message_bytes, sizes, stratum, r))
+    return out
 
 
 class _CrossSample:
@@ -200,12 +289,18 @@ class _CrossSample:
     def __init__(self, spec: ClusterSpec, rng: np.random.Generator) -> None:
         self.spec = spec
         self.rng = rng
-        self.rows: list[tuple[tuple[int, ...], str, None]] = []
+        self.rows: list[tuple[tuple[int, ...], str]] = []
         self.seen: set[tuple[int, ...]] = set()
         self.exhausted: set[tuple[int, ...]] = set()  # patterns with no new allocation left (as far as we can tell)
         self.levels = list(range(2, spec.n_hosts + 1))
-        sizes_desc = sorted((h.n_gpus for h in spec.hosts), reverse=True)
-        self.level_patterns = {k: _patterns(k, sizes_desc[:k]) for k in self.levels}
+        self.sizes_desc = sorted((h.n_gpus for h in spec.hosts), reverse=True)
+        self._patterns: dict[int, list[tuple[int, ...]] | None] = {}
+
+    def level_patterns(self, k: int) -> list[tuple[int, ...]] | None:
+        """Level ``k``'s count patterns, listed when a level is first drawn from (not for all H levels)."""
+        if k not in self._patterns:
+            self._patterns[k] = _patterns(k, self.sizes_desc[:k])
+        return self._patterns[k]
 
     def random_pattern(self, k: int) -> tuple[int, ...]:
         hosts = self.rng.choice(self.spec.n_hosts, size=k, replace=False)
@@ -221,18 +316,18 @@ class _CrossSample:
             key = tuple(int(x) for x in masks)
             if key not in self.seen:
                 self.seen.add(key)
-                self.rows.append((key, f"{k}h:" + "+".join(map(str, pat)), None))
+                self.rows.append((key, f"{k}h:" + "+".join(map(str, pat))))
                 return True
         self.exhausted.add(pat)
         return False
 
-    def draw(self, n: int) -> list[tuple[tuple[int, ...], str, None]]:
+    def draw(self, n: int) -> list[tuple[tuple[int, ...], str]]:
         levels, n_levels = self.levels, len(self.levels)
         for li, k in enumerate(levels):
             quota = (li + 1) * n // n_levels - li * n // n_levels if n_levels else 0
             if quota <= 0:
                 continue
-            pats = self.level_patterns[k]
+            pats = self.level_patterns(k)
             if pats is not None:
                 if not pats:
                     continue
@@ -249,7 +344,7 @@ class _CrossSample:
         misses = 0
         while levels and len(self.seen) < n and misses < 200:
             k = levels[int(self.rng.integers(len(levels)))]
-            pats = self.level_patterns[k]
+            pats = self.level_patterns(k)
             if pats is not None and not pats:
                 misses += 1
                 continue
@@ -260,4 +355,4 @@ class _CrossSample:
 
 def planned(spec: ClusterSpec, masks: Sequence[int], stratum: str, repeat: int = 0) -> PlannedMeasurement:
     """One measurement of an arbitrary allocation (probes, checks) with the spec's default sizes."""
-    return planned_measurement(spec, tuple(int(m) for m in masks), default_sizes(spec.message_bytes), stratum, repeat)
+    return planned_measurement(spec, masks, default_sizes(spec.message_bytes), stratum, repeat)

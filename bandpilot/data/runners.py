@@ -27,6 +27,7 @@ from bandpilot.errors import BandPilotError, SpecError
 from bandpilot.data.planning import PlannedMeasurement
 
 RUNNERS = ("emulator", "ssh")
+_DENSE_CELLS = 1 << 22  # host-mask cells per vectorised pass of the emulator (32 MB of int64)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -42,7 +43,8 @@ def _size_arg(n: int) -> str:
 
 def _local_indices(m: PlannedMeasurement, spec: ClusterSpec, host: str) -> list[int]:
     h = spec.host_index[host]
-    return [i for i in range(spec.hosts[h].n_gpus) if m.masks[h] >> i & 1]
+    mask = m.mask(h)  # not m.masks[h]: that builds the dense per-host tuple
+    return [i for i in range(spec.hosts[h].n_gpus) if mask >> i & 1]
 
 
 def command_lines(
@@ -128,10 +130,17 @@ class EmulatorRunner:
         by_repeat: dict[int, list[PlannedMeasurement]] = {}
         for m in ms:
             by_repeat.setdefault(m.repeat, []).append(m)
+        n_hosts = self.spec.n_hosts
+        step = max(1, _DENSE_CELLS // max(n_hosts, 1))  # dense rows per pass: memory stays bounded
         for rep, group in by_repeat.items():
-            masks = np.array([m.masks for m in group], dtype=np.int64)
-            truth = self.fabric.bandwidth_masks(masks)
-            meas = self.fabric.measure(masks, repeat=rep)
+            truth, meas = [], []
+            for at in range(0, len(group), step):
+                part = group[at : at + step]
+                masks = np.zeros((len(part), n_hosts), dtype=np.int64)
+                for i, m in enumerate(part):
+                    masks[i, list(m.used)] = m.used_masks
+                truth += self.fabric.bandwidth_masks(masks).tolist()
+                meas += self.fabric.measure(masks, repeat=rep).tolist()
             out.update({m.id: (float(t), float(v)) for m, t, v in zip(group, truth, meas)})
         return out
 

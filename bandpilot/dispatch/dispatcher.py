@@ -115,6 +115,10 @@ class Dispatcher:
         #: small clusters, a job inside one NVLink domain); True: always (h100-128: 3-25x the shape
         #: search's CPU); False: never
         self.shape_bandwidth_seed: bool | None = None
+        #: shaped requests: refinement passes run on the shape search's pick, in order (names in
+        #: :data:`bandpilot.dispatch.shaped.REFINERS`: ``local`` swaps, ``nonlocal`` group / host moves);
+        #: None: :func:`bandpilot.dispatch.shaped.default_refiners` (no non-local pass on NVLink-domain clusters)
+        self.shape_refiners: tuple[str, ...] | None = None
 
     def with_locality(self, locality: float) -> "Dispatcher":
         """The same dispatcher (model, caches) scoring with another locality margin."""
@@ -251,7 +255,7 @@ class Dispatcher:
 
     def _select_shaped(self, k: Any, state: Any, algorithm: str, constraints: Any, shape: Any, t0: float) -> Selection:
         from bandpilot.dispatch.shape import Shape
-        from bandpilot.dispatch.shaped import bandwidth_seed_cheap, placement_dict, shaped_select
+        from bandpilot.dispatch.shaped import bandwidth_seed_cheap, default_refiners, placement_dict, shaped_select
 
         shp = Shape.parse(shape)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -279,7 +283,8 @@ class Dispatcher:
             with one_blas_thread():  # small numpy products: a 2-thread pool spins on a busy machine
                 got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
                                        lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
-                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule)
+                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule,
+                                       default_refiners(self.spec) if self.shape_refiners is None else self.shape_refiners)
             if place is None or got.step_ms < place.step_ms:
                 place = got
         assert place is not None  # _filter left at least one part that fits

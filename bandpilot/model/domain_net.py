@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from bandpilot.errors import ModelError
-from bandpilot.model.networks import NET_KINDS, HierarchicalNet
+from bandpilot.model.networks import HierarchicalNet
 from bandpilot.topology.cluster import ClusterSpec
 
 
@@ -47,4 +47,3 @@ def build_domain_net(spec: ClusterSpec, **cfg: Any) -> DomainNet:
     return DomainNet(**cfg)
 
 
-NET_KINDS["domain"] = build_domain_net

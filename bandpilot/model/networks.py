@@ -13,14 +13,12 @@ embedding), without stage-1 features or the prior.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from bandpilot.errors import ModelError
-from bandpilot.topology.cluster import ClusterSpec
 
 #: Defaults of the emulator's network model; the prior starts from them and learns its own.
 PRIOR_INIT = {"efficiency": 0.77, "switch_base": 1.1, "switch_peer": 1.8, "count_gain": 0.08,
@@ -417,23 +415,3 @@ class HierarchicalEnsemble(nn.Module):
     def fit_scaling(self, t: dict[str, torch.Tensor]) -> None:
         for m in self.members:
             m.fit_scaling(t)
-
-
-#: net kinds other modules register (kind -> builder(spec, **config)): ``domain`` (bandpilot.model.domain_net)
-NET_KINDS: dict[str, Callable[..., nn.Module]] = {}
-
-
-def build_net(kind: str, spec: ClusterSpec, **cfg: Any) -> nn.Module:
-    if kind == "hierarchical":
-        cfg.setdefault("n_types", len(spec.gpu_types))
-        cfg.setdefault("max_gpus", int(spec.gpus_per_host.max()))
-        members = int(cfg.pop("members", 1) or 1)
-        if members > 1:
-            return HierarchicalEnsemble(members=members, **cfg)
-        return HierarchicalNet(**cfg)
-    if kind in NET_KINDS:
-        return NET_KINDS[kind](spec, **cfg)
-    if kind == "naive":
-        cfg.setdefault("n_gpus", spec.n_gpus)
-        return NaiveNet(**cfg)
-    raise ModelError(f"unknown model kind {kind!r}: expected 'hierarchical', 'domain' or 'naive'")

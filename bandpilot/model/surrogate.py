@@ -21,12 +21,11 @@ from torch import nn
 
 from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
-from bandpilot.model import domain_net  # noqa: F401  (registers the 'domain' net kind)
 from bandpilot.model.canonical import PatternKeys
 from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
-from bandpilot.model.networks import build_net
+from bandpilot.model.net_kinds import build_net
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1

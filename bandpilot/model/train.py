@@ -25,7 +25,7 @@ from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.tokens import host_arrays
 from bandpilot.model.metrics import evaluate_predictions, make_plots
 from bandpilot.model.module import AverageWeights, KeepBest, OptunaPruning, SurrogateModule, callbacks
-from bandpilot.model.networks import build_net
+from bandpilot.model.net_kinds import build_net
 from bandpilot.model.params import TrainParams
 from bandpilot.model.result import TrainResult
 from bandpilot.model.surrogate import Surrogate

@@ -6,7 +6,7 @@ pending queue by learning utility, then realises the quotas on concrete GPUs.
 GPUs in play (free ones plus those of the running jobs at an epoch boundary) are shared by utility
 over the jobs admitted, within each job's ``[min_k, max_k]``; pending ones are admitted in the
 caller's order (utility first) by an admission rule (:data:`ADMISSIONS`: ``fit-k``, the default,
-``min-k``, ``idle``).
+``min-k``, ``idle``, ``srpt``).
 
 *GPUs* (:func:`grow_gpus`, :func:`shrink_gpus`): growing proposes grown sets (:func:`grow_rows`:
 greedy by the predicted bandwidth of ``S ∪ new`` under the current co-tenants, from a few seed
@@ -25,6 +25,7 @@ assignment writes for admissions).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -46,6 +47,7 @@ from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and 
     ADMISSIONS, DEFAULT_ADMISSION, Admission, Candidate, _snap, elastic_quotas)
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, DEFAULT_SCALING_MODE, GROW_GAIN, PRICERS, SCALING_MODES, Context, Grown, grow_ratio)
+from bandpilot.scheduling.elastic_remaining import remaining_work
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
@@ -115,9 +117,15 @@ def rebalance(
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         order = order_pending(pending, policy, expected, now())
         reqs = {p.req.id: p.req for p in order}
+        rem: dict[str, float] = {}
+        if ADMISSIONS[admission].srpt:  # the rule orders and yields by estimated remaining work
+            rem = remaining_work(conn, {c.id: c.k for c in cands}, list(reqs.values()), now(),
+                                 {**etas, **{r.id: r.scaling for r in reqs.values()}})
+            cands = [replace(c, remaining=rem.get(c.id, math.inf)) for c in cands]
         for p in order:
             u = p.req.utility if p.req.utility is not None else prior
-            cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False))
+            cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False,
+                                   rem.get(p.req.id, math.inf)))
         rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,

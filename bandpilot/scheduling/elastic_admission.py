@@ -10,6 +10,9 @@ at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, cla
 * ``fit-k`` (default, best measured): the requested ``k`` fits the GPUs in play once the running
   jobs at a boundary are counted at their ``min_k``;
 * ``min-k``: the ``min_k`` fits, then every request that fits anything starts (leftovers);
+* ``srpt`` (SRTF-like, a flag: not the seed's): pending requests in order of estimated remaining
+  work (:mod:`bandpilot.scheduling.elastic_remaining`); a newcomer claims half its ``k``, the jobs
+  admitted with less remaining work keep their size against it, those with more yield to ``min_k``;
 * ``idle`` (seed 001 Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
   within the currently idle GPUs"): the requested ``k`` fits the GPUs idle now - running jobs are
   never shrunk to make room for a newcomer, only re-shared among the admitted by utility.
@@ -33,6 +36,7 @@ class Candidate:
     step: int
     utility: float
     running: bool
+    remaining: float = math.inf  # estimated remaining GPU-seconds (``srpt`` admission only; inf: unknown)
 
 
 def _snap(c: Candidate, x: float) -> int:
@@ -55,6 +59,7 @@ class Admission:
     fill_leftovers: bool
     doc: str
     idle_only: bool = False
+    srpt: bool = False  # pending ones in order of remaining work; only jobs with more remaining yield to min_k
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
@@ -70,11 +75,31 @@ ADMISSIONS = {a.name: a for a in (
     Admission("idle", lambda c, n: max(c.lo, min(c.k, n)), False,
               "seed 001's text: while the requested k fits the GPUs idle now (running jobs are not shrunk for it)",
               idle_only=True),
+    # SRTF-like admission (README issue 22): a newcomer claims half its k; the admitted jobs with less
+    # remaining work than it keep their size against it, those with more yield to their min_k
+    Admission("srpt", lambda c, n: max(c.lo, min(c.k // 2, n)), False,
+              "by remaining work: jobs with less remaining keep their size, the others yield to min_k; "
+              "a newcomer claims half its k", srpt=True),
 )}
 DEFAULT_ADMISSION = "fit-k"
 
 
+def _admitted_srpt(cands: Sequence[Candidate], n_gpus: int, rule: Admission) -> list[Candidate]:
+    """Running jobs first, then pending ones by remaining work (stable: ties keep the caller's
+    order); a pending one is admitted if its claim fits beside the admitted, each counted at its
+    size (running: held now; admitted: requested k) when it has no more remaining work than the
+    newcomer, else at its ``min_k`` (it yields)."""
+    admitted = [c for c in cands if c.running]
+    for c in sorted((c for c in cands if not c.running), key=lambda c: c.remaining):
+        need = sum(a.k if a.remaining <= c.remaining else a.lo for a in admitted)
+        if need + rule.need(c, n_gpus) <= n_gpus:
+            admitted.append(c)
+    return admitted
+
+
 def _admitted(cands: Sequence[Candidate], n_gpus: int, rule: Admission, n_idle: int) -> list[Candidate]:
+    if rule.srpt:
+        return _admitted_srpt(cands, n_gpus, rule)
     admitted: list[Candidate] = []
     need = claimed = 0
     for c in sorted(cands, key=lambda c: not c.running):  # running first, then the given order

@@ -37,7 +37,7 @@ COVER = 0.05
 
 
 def _moves(p: Placement, free: np.ndarray, shape: Shape, unit: np.ndarray, bits: int, cap: int,
-           rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+           rng: np.random.Generator, cover: float = COVER) -> tuple[np.ndarray, np.ndarray]:
     """Neighbours' ``(hosts, idx)``, ``(M, k)`` each, ``M <= cap`` (a seeded sample when there are
     more moves; none when ``cap`` is under :data:`COVER` of them): swaps, replacements, regroupings. Moves are listed as index pairs and only the
     sampled ones are built (k = 256 has 32,640 swaps)."""
@@ -47,7 +47,7 @@ def _moves(p: Placement, free: np.ndarray, shape: Shape, unit: np.ndarray, bits:
     np.bitwise_or.at(used, h0, np.int64(1) << i0)
     spare = free & ~used
     rule = bool(_aligned(h0[None, :], unit, tp)[0])  # the TP rule: keep every TP group inside its unit
-    if cap < COVER * _n_moves(h0, spare, unit, tp, rule):  # too thin a sample of a big job's moves
+    if cap < cover * _n_moves(h0, spare, unit, tp, rule):  # too thin a sample of a big job's moves
         return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64)
     g = np.arange(k) // tp
     a, b = np.triu_indices(k, 1)

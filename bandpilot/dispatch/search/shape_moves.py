@@ -1,0 +1,169 @@
+"""Non-local moves of a shaped placement: whole TP groups or whole hosts' ranks to other spare GPUs.
+
+:mod:`bandpilot.dispatch.search.shape_refine`'s moves change one or two ranks at a time, so a pick
+whose TP group sits on a contended host, or whose ranks on one host would run faster on an idle
+host elsewhere, needs several moves in a row, each of which may be slower on its own. Two moves do
+it in one step:
+
+* **relocate**: TP group ``g`` moves to ``tp`` spare GPUs of another unit (the unit's fullest spare
+  host first, so the group stays inside a host / tray when one has room);
+* **evacuate**: every rank on host ``a`` moves to the spare GPUs of host ``b`` (``b`` has room for all
+  of them; lowest GPU ids first). The GPU set changes host by host, the rank order is kept.
+
+With the TP rule in force (every TP group of the start inside one unit) moves that break it are
+dropped. Moves are listed as index pairs and at most ``cap`` (a seeded sample) are built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.shape import Placement, _host_aligned, _unit_gpus, group_ranks, score
+from bandpilot.dispatch.shape import Shape
+from bandpilot.topology.cluster import ClusterSpec, popcount
+
+#: Destinations per move kind (see :func:`_per_rack`).
+TARGETS = 4
+#: Model rows per round of :func:`refine_nonlocal` (about 2 per group per candidate), and in all.
+ROUND_ROWS = 1500
+ROWS = 6000
+#: Rounds at most, and the fewest candidates a round scores (large jobs: more than the row share).
+#: Measured (``python -m benchmarks shape``, h100-128 idle + busy, seed 0, true step time below
+#: blind; no pass 8.3 %): 20,000 rows, random sample 10.8 %, p50 74 ms (load 4); 6,000 rows in
+#: priority order, 8 a round 10.8 %, p50 43 ms; 16 a round 11.5 %, p50 49 ms (load 5.7).
+ROUNDS = 8
+MIN_ROUND = 16
+
+
+def _aligned(H: np.ndarray, unit: np.ndarray, tp: int) -> np.ndarray:
+    u = unit[H].reshape(H.shape[0], -1, tp)
+    return (u == u[:, :, :1]).all(axis=(1, 2))
+
+
+def _racks(spec: ClusterSpec) -> np.ndarray:
+    """Rack (the host's ``domain``, else the host) per host, numbered in host order."""
+    names = [h.domain or h.name for h in spec.hosts]
+    ids = {d: i for i, d in enumerate(dict.fromkeys(names))}
+    return np.array([ids[d] for d in names], dtype=np.int64)
+
+
+def _per_rack(cands: np.ndarray, rack_of: np.ndarray, on_rack: np.ndarray, targets: int | None) -> np.ndarray:
+    """With ``targets``: at most ``targets`` destinations, alternately the next best overall (the
+    given order) and the best of the next rack (racks holding more of the job's ranks first). The
+    free hosts of one rack often look alike (all clean, all empty) while racks differ (a DP group
+    inside one rack or over two), so the list reaches other racks early."""
+    if targets is None or not cands.size:
+        return cands
+    _, first = np.unique(rack_of, return_index=True)
+    first = np.sort(first)
+    by_rack = first[np.argsort(-on_rack[rack_of[first]], kind="stable")]
+    both = np.empty(2 * by_rack.size, dtype=np.int64)
+    both[0::2], both[1::2] = np.arange(by_rack.size), by_rack
+    both = np.concatenate([both, np.arange(by_rack.size, cands.size)])  # (more overall, when racks run out)
+    _, at = np.unique(both, return_index=True)
+    return cands[both[np.sort(at)][:targets]]
+
+
+def nonlocal_moves(spec: ClusterSpec, p: Placement, free: np.ndarray, shape: Shape, cap: int | None = None,
+                   rng: np.random.Generator | None = None, targets: int | None = None,
+                   exposed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Neighbours ``(hosts, idx)``, ``(M, k)`` each: relocations and evacuations. With ``targets``,
+    only ``targets`` destinations of each kind are tried - the best of each rack (hosts / units no
+    cross-host tenant touches (``exposed``) first, then the most spare GPUs, then locality order),
+    racks holding more of the job's ranks first - and at most
+    ``cap`` moves in priority order (best destinations first, the most promising sources first);
+    without, a seeded sample of ``cap``."""
+    unit = spec.units[0]
+    k, tp = shape.k, shape.tp
+    h0, i0 = p.hosts, p.idx
+    used = np.zeros_like(free)
+    np.bitwise_or.at(used, h0, np.int64(1) << i0)
+    spare = free & ~used
+    n_sp = popcount(spare)
+    exposed = np.zeros(spec.n_hosts, dtype=bool) if exposed is None else exposed
+    U = int(unit.max()) + 1
+    by_unit = np.argsort(unit, kind="stable")
+    members = np.split(by_unit, np.flatnonzero(np.diff(unit[by_unit])) + 1)
+    # relocate: one target slot per unit with room for a TP group (fullest spare host first)
+    room_u = np.bincount(unit, weights=n_sp, minlength=U)
+    exp_u = np.bincount(unit, weights=exposed.astype(float), minlength=U)
+    rack = _racks(spec)
+    on_rack = np.bincount(rack[h0], minlength=int(rack.max()) + 1)  # the job's ranks per rack
+    units = np.flatnonzero(room_u >= tp)
+    units = units[np.lexsort((units, -room_u[units], exp_u[units] > 0))]
+    units = _per_rack(units, rack[[int(members[u][0]) for u in units]], on_rack, targets)
+    slots = {int(u): _host_aligned(_unit_gpus(spec, spare, members[u]), tp)[:tp] for u in units}
+    # (its own unit too: a group over two trays of a domain may fit one tray's spare GPUs)
+    G = k // tp
+    gh = h0.reshape(G, tp)
+    # groups first that span hosts or sit on a host a cross-host tenant touches (they gain most)
+    g_order = np.lexsort((np.arange(G), ~exposed[gh].any(axis=1), (gh == gh[:, :1]).all(axis=1)))
+    rel = [[(0, int(g), int(u)) for g in g_order] for u in slots]
+    # evacuate: host a (the job's) -> host b (spare room for all of a's ranks); exposed hosts and
+    # hosts holding few of the job's ranks first (they set the cross-host groups' count patterns)
+    job_hosts, cnt = np.unique(h0, return_counts=True)
+    src = np.lexsort((job_hosts, cnt, ~exposed[job_hosts]))
+    order = np.lexsort((np.arange(spec.n_hosts), -n_sp, exposed))
+    eva: list[list[tuple[int, int, int]]] = [[] for _ in range(targets or spec.n_hosts)]
+    for a, c in zip(job_hosts[src].tolist(), cnt[src].tolist()):
+        dest = order[(n_sp[order] >= c) & (order != a)]
+        dest = _per_rack(dest, rack[dest], on_rack, targets)
+        for r, b in enumerate(dest.tolist()):
+            eva[r].append((1, a, b))
+    # priority order: each destination rank in turn, evacuations and relocations interleaved
+    kinds = []
+    for r in range(max(len(rel), len(eva))):
+        a_, b_ = (eva[r] if r < len(eva) else []), (rel[r] if r < len(rel) else [])
+        kinds += [x for pair in zip(a_, b_) for x in pair] + a_[len(b_):] + b_[len(a_):]
+    if cap is not None and len(kinds) > cap:
+        if targets is not None:  # the first ``cap`` in priority order
+            kinds = kinds[:cap]
+        else:
+            rng = rng if rng is not None else np.random.default_rng(0)
+            kinds = [kinds[j] for j in np.sort(rng.choice(len(kinds), size=cap, replace=False))]
+    if not kinds:
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64)
+    H = np.tile(h0, (len(kinds), 1))
+    Ix = np.tile(i0, (len(kinds), 1))
+    bits = np.arange(int(spec.gpus_per_host.max()))
+    for j, (kind, x, y) in enumerate(kinds):
+        if kind == 0:
+            t = slots[y]
+            H[j, x * tp:(x + 1) * tp] = [h for h, _ in t]
+            Ix[j, x * tp:(x + 1) * tp] = [i for _, i in t]
+        else:
+            r = np.flatnonzero(h0 == x)
+            H[j, r] = y
+            Ix[j, r] = bits[(int(spare[y]) >> bits) & 1 == 1][:r.size]
+    if bool(_aligned(h0[None, :], unit, tp)[0]):  # the TP rule: keep every TP group inside its unit
+        ok = _aligned(H, unit, tp)
+        H, Ix = H[ok], Ix[ok]
+    return H, Ix
+
+
+def refine_nonlocal(pred: ContentionPredictor, shape: Shape, best: Placement, free: np.ndarray,
+                    seed: int = 0) -> Placement:
+    """Best-improvement climbing over non-local moves (``best`` is scored): each round scores the
+    first moves in priority order (:func:`nonlocal_moves` with :data:`TARGETS` destinations, up to
+    :data:`ROUND_ROWS` model rows) and keeps the fastest if predicted faster; at most
+    :data:`ROUNDS` rounds, no round started past :data:`ROWS` rows."""
+    rows_each = 2 * sum(g.shape[0] for g in group_ranks(shape).values())
+    cap = max(ROUND_ROWS // max(rows_each, 1), MIN_ROUND)
+    rows = 0
+    rng = np.random.default_rng(seed)
+    for _ in range(ROUNDS):
+        if rows >= ROWS:
+            break
+        H, Ix = nonlocal_moves(pred.spec, best, free, shape, cap, rng, TARGETS, pred.exposed)
+        if not H.shape[0]:
+            break
+        rows += H.shape[0] * rows_each
+        label = best.label.split("+moved")[0] + "+moved"
+        cands = [Placement(H[j], Ix[j], label=label) for j in range(H.shape[0])]
+        score(pred, shape, cands)
+        top = min(cands, key=lambda c: c.step_ms)
+        if not top.step_ms < best.step_ms * (1 - 1e-9):
+            break
+        best = top
+    return best
