@@ -121,6 +121,8 @@ def mixed(truth, seeds: int) -> str:
         # issue 21's max-JCT levers: hrrn with starvation aging (past 12 h, +1 per 0.1 h waited beyond;
         # policies.HRRN_STARVE_S / HRRN_STARVE_RATE_S), preemption by the leading blocked gang only
         f"{label(replace(RECOMMENDED, policy='hrrn-aged'))} (starvation aging)": replace(RECOMMENDED, policy="hrrn-aged"),
+        # the same aging, started at 18 h for gangs over 16 GPUs (policies.HRRN_STARVE_BIG_S / HRRN_BIG_GANG)
+        f"{label(replace(RECOMMENDED, policy='hrrn-sized'))} (starvation aging by gang size)": replace(RECOMMENDED, policy="hrrn-sized"),
         f"{label(RECOMMENDED)} + preempt leader": replace(RECOMMENDED, preempt="leader"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
         f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),

@@ -149,3 +149,27 @@ def test_hrrn_aged_lifts_a_starving_request_steeply(monkeypatch):
     assert order("hrrn-aged") == ["long", "short"]  # 3.5 + (20 - 12) / 0.5 = 19.5 > 6
     pend[0] = mk("long", 9 * 3600.0)  # waited 11 h: not starving yet, no boost (2.4 < 6)
     assert order("hrrn-aged") == ["short", "long"]
+
+
+def test_hrrn_sized_ages_a_large_gang_later_than_a_small_one(monkeypatch):
+    from bandpilot.scheduling import policies
+    from bandpilot.scheduling.policies import Pending, order_pending
+
+    monkeypatch.setattr(policies, "HRRN_STARVE_S", 12 * 3600.0)
+    monkeypatch.setattr(policies, "HRRN_STARVE_BIG_S", 18 * 3600.0)
+    monkeypatch.setattr(policies, "HRRN_STARVE_RATE_S", 0.5 * 3600.0)
+    monkeypatch.setattr(policies, "HRRN_BIG_GANG", 16)
+    mk = lambda rid, k, sub: Pending(q.Request(rid, k, submitted_at=sub), 0, sub)  # noqa: E731
+    exp = {"small": 29 * 3600.0, "big": 29 * 3600.0, "short": 0.2 * 3600.0}
+    # both long requests waited 15 h (ratio 1 + 15/8 ~ 2.9); a 0.2 h job waiting 1 h has 6
+    pend = [mk("small", 2, 0.0), mk("big", 32, 0.0), mk("short", 2, 14 * 3600.0)]
+    order = lambda policy, now: [p.req.id for p in order_pending(pend, policy, exp, now=now)]  # noqa: E731
+    assert order("hrrn-aged", 15 * 3600.0)[-1] == "short"  # hrrn-aged lifts both past 12 h
+    # hrrn-sized: the 2-GPU gang is starving at 12 h (2.9 + 6 = 8.9 > 6), the 32-GPU one only at 18 h
+    assert order("hrrn-sized", 15 * 3600.0) == ["small", "short", "big"]
+    pend[2] = mk("short", 2, 19 * 3600.0)
+    assert order("hrrn-sized", 20 * 3600.0) == ["small", "big", "short"]  # 20 h: both starving
+    # a gang of exactly HRRN_BIG_GANG GPUs is still small
+    pend[1] = mk("big", 16, 0.0)
+    pend[2] = mk("short", 2, 14 * 3600.0)
+    assert order("hrrn-sized", 15 * 3600.0)[:2] == ["small", "big"]

@@ -34,6 +34,12 @@ The largest JCT stays above Slurm-like's over 24 seeds (+2 % / +9 %): the policy
 (hrrn + starvation aging past 12 h) brings it to -5 % / -5 % but costs 10 % / 3 % of the mean and misses
 the mean / p95 targets on seeds 8-15 (README, "Fourth round"), so it is a named policy; ``--preempt
 on`` and ``--preempt leader`` (:mod:`bandpilot.scheduling.leader_preempt`) raise the maximum here.
+``hrrn-sized`` (the same aging, started at 18 h for gangs over 16 GPUs: a starving whole-cluster gang
+drains the cluster) meets every target on the 24-seed means (mean -28 % / -25 %, p95 -21 % / -17 %,
+max -6 % / -2 % vs Slurm-like) but on the held-out seeds 8-15 misses all of them and is worse than
+this default on every figure there, and it costs 8 % of the ``full`` mean over 24 seeds (README,
+"Fifth round"); on seeds 24-31 it and ``hrrn-aged`` collapse the queue on two seeds (mean +14 % /
++15 % and -0.4 % / +7 % vs Slurm-like): named policies only.
 
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
