@@ -46,6 +46,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.dispatch.search import shape_refine  # noqa: E402
 from bandpilot.dispatch.search.shape import Placement, from_ranks, score  # noqa: E402
 from bandpilot.dispatch.search.shape_moves import nonlocal_moves  # noqa: E402
+from bandpilot.dispatch.search.shape_refine import best_move  # noqa: E402
 from bandpilot.dispatch.shape import Shape  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
@@ -68,10 +69,8 @@ def climb(truth: ContentionPredictor, shape: Shape, start: Placement, free: np.n
         H, Ix = np.concatenate([H1, H2]), np.concatenate([I1, I2])
         if not H.shape[0]:
             break
-        cands = [Placement(H[j], Ix[j]) for j in range(H.shape[0])]
-        score(truth, shape, cands)
-        top = min(cands, key=lambda c: c.step_ms)
-        if not top.step_ms < best.step_ms * (1 - 1e-9):
+        top = best_move(truth, shape, best, H, Ix, label="")
+        if top is None:
             break
         best = top
     return best

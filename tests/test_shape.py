@@ -627,7 +627,7 @@ def test_refine_moves_are_valid_and_never_worse(case):
     """Every neighbour the refinement builds is k distinct free GPUs (TP groups kept inside a host when
     the pick keeps them), and the refined pick is never predicted slower than the pick."""
     from bandpilot.dispatch.search.shape import candidates
-    from bandpilot.dispatch.search.shape_refine import _aligned, _moves, refine
+    from bandpilot.dispatch.search.shape_refine import _moves, refine, tp_aligned as _aligned
 
     state, shp = case
     if shp.k > state.n_free:
@@ -651,7 +651,7 @@ def test_refine_moves_are_valid_and_never_worse(case):
 @given(_shaped_states(H100, H100_SHAPES))
 def test_refine_move_count_matches_the_listing(case):
     from bandpilot.dispatch.search.shape import candidates
-    from bandpilot.dispatch.search.shape_refine import _aligned, _moves, _n_moves
+    from bandpilot.dispatch.search.shape_refine import _moves, _n_moves, tp_aligned as _aligned
 
     state, shp = case
     if shp.k > state.n_free:

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.search.shape import candidates, from_ranks, score
-from bandpilot.dispatch.search.shape_moves import _aligned, nonlocal_moves, refine_nonlocal
+from bandpilot.dispatch.search.shape_moves import nonlocal_moves, refine_nonlocal
+from bandpilot.dispatch.search.shape_refine import tp_aligned as _aligned
 from bandpilot.dispatch.search.shape_refine import refine
 from bandpilot.dispatch.shape import Shape
 from bandpilot.dispatch.shaped import default_refiners

@@ -101,6 +101,34 @@ def _pick_domains(classes: list[list[int]], m: int, i: int, rng: np.random.Gener
     return out
 
 
+def _place(rng: np.random.Generator, trays: np.ndarray, n_gpus: np.ndarray, even: bool,
+           counts: tuple[int, ...], masks: dict[int, int]) -> None:
+    """Random trays of one domain with ``counts`` GPUs each, as {tray: GPU mask} into ``masks``."""
+    if even:
+        idx, subs = pick_with_subsets(rng, trays.size, int(n_gpus[trays[0]]), counts)
+        pick = [int(trays[i]) for i in idx]
+    else:
+        (idx,) = choices(rng, [(trays.size, len(counts))])
+        pick = [int(trays[i]) for i in idx]
+        subs = [sum(1 << i for i in sub) for sub in choices(rng, [(int(n_gpus[h]), c) for h, c in zip(pick, counts)])]
+    for h, sub in zip(pick, subs):
+        masks[h] = sub
+
+
+def _domain_patterns(gpus_per_tray: int, trays: int, samples: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """Stage 1.5's in-domain count patterns of one domain class: all of them when they fit in
+    ``samples``, else spread evenly over the GPU count t with random patterns within."""
+    by_t = [partitions(t, trays, gpus_per_tray) for t in range(2, trays * gpus_per_tray + 1)]
+    if sum(len(p) for p in by_t) <= samples:
+        return [p for ps in by_t for p in ps]
+    chosen: list[tuple[int, ...]] = []
+    for i, ps in enumerate(by_t):
+        quota = (i + 1) * samples // len(by_t) - i * samples // len(by_t)
+        idx = rng.choice(len(ps), size=min(quota, len(ps)), replace=False) if ps else []
+        chosen += [ps[int(j)] for j in sorted(idx)]
+    return chosen
+
+
 def plan_domains(
     spec: ClusterSpec,
     *,
@@ -140,30 +168,12 @@ def plan_domains(
     even = {u: bool((n_gpus[t] == n_gpus[t[0]]).all()) for u, t in enumerate(trays_of)}
 
     def place(u: int, counts: tuple[int, ...], masks: dict[int, int]) -> None:
-        trays = trays_of[u]
-        if even[u]:
-            idx, subs = pick_with_subsets(rng, trays.size, int(n_gpus[trays[0]]), counts)
-            pick = [int(trays[i]) for i in idx]
-        else:
-            (idx,) = choices(rng, [(trays.size, len(counts))])
-            pick = [int(trays[i]) for i in idx]
-            subs = [sum(1 << i for i in sub) for sub in choices(rng, [(int(n_gpus[h]), c) for h, c in zip(pick, counts)])]
-        for h, sub in zip(pick, subs):
-            masks[h] = sub
+        _place(rng, trays_of[u], n_gpus, even[u], counts, masks)
 
     # stage 1.5: in-domain count patterns, once per class of identical domains
     classes = domain_classes(spec, trays_of)
     for (_, topo, trays), members in classes.items():
-        by_t = [partitions(t, trays, topo.n) for t in range(2, trays * topo.n + 1)]
-        total = sum(len(p) for p in by_t)
-        chosen: list[tuple[int, ...]] = []
-        if total <= domain_samples:
-            chosen = [p for ps in by_t for p in ps]
-        else:  # even over the GPU count t, random patterns within
-            for i, ps in enumerate(by_t):
-                quota = (i + 1) * domain_samples // len(by_t) - i * domain_samples // len(by_t)
-                idx = rng.choice(len(ps), size=min(quota, len(ps)), replace=False) if ps else []
-                chosen += [ps[int(j)] for j in sorted(idx)]
+        chosen = _domain_patterns(topo.n, trays, domain_samples, rng)
         for i, pat in enumerate(chosen):
             masks: dict[int, int] = {}
             place(members[i % len(members)], pat, masks)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.search.shape import Placement, _host_aligned, _unit_gpus, group_ranks, score
+from bandpilot.dispatch.search.shape import Placement, _host_aligned, _unit_gpus, group_ranks
+from bandpilot.dispatch.search.shape_refine import best_move, tp_aligned
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import ClusterSpec, popcount
 
@@ -34,11 +35,6 @@ ROWS = 6000
 #: priority order, 8 a round 10.8 %, p50 43 ms; 16 a round 11.5 %, p50 49 ms (load 5.7).
 ROUNDS = 8
 MIN_ROUND = 16
-
-
-def _aligned(H: np.ndarray, unit: np.ndarray, tp: int) -> np.ndarray:
-    u = unit[H].reshape(H.shape[0], -1, tp)
-    return (u == u[:, :, :1]).all(axis=(1, 2))
 
 
 def _racks(spec: ClusterSpec) -> np.ndarray:
@@ -136,8 +132,8 @@ def nonlocal_moves(spec: ClusterSpec, p: Placement, free: np.ndarray, shape: Sha
             r = np.flatnonzero(h0 == x)
             H[j, r] = y
             Ix[j, r] = bits[(int(spare[y]) >> bits) & 1 == 1][:r.size]
-    if bool(_aligned(h0[None, :], unit, tp)[0]):  # the TP rule: keep every TP group inside its unit
-        ok = _aligned(H, unit, tp)
+    if bool(tp_aligned(h0[None, :], unit, tp)[0]):  # the TP rule: keep every TP group inside its unit
+        ok = tp_aligned(H, unit, tp)
         H, Ix = H[ok], Ix[ok]
     return H, Ix
 
@@ -159,11 +155,8 @@ def refine_nonlocal(pred: ContentionPredictor, shape: Shape, best: Placement, fr
         if not H.shape[0]:
             break
         rows += H.shape[0] * rows_each
-        label = best.label.split("+moved")[0] + "+moved"
-        cands = [Placement(H[j], Ix[j], label=label) for j in range(H.shape[0])]
-        score(pred, shape, cands)
-        top = min(cands, key=lambda c: c.step_ms)
-        if not top.step_ms < best.step_ms * (1 - 1e-9):
+        top = best_move(pred, shape, best, H, Ix, label=best.label.split("+moved")[0] + "+moved")
+        if top is None:
             break
         best = top
     return best

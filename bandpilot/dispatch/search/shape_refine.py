@@ -46,7 +46,7 @@ def _moves(p: Placement, free: np.ndarray, shape: Shape, unit: np.ndarray, bits:
     used = np.zeros_like(free)
     np.bitwise_or.at(used, h0, np.int64(1) << i0)
     spare = free & ~used
-    rule = bool(_aligned(h0[None, :], unit, tp)[0])  # the TP rule: keep every TP group inside its unit
+    rule = bool(tp_aligned(h0[None, :], unit, tp)[0])  # the TP rule: keep every TP group inside its unit
     if cap < cover * _n_moves(h0, spare, unit, tp, rule):  # too thin a sample of a big job's moves
         return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64)
     g = np.arange(k) // tp
@@ -92,9 +92,20 @@ def _n_moves(h0: np.ndarray, spare: np.ndarray, unit: np.ndarray, tp: int, rule:
     return same + int((per_u * spare_u).sum()) + G * (G - 1) // 2
 
 
-def _aligned(H: np.ndarray, unit: np.ndarray, tp: int) -> np.ndarray:
+def tp_aligned(H: np.ndarray, unit: np.ndarray, tp: int) -> np.ndarray:
+    """Per placement row: does every TP group sit inside one unit (host or NVLink domain)?"""
     u = unit[H].reshape(H.shape[0], -1, tp)
     return (u == u[:, :, :1]).all(axis=(1, 2))
+
+
+def best_move(pred: ContentionPredictor, shape: Shape, best: Placement, H: np.ndarray, Ix: np.ndarray,
+              label: str | None = None) -> Placement | None:
+    """The fastest of the moved placements (H, Ix), scored, if predicted faster than ``best``; None at a
+    local optimum. Every refinement pass (local, non-local, the gap benchmark's climb) ends its round here."""
+    cands = [Placement(H[j], Ix[j], label=best.label if label is None else label) for j in range(H.shape[0])]
+    score(pred, shape, cands)
+    top = min(cands, key=lambda c: c.step_ms)
+    return top if top.step_ms < best.step_ms * (1 - 1e-9) else None
 
 
 def refine(pred: ContentionPredictor, shape: Shape, best: Placement, free: np.ndarray, seed: int = 0) -> Placement:
@@ -108,10 +119,8 @@ def refine(pred: ContentionPredictor, shape: Shape, best: Placement, free: np.nd
         H, Ix = _moves(best, free, shape, unit, bits, cap, rng)
         if not H.shape[0]:
             break
-        cands = [Placement(H[j], Ix[j], label=best.label.split("+refined")[0] + "+refined") for j in range(H.shape[0])]
-        score(pred, shape, cands)
-        top = min(cands, key=lambda c: c.step_ms)
-        if not top.step_ms < best.step_ms * (1 - 1e-9):
+        top = best_move(pred, shape, best, H, Ix, label=best.label.split("+refined")[0] + "+refined")
+        if top is None:
             break
         best = top
     return best
