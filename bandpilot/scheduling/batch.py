@@ -123,20 +123,23 @@ def _flush_outcomes(conn: sa.Connection, outs: list[Any], batch_id: int | None, 
     note (reason, detail) only where it changed. ``outs``: outcomes, and the Request of each quick
     deferral (``insufficient_gpus``). Every statement is guarded by ``status = 'pending'`` so a
     concurrent assignment is never undone."""
-    rows, ids, notes = [], [], plan.notes
+    rows, ids, note_of = [], [], plan.notes.get
     quick: dict[int, tuple[str, str]] = {}  # k -> the note of a quick deferral
     for o in outs:
-        if type(o) is not Outcome:  # a quick deferral's Request
-            rid, note = o.id, quick.get(o.k) or quick.setdefault(o.k, ("insufficient_gpus", short_detail(o.k)))
-            status = "pending"
-        elif o.status in ("deferred", "rejected"):
-            rid, note = o.request_id, (o.reason, o.detail)
-            status = "rejected" if o.status == "rejected" else "pending"
-        else:
+        if type(o) is not Outcome:  # a quick deferral's Request (most of a long queue, every batch)
+            rid, note = o.id, quick.get(o.k)
+            if note is None:
+                note = quick[o.k] = ("insufficient_gpus", short_detail(o.k))
+            ids.append(rid)
+            if note_of(rid) != note:
+                rows.append({"b_id": rid, "b_status": "pending", "b_reason": note[0], "b_detail": note[1]})
             continue
-        ids.append(rid)
-        if status == "rejected" or notes.get(rid) != note:
-            rows.append({"b_id": rid, "b_status": status, "b_reason": note[0], "b_detail": note[1]})
+        if o.status not in ("deferred", "rejected"):
+            continue
+        ids.append(o.request_id)
+        if o.status == "rejected" or note_of(o.request_id) != (o.reason, o.detail):
+            rows.append({"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
+                         "b_reason": o.reason, "b_detail": o.detail})
     if not ids:
         return
     ts = now()

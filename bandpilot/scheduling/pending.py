@@ -40,28 +40,38 @@ def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[st
     if seen is None:
         seen = _SEEN[conn.engine] = {}
     narrow = plain_rows(conn, NARROW_STMT)
-    get = seen.get
-    missing = []
-    for seq, rid, k, sub, _u, _r, _d in narrow:
+    # one pass over the rows: a known row's Pending as is (rebuilt if its utility changed); rows not
+    # seen before (or a seq reused) leave a gap filled after one bulk read of their full rows
+    get, out, notes, gaps = seen.get, [], {}, []
+    for seq, rid, k, sub, util, reason, detail in narrow:
         e = get(seq)
         if e is None or e[0][_ID] != rid or e[0][_K] != k or e[0][_SUB] != sub:
-            missing.append(seq)
-    if missing:
-        if len(seen) + len(missing) > _SEEN_MAX:
+            gaps.append((len(out), seq, util))
+            out.append(None)
+        else:
+            if e[0][_UTIL] != util:  # the one request column that changes while it waits (entropy reports)
+                _set_util(e, util)
+            out.append(e[1])
+        notes[rid] = (reason, detail)
+    if gaps:
+        if len(seen) + len(gaps) > _SEEN_MAX:  # start afresh: every row read in full
             seen.clear()
-            missing = [r[0] for r in narrow]
+            gaps = [(i, r[0], r[4]) for i, r in enumerate(narrow)]
+        missing = [seq for _, seq, _ in gaps]
         for i in range(0, len(missing), 500):
             for t in conn.execute(_FULL_BY_SEQ, {"b_seqs": missing[i : i + 500]}).all():
                 row = tuple(t)[:PENDING_REQ_COLS]
                 seen[t[0]] = [row, row_to_pending(row)]
-    out, notes = [], {}
-    for seq, rid, _k, _s, util, reason, detail in narrow:
-        e = seen[seq]
-        if e[0][_UTIL] != util:  # the one request column that changes while it waits (entropy reports)
-            row = e[0] = e[0][:_UTIL] + (util,) + e[0][_UTIL + 1 :]
-            e[1] = row_to_pending(row)
-        out.append(e[1])
-        notes[rid] = (reason, detail)
+        for pos, seq, util in gaps:
+            e = seen[seq]
+            if e[0][_UTIL] != util:  # reported between the two reads
+                _set_util(e, util)
+            out[pos] = e[1]
     if len(seen) > 2 * len(narrow) + 1024:  # requests no longer pending: forget them
         _SEEN[conn.engine] = {r[0]: seen[r[0]] for r in narrow}
     return out, notes
+
+
+def _set_util(e: list, util: Any) -> None:
+    row = e[0] = e[0][:_UTIL] + (util,) + e[0][_UTIL + 1 :]
+    e[1] = row_to_pending(row)
