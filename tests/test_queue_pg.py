@@ -189,3 +189,9 @@ def test_pg_bulk_deferrals_match_eager(pg_url, store):
         with eng.begin() as conn:
             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{other}" CASCADE')
         eng.dispose()
+
+
+def test_pg_entropy_reports_build_on_the_last_one(store):
+    from test_simulation import scenario_entropy_reports_build_on_the_last_one
+
+    scenario_entropy_reports_build_on_the_last_one(store)

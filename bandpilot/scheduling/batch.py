@@ -20,6 +20,7 @@ request either untouched or fully assigned and a long batch never blocks other w
 
 from __future__ import annotations
 
+import operator
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
+_SEQ = operator.attrgetter("seq")
 
 
 
@@ -347,7 +349,7 @@ class _Batch:
             self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
         quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
         self.report.quotas = quotas
-        return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
+        return _Plan(queue, quotas, notes, max(map(_SEQ, pending), default=0), whole)
 
     def run(self, conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Any]:
         """Every request of the plan in order; over-quota ones after the rest. Returns what to note:

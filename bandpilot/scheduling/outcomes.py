@@ -68,9 +68,13 @@ class BatchReport:
     _entries: list[Any] = field(default_factory=list, repr=False)  # Outcome, or the Request of a quick deferral
     _stamps: list[tuple[int, float]] = field(default_factory=list, repr=False)  # (entry index, time) of quick stretches
     _n_quick: int = field(default=0, repr=False)  # quick deferrals not built yet
+    _n_quick_all: int = field(default=0, repr=False)  # quick deferrals, built or not
+    _tried: list[Outcome] = field(default_factory=list, repr=False)  # the outcomes added with add()
 
     def add(self, o: Outcome) -> None:
+        """Record the outcome of a request tried (the only way in: :attr:`outcomes` is for reading)."""
         self._entries.append(o)
+        self._tried.append(o)
 
     def stamp(self, at: float) -> None:
         """Quick deferrals added from here on happened at ``at``."""
@@ -80,6 +84,7 @@ class BatchReport:
         """``req`` (a Request) deferred as ``insufficient_gpus`` without being tried, at the last :meth:`stamp`."""
         self._entries.append(req)
         self._n_quick += 1
+        self._n_quick_all += 1
 
     @property
     def outcomes(self) -> list[Outcome]:
@@ -105,7 +110,7 @@ class BatchReport:
 
     def tried(self) -> list[Outcome]:
         """The outcomes of the requests actually tried (every one but the quick deferrals), in order."""
-        return [e for e in self._entries if type(e) is Outcome]
+        return list(self._tried)
 
     @property
     def n_outcomes(self) -> int:
@@ -132,9 +137,9 @@ class BatchReport:
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in ("assigned", "deferred", "rejected", "skipped")}
-        for o in self.tried():
+        for o in self._tried:
             out[o.status] = out.get(o.status, 0) + 1
-        out["deferred"] += self._n_quick
+        out["deferred"] += self._n_quick_all
         return out
 
     def to_dict(self) -> dict[str, Any]:
