@@ -14,23 +14,13 @@ from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.search.shape import Placement, from_ranks, score
 from bandpilot.dispatch.shape import Shape
 from bandpilot.dispatch.state import State
+from benchmarks.bench_shape_bound import small_state
 from benchmarks.shape_bound import Bounder, lower_bound
 from tests.test_shape import H100, NVL
 
 
 def _small_state(seed: int) -> State:
-    """7-9 free GPUs over the 4 x 8 cluster's hosts; the rest held by up to three tenants, some
-    crossing hosts (so the contention rule and the tenant lemma are exercised)."""
-    rng = np.random.default_rng(seed)
-    spec = H100.spec
-    gpus = list(spec.gpu_ids)
-    free_at = rng.choice(len(gpus), size=int(rng.integers(7, 10)), replace=False)
-    free = [gpus[i] for i in sorted(free_at)]
-    taken = [g for g in gpus if g not in free]
-    rng.shuffle(taken)
-    jobs = [{"id": f"t{j}", "gpus": taken[j * 4:(j + 1) * 4], "demand_gbps": float(rng.uniform(5, 300))}
-            for j in range(int(rng.integers(0, 4)))]
-    return State.from_dict(spec, {"free": free, "jobs": jobs})
+    return small_state(H100, seed)
 
 
 @pytest.mark.parametrize("seed", range(10))
