@@ -359,3 +359,34 @@ def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_it
     if not t_starts:
         assert out["T"].reason == "protects_reservation"
     assert q.check_invariants(store) == []
+
+
+@pytest.mark.parametrize("after_s, extra, reserved", [
+    (float("inf"), False, ["S"]),  # off (the default): the slot follows hrrn's order
+    (8 * 3600.0, False, ["G"]),  # G has waited 9 h: the age slot replaces EASY's one policy slot
+    (10 * 3600.0, False, ["S"]),  # G has waited only 9 h
+    (8 * 3600.0, True, ["G", "S"]),  # one slot more than the depth: G first, then hrrn's S
+])
+def test_the_age_slot_goes_to_the_longest_waiting_request_first(store, fab, monkeypatch, after_s, extra, reserved):
+    """The drain scenario with the age slot instead of the drain target (issue 21, the largest JCT):
+    at 9 h a short S overtakes G in hrrn order; G, the oldest pending request, is reserved first."""
+    from bandpilot.scheduling import age_slot
+
+    monkeypatch.setattr(age_slot, "AGE_SLOT_AFTER_S", after_s)
+    monkeypatch.setattr(age_slot, "AGE_SLOT_EXTRA", extra)
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch)
+    assert [r["request_id"] for r in mid.reservations] == reserved
+
+
+def test_the_age_slot_skips_gangs_above_its_size_cap(store, fab, monkeypatch):
+    """G (32 GPUs) is the oldest, but only gangs of <= 16 GPUs compete for the age slot: hrrn's S holds it."""
+    from bandpilot.scheduling import age_slot
+
+    monkeypatch.setattr(age_slot, "AGE_SLOT_AFTER_S", 8 * 3600.0)
+    monkeypatch.setattr(age_slot, "AGE_SLOT_MAX_K", 16)
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch)
+    assert [r["request_id"] for r in mid.reservations] == ["S"]

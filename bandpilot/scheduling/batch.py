@@ -40,6 +40,7 @@ from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
+from bandpilot.scheduling.age_slot import reserve_oldest
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
@@ -308,6 +309,7 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations, estimates=self.estimates(conn))
             self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
+            reserve_oldest(self.book, pl.queue)  # off unless age_slot.AGE_SLOT_AFTER_S is finite
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)
