@@ -165,13 +165,22 @@ class ClusterSpec:
     def to_mask(self, gpus: Iterable[str], where: str = "") -> np.ndarray:
         """One allocation (GPU ids) -> per-host mask vector; duplicates are an error."""
         mask = np.zeros(self.n_hosts, dtype=np.int64)
+        hosts, masks = self.to_sparse_mask(gpus, where)
+        mask[hosts] = masks
+        return mask
+
+    def to_sparse_mask(self, gpus: Iterable[str], where: str = "") -> tuple[list[int], list[int]]:
+        """One allocation -> (the hosts it uses, ascending; their GPU bitmasks): no vector over every
+        host (a dataset of 38,415 rows on 2,502 trays)."""
+        by_host: dict[int, int] = {}
         for g in gpus:
             h, i = self.parse_gpu(g, where)
-            bit = np.int64(1) << i
-            if mask[h] & bit:
+            m = by_host.get(h, 0)
+            if m >> i & 1:
                 raise SpecError(f"GPU {g!r} listed twice{(' in ' + where) if where else ''}")
-            mask[h] |= bit
-        return mask
+            by_host[h] = m | 1 << i
+        hosts = sorted(by_host)
+        return hosts, [by_host[h] for h in hosts]
 
     def to_masks(self, allocations: Sequence[Iterable[str]], where: str = "") -> np.ndarray:
         out = np.zeros((len(allocations), self.n_hosts), dtype=np.int64)
