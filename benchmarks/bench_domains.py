@@ -267,6 +267,90 @@ def _load_trained(uri: str | None, seed: int) -> None:
     ALGOS.insert(2, TRAINED)
 
 
+def _section_latency(fab, args) -> bool:
+    """Prints the select-latency table; True when Ideal-BP meets its latency targets."""
+    print(f"## select latency (k in {KS}, {args.states} states per k, profiles rotating)\n")
+    print("| algorithm | p50 ms | p99 ms | max ms | selects |")
+    print("|---|---:|---:|---:|---:|")
+    for r in bench_latency(fab, args.states, args.seed):
+        print(f"| {r['algorithm']} | {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['n']} |")
+        if r["algorithm"] == "Ideal-BP":
+            hit = r["p50"] <= TARGET_P50 and r["p99"] <= TARGET_P99
+            lat = f"Ideal-BP p50 {r['p50']:.1f} ms (<= {TARGET_P50:.0f}), p99 {r['p99']:.1f} ms (<= {TARGET_P99:.0f}): {'PASS' if hit else 'FAIL'}"
+    print(f"\n{lat}\n")
+    return hit
+
+
+def _section_quality(fab, args) -> bool:
+    """Prints GBE vs exact and vs the upper bound; True when Ideal-BP meets the GBE target."""
+    t = time.perf_counter()
+    ex, bd, skipped = bench_quality(fab, args.states, args.seed)
+    print(f"## mean GBE (%), k in {KS[1:]}, {args.states} states per k ({time.perf_counter() - t:.0f} s)\n")
+    print("vs the exact optimum (gangs that fit a domain):\n")
+    print("| algorithm | " + " | ".join(PROFILES) + " | min |")
+    print("|---|" + "---:|" * (len(PROFILES) + 1))
+    for a in ALGOS:
+        cells = [f"{100 * np.mean(ex[p][a]):.2f}" if ex[p][a] else "-" for p in PROFILES]
+        mn = min(min(ex[p][a]) for p in PROFILES if ex[p][a])
+        print(f"| {a} | " + " | ".join(cells) + f" | {100 * mn:.1f} |")
+    n_ex = {p: len(ex[p]["Ideal-BP"]) for p in PROFILES}
+    print(f"\ncases per profile: {n_ex}; fitting a domain but not certifiable (skipped): {skipped}\n")
+    print("vs an upper bound (gangs larger than any domain's free GPUs; a LOWER bound on GBE):\n")
+    print("| algorithm | " + " | ".join(PROFILES) + " |")
+    print("|---|" + "---:|" * len(PROFILES))
+    for a in ALGOS:
+        print(f"| {a} | " + " | ".join(f"{100 * np.mean(bd[p][a]):.1f}" if bd[p][a] else "-" for p in PROFILES) + " |")
+    hit = all(np.mean(ex[p]["Ideal-BP"]) >= TARGET_GBE for p in PROFILES if ex[p]["Ideal-BP"])
+    print(f"\nIdeal-BP mean GBE vs exact >= {100 * TARGET_GBE:.0f} % in every profile: {'PASS' if hit else 'FAIL'}\n")
+    return hit
+
+
+def _section_queue(fab, args) -> bool:
+    """Prints the queued-requests batch time; True when it meets its target."""
+    r = bench_queue(fab, args.requests, args.seed)
+    hit = r["seconds"] <= TARGET_QUEUE
+    print(f"## queue: {r['requests']} queued requests, batches with releases in between until none is pending\n")
+    print("| seconds (batches) | batches | assigned | rejected | left pending |")
+    print("|---:|---:|---:|---:|---:|")
+    print(f"| {r['seconds']:.1f} | {r['batches']} | {r['assigned']} | {r['rejected']} | {r['pending']} |")
+    print(f"\n<= {TARGET_QUEUE:.0f} s: {'PASS' if hit else 'FAIL'}\n")
+    return hit
+
+
+def _section_churn(fab, args) -> bool:
+    """Prints fragmentation after a churn; True when BandPilot is at least as good as block."""
+    print(f"## fragmentation after a seeded {args.churn}-request churn\n")
+    print("| placement | placed | dropped | free | stranded GPUs | stranded on trays | largest placeable gang | whole free domains | mean stranded | mean largest |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    res = {}
+    for a in ("bandpilot", "block"):
+        r = res[a] = churn(fab, args.churn, args.seed, a)
+        print(f"| {a} | {r['placed']} | {r['dropped']} | {r['free']} | {r['stranded_gpus']} | {r['stranded_tray_gpus']} | "
+              f"{r['largest_placeable']} | {r['whole_free_domains']} | {r['mean_stranded']:.1f} | {r['mean_largest']:.1f} |")
+    b, s = res["bandpilot"], res["block"]
+    hit = b["largest_placeable"] >= s["largest_placeable"] and b["stranded_gpus"] <= s["stranded_gpus"]
+    print(f"\nBandPilot at least as good as block (largest placeable gang, stranded GPUs): {'PASS' if hit else 'FAIL'}\n")
+    print("```json\n" + json.dumps(res) + "\n```")
+    if args.churn_seeds:
+        print("\n| seed | BandPilot stranded / largest (end) | block | BandPilot mean stranded / largest | block |")
+        print("|---:|---|---|---|---|")
+        for sd in args.churn_seeds:
+            b, s_ = churn(fab, args.churn, sd, "bandpilot"), churn(fab, args.churn, sd, "block")
+            print(f"| {sd} | {b['stranded_gpus']} / {b['largest_placeable']} | {s_['stranded_gpus']} / {s_['largest_placeable']} | "
+                  f"{b['mean_stranded']:.1f} / {b['mean_largest']:.1f} | {s_['mean_stranded']:.1f} / {s_['mean_largest']:.1f} |")
+    return hit
+
+
+def _section_patterns(fab, args) -> None:
+    """Prints stage 1.5's fit of in-domain count patterns."""
+    r = bench_patterns(fab, args.seed)
+    print(f"## stage 1.5: in-domain count patterns ({r['patterns']} planned, fitted on {r['fitted']})\n")
+    print("| rows | MAPE % | max error % |")
+    print("|---|---:|---:|")
+    print(f"| {r['held_out']} held-out patterns | {100 * r['held_mape']:.2f} | {100 * r['held_max']:.1f} |")
+    print(f"| 1,000 random in-domain allocations | {100 * r['random_mape']:.2f} | {100 * r['random_max']:.1f} |\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--states", type=int, default=4, help="random states per (k, profile)")
@@ -289,75 +373,12 @@ def main() -> None:
     print(f"# NVLink-domain benchmark: {spec.name} ({spec.n_gpus} GPUs, {len(spec.nvlink_domains)} domains), "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, seed={args.seed}\n")
     ok = True
-    if "latency" not in args.skip:
-        print(f"## select latency (k in {KS}, {args.states} states per k, profiles rotating)\n")
-        print("| algorithm | p50 ms | p99 ms | max ms | selects |")
-        print("|---|---:|---:|---:|---:|")
-        for r in bench_latency(fab, args.states, args.seed):
-            print(f"| {r['algorithm']} | {r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} | {r['n']} |")
-            if r["algorithm"] == "Ideal-BP":
-                hit = r["p50"] <= TARGET_P50 and r["p99"] <= TARGET_P99
-                ok &= hit
-                lat = f"Ideal-BP p50 {r['p50']:.1f} ms (<= {TARGET_P50:.0f}), p99 {r['p99']:.1f} ms (<= {TARGET_P99:.0f}): {'PASS' if hit else 'FAIL'}"
-        print(f"\n{lat}\n")
-    if "quality" not in args.skip:
-        t = time.perf_counter()
-        ex, bd, skipped = bench_quality(fab, args.states, args.seed)
-        print(f"## mean GBE (%), k in {KS[1:]}, {args.states} states per k ({time.perf_counter() - t:.0f} s)\n")
-        print("vs the exact optimum (gangs that fit a domain):\n")
-        print("| algorithm | " + " | ".join(PROFILES) + " | min |")
-        print("|---|" + "---:|" * (len(PROFILES) + 1))
-        for a in ALGOS:
-            cells = [f"{100 * np.mean(ex[p][a]):.2f}" if ex[p][a] else "-" for p in PROFILES]
-            mn = min(min(ex[p][a]) for p in PROFILES if ex[p][a])
-            print(f"| {a} | " + " | ".join(cells) + f" | {100 * mn:.1f} |")
-        n_ex = {p: len(ex[p]["Ideal-BP"]) for p in PROFILES}
-        print(f"\ncases per profile: {n_ex}; fitting a domain but not certifiable (skipped): {skipped}\n")
-        print("vs an upper bound (gangs larger than any domain's free GPUs; a LOWER bound on GBE):\n")
-        print("| algorithm | " + " | ".join(PROFILES) + " |")
-        print("|---|" + "---:|" * len(PROFILES))
-        for a in ALGOS:
-            print(f"| {a} | " + " | ".join(f"{100 * np.mean(bd[p][a]):.1f}" if bd[p][a] else "-" for p in PROFILES) + " |")
-        hit = all(np.mean(ex[p]["Ideal-BP"]) >= TARGET_GBE for p in PROFILES if ex[p]["Ideal-BP"])
-        ok &= hit
-        print(f"\nIdeal-BP mean GBE vs exact >= {100 * TARGET_GBE:.0f} % in every profile: {'PASS' if hit else 'FAIL'}\n")
-    if "queue" not in args.skip:
-        r = bench_queue(fab, args.requests, args.seed)
-        hit = r["seconds"] <= TARGET_QUEUE
-        ok &= hit
-        print(f"## queue: {r['requests']} queued requests, batches with releases in between until none is pending\n")
-        print("| seconds (batches) | batches | assigned | rejected | left pending |")
-        print("|---:|---:|---:|---:|---:|")
-        print(f"| {r['seconds']:.1f} | {r['batches']} | {r['assigned']} | {r['rejected']} | {r['pending']} |")
-        print(f"\n<= {TARGET_QUEUE:.0f} s: {'PASS' if hit else 'FAIL'}\n")
-    if "churn" not in args.skip:
-        print(f"## fragmentation after a seeded {args.churn}-request churn\n")
-        print("| placement | placed | dropped | free | stranded GPUs | stranded on trays | largest placeable gang | whole free domains | mean stranded | mean largest |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        res = {}
-        for a in ("bandpilot", "block"):
-            r = res[a] = churn(fab, args.churn, args.seed, a)
-            print(f"| {a} | {r['placed']} | {r['dropped']} | {r['free']} | {r['stranded_gpus']} | {r['stranded_tray_gpus']} | "
-                  f"{r['largest_placeable']} | {r['whole_free_domains']} | {r['mean_stranded']:.1f} | {r['mean_largest']:.1f} |")
-        b, s = res["bandpilot"], res["block"]
-        hit = b["largest_placeable"] >= s["largest_placeable"] and b["stranded_gpus"] <= s["stranded_gpus"]
-        ok &= hit
-        print(f"\nBandPilot at least as good as block (largest placeable gang, stranded GPUs): {'PASS' if hit else 'FAIL'}\n")
-        print("```json\n" + json.dumps(res) + "\n```")
-        if args.churn_seeds:
-            print("\n| seed | BandPilot stranded / largest (end) | block | BandPilot mean stranded / largest | block |")
-            print("|---:|---|---|---|---|")
-            for sd in args.churn_seeds:
-                b, s_ = churn(fab, args.churn, sd, "bandpilot"), churn(fab, args.churn, sd, "block")
-                print(f"| {sd} | {b['stranded_gpus']} / {b['largest_placeable']} | {s_['stranded_gpus']} / {s_['largest_placeable']} | "
-                      f"{b['mean_stranded']:.1f} / {b['mean_largest']:.1f} | {s_['mean_stranded']:.1f} / {s_['mean_largest']:.1f} |")
+    for section, check in (("latency", _section_latency), ("quality", _section_quality), ("queue", _section_queue),
+                           ("churn", _section_churn)):
+        if section not in args.skip:
+            ok &= check(fab, args)
     if "patterns" not in args.skip:
-        r = bench_patterns(fab, args.seed)
-        print(f"## stage 1.5: in-domain count patterns ({r['patterns']} planned, fitted on {r['fitted']})\n")
-        print("| rows | MAPE % | max error % |")
-        print("|---|---:|---:|")
-        print(f"| {r['held_out']} held-out patterns | {100 * r['held_mape']:.2f} | {100 * r['held_max']:.1f} |")
-        print(f"| 1,000 random in-domain allocations | {100 * r['random_mape']:.2f} | {100 * r['random_max']:.1f} |\n")
+        _section_patterns(fab, args)
     print(f"\nall targets: {'PASS' if ok else 'FAIL'}")
 
 
