@@ -41,6 +41,7 @@ from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
+from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
@@ -174,6 +175,7 @@ def run_batch(
     pricing: str | None = None,
     preempt: str = "off",
     start_or_wait: str = "off",
+    age_slot: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -200,6 +202,9 @@ def run_batch(
     backfill): a gang that could start now waits for a nearby running-job end when the service time
     a better predicted placement saves exceeds the queueing it adds (deferred as
     ``waits_for_better_placement``, holding a reservation).
+    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`; needs ``easy`` or ``conservative``):
+    ``oldest`` / ``projected`` reserve the longest-waiting request / the largest projected JCT first,
+    in place of the policy's last reservation slot.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -216,6 +221,7 @@ def run_batch(
     check_backfill(backfill)
     check_preempt(preempt)
     check_start_wait(start_or_wait)
+    check_age_slot(age_slot)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
@@ -232,6 +238,7 @@ def run_batch(
     b.after_each = after_each
     b.preempt = preempt
     b.start_or_wait = start_or_wait
+    b.age_slot = age_slot
     if commit == "batch":
         b.in_one_transaction()
     else:
@@ -256,6 +263,7 @@ class _Batch:
         self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
         self.start_or_wait = "off"
+        self.age_slot = "off"
         self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
@@ -321,6 +329,7 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations, estimates=self.estimates(conn))
             self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
+            reserve_oldest(self.book, pl.queue, self.age_slot)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)
