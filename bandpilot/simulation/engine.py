@@ -298,8 +298,8 @@ class _Sim:
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:
                 self._evict(t, vid)
-        for o in rep.outcomes:
-            if o.status == "deferred":  # most of a long queue, every batch: nothing to record
+        for o in rep.tried():  # not the quick deferrals (most of a long queue, every batch): nothing to record
+            if o.status == "deferred":
                 continue
             rec = self.recs[o.request_id]
             if o.status == "assigned":
