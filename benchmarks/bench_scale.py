@@ -252,6 +252,7 @@ def main() -> None:
     ap.add_argument("--only-queue", action="store_true", help="the queue case alone")
     ap.add_argument("--ablation", action="store_true", help="4 x 8 H100: also the surrogate with the plan or the fit alone")
     ap.add_argument("--only-small", action="store_true", help="the 4 x 8 H100 case alone")
+    ap.add_argument("--only-10k", action="store_true", help="10,008 GPUs alone (every k; no H100, no queue)")
     ap.add_argument("--model", help="surrogate trained on the 10,008-GPU spec's own profile (directory) for a "
                     "'trained' row on 10,008 GPUs (`bandpilot profile -c nvl72x139.yaml` + `bandpilot train`)")
     args = ap.parse_args()
@@ -262,6 +263,8 @@ def main() -> None:
         clusters, args.small_per_k = {}, 0
     if args.only_small:
         clusters, args.queue = {}, 0
+    if args.only_10k:
+        clusters, args.queue, args.small_per_k = dict(list(CLUSTERS.items())[:1]), 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, (trays, t50, t99) in clusters.items():
             r = bench_cluster(name, trays, args.states, args.seed, ks, Path(tmp), args.model if trays == 2502 else None)
