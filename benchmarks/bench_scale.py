@@ -60,7 +60,10 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.array(xs), q)) if xs else float("nan")
 
 
-def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], where: Path) -> dict:
+def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], where: Path,
+                  model_dir: str | None = None) -> dict:
+    """``select`` on every (state, k); with ``model_dir`` also a trained surrogate of this spec as the
+    model on the same states (:func:`trained_rows`)."""
     t0 = time.perf_counter()
     spec = load_cluster(spec_for(trays, where))
     t_load = time.perf_counter() - t0
@@ -85,11 +88,56 @@ def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], 
             t = time.perf_counter()
             sel = d.select(k, st)
             rows.append({"state": label, "k": k, "ms": (time.perf_counter() - t) * 1e3, "evals": sel.evaluations,
-                         "jobs": len(st.jobs), "gbps": sel.predicted_gbps})
+                         "jobs": len(st.jobs), "gbps": sel.predicted_gbps, "mask": sel.mask})
     ms = [r["ms"] for r in rows]
-    return {"name": name, "load_s": t_load, "fabric_s": t_fab, "state_s": t_states, "rows": rows,
-            "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "evals_max": max(r["evals"] for r in rows),
-            "evals_p50": pct([r["evals"] for r in rows], 50)}
+    out = {"name": name, "load_s": t_load, "fabric_s": t_fab, "state_s": t_states, "rows": rows,
+           "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "evals_max": max(r["evals"] for r in rows),
+           "evals_p50": pct([r["evals"] for r in rows], 50)}
+    if model_dir is not None:
+        out["trained"] = trained_rows(model_dir, fab, sts, ks, rows)
+    return out
+
+
+def _rss_gb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024 / 1024
+    return float("nan")
+
+
+def trained_rows(model_dir: str, fab, sts: list, ks: list[int], ref: list[dict]) -> dict:
+    """The same ``select`` calls with a surrogate trained on this spec's own profile (``bandpilot
+    profile`` + ``bandpilot train``) as the model. Quality: the true (emulator, contention-aware)
+    bandwidth of its pick over that of the emulator-guided search's pick on the same state - not an
+    exact optimum (intractable here)."""
+    import torch
+
+    from bandpilot.dispatch.contention import ContentionPredictor
+    from bandpilot.model.surrogate import Surrogate
+
+    torch.set_num_threads(1)
+    rss0, t0 = _rss_gb(), time.perf_counter()
+    sur = Surrogate.load(model_dir)
+    if sur.spec.fingerprint() != fab.spec.fingerprint():
+        raise SystemExit(f"--model {model_dir} was trained for {sur.spec.name!r}, not {fab.spec.name!r}")
+    t_load, rss_model = time.perf_counter() - t0, _rss_gb() - rss0
+    d = Dispatcher(sur)
+    d.select(8, sts[0][1])
+    rows, i = [], 0
+    for label, st in sts:
+        for k in ks:
+            if k > st.n_free:
+                continue
+            t = time.perf_counter()
+            sel = d.select(k, st)
+            ms = (time.perf_counter() - t) * 1e3
+            mine, emu = ContentionPredictor(fab, st).predict(np.stack([sel.mask, ref[i]["mask"]])).value
+            rows.append({"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "ratio": mine / emu if emu > 0 else 1.0})
+            i += 1
+    ms, ratio = [r["ms"] for r in rows], np.array([r["ratio"] for r in rows])
+    return {"rows": rows, "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "load_s": t_load,
+            "model_gb": rss_model, "evals_p50": pct([r["evals"] for r in rows], 50),
+            "evals_max": max(r["evals"] for r in rows), "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min())}
 
 
 def small_surrogate(fab, seed: int, rows: str = "plan", how: str = "fit", samples: int = 400):
@@ -204,6 +252,9 @@ def main() -> None:
     ap.add_argument("--only-queue", action="store_true", help="the queue case alone")
     ap.add_argument("--ablation", action="store_true", help="4 x 8 H100: also the surrogate with the plan or the fit alone")
     ap.add_argument("--only-small", action="store_true", help="the 4 x 8 H100 case alone")
+    ap.add_argument("--only-10k", action="store_true", help="10,008 GPUs alone (every k; no H100, no queue)")
+    ap.add_argument("--model", help="surrogate trained on the 10,008-GPU spec's own profile (directory) for a "
+                    "'trained' row on 10,008 GPUs (`bandpilot profile -c nvl72x139.yaml` + `bandpilot train`)")
     args = ap.parse_args()
     ks = KS[::2] if args.quick else KS
     clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS
@@ -212,9 +263,11 @@ def main() -> None:
         clusters, args.small_per_k = {}, 0
     if args.only_small:
         clusters, args.queue = {}, 0
+    if args.only_10k:
+        clusters, args.queue, args.small_per_k = dict(list(CLUSTERS.items())[:1]), 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, (trays, t50, t99) in clusters.items():
-            r = bench_cluster(name, trays, args.states, args.seed, ks, Path(tmp))
+            r = bench_cluster(name, trays, args.states, args.seed, ks, Path(tmp), args.model if trays == 2502 else None)
             ok50 = "met" if r["p50"] <= t50 else "MISSED"
             ok99 = "met" if r["p99"] <= t99 else "MISSED"
             print(f"\n### {name}: load spec {r['load_s']:.2f} s, fabric {r['fabric_s']:.2f} s, busy state {r['state_s']:.2f} s\n")
@@ -224,6 +277,12 @@ def main() -> None:
                   f"| {t50:g} ms {ok50} / {t99:g} ms {ok99} |")
             slow = sorted(r["rows"], key=lambda x: -x["ms"])[:3]
             print("slowest: " + "; ".join(f"k={x['k']} {x['state']} {x['ms']:.0f} ms ({x['evals']} evals)" for x in slow))
+            if "trained" in r:
+                m = r["trained"]
+                print(f"| trained surrogate: {len(m['rows'])} | {m['p50']:.1f} | {m['p99']:.1f} | {m['max']:.1f} "
+                      f"| {m['evals_p50']:.0f} / {m['evals_max']} | {t50:g} / {t99:g} ms |")
+                print(f"trained surrogate: loaded in {m['load_s']:.1f} s (+{m['model_gb']:.2f} GB RSS); true bandwidth of its "
+                      f"picks / the emulator-guided picks: mean {m['ratio_mean']:.2%}, min {m['ratio_min']:.2%}")
             if args.detail:
                 for x in r["rows"]:
                     print(f"  {x['state']:>9} k={x['k']:>5} {x['ms']:8.1f} ms {x['evals']:5d} evals {x['gbps']:.1f} GB/s jobs={x['jobs']}")

@@ -280,3 +280,18 @@ def test_host_speed_token_ranks_a_uniformly_slow_host_last():
         p_diff = np.log(sur.predict_masks(without[hit]) / sur.predict_masks(with_slow[hit]))
         agree[on] = float((p_diff > 0).mean())
     assert agree[True] >= 0.95 and agree[True] > agree[False], agree
+
+
+def test_cli_train_checks_the_store_before_fitting(het_ds, tmp_path, capsys, monkeypatch):
+    """An unusable tracking store fails before the fit (it failed after a 31-minute fit on 10,008
+    GPUs, with nothing saved): no model directory, no plots, one-line error."""
+    monkeypatch.setenv("BANDPILOT_HOME", str(tmp_path))
+    from bandpilot.cli.main import main
+    from bandpilot.data.dataset import save_dataset
+
+    d = save_dataset(het_ds, tmp_path / "ds")
+    rc = main(["train", "--data", str(d), "--folds", "3", "-o", str(tmp_path / "out"),
+               "--tracking-uri", f"file://{tmp_path / 'mlruns'}"])  # MLflow's file store takes no new runs
+    err = capsys.readouterr().err
+    assert rc != 0 and err.startswith("error:") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

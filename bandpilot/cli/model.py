@@ -117,6 +117,10 @@ def train_cmd(
                 train_data=str(train_data) if train_data else None)
     p = TrainParams.load(_params_path(params, "params/train.yaml"), over)
     ds = load_dataset(data)
+    if register:  # an unusable store fails now, not after the fit (31 min on the 10,008-GPU profile)
+        from bandpilot.model import registry
+
+        registry.tracking_setup(tracking_uri)
     if model is None and p.model == "hierarchical" and ds.spec.nvlink_domains:
         # host tokens cannot express the NVLink path inside a domain (and a row spans up to hundreds of trays)
         p.model = "domain"
@@ -132,11 +136,11 @@ def train_cmd(
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}")
     run_id = version = mname = None
+    if out:  # saved first: a registry failure must not discard the fit
+        res.surrogate.save(out / "model")
     if register:
         run_id, mv = _register(res, name, alias, tracking_uri, {"bandpilot.command": "train"})
         version, mname = mv.version, mv.name
-    if out:
-        res.surrogate.save(out / "model")
     if metrics_out:
         from bandpilot.io import write_json_atomic
 

@@ -420,6 +420,7 @@ def dispatch_cmd(
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
+    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected: one reservation goes first to the longest-waiting request (oldest, Slurm's age order) or to the largest projected JCT (wait + estimate, once past 30 h), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -437,6 +438,9 @@ def dispatch_cmd(
     from bandpilot.scheduling.startwait import check_start_wait
 
     check_start_wait(start_or_wait)
+    from bandpilot.scheduling.age_slot import check_age_slot
+
+    check_age_slot(age_slot)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -451,7 +455,7 @@ def dispatch_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
-                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait)
+                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -36,6 +36,7 @@ def simulate_cmd(
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="How BandPilot values a placement: now (against the jobs running now) | lifetime (over its estimated run time: co-tenants that end, later cross-host jobs on its hosts from the arrival mix, the slowdown it imposes on co-tenants) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill)."),
+    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected: one reservation goes first to the longest-waiting request (oldest, Slurm's age order) or to the largest projected JCT (wait + estimate, once past 30 h), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("auto", "--elastic", help="auto (default): on when some job of the trace declares min_k < max_k, else off (a trace without ranges runs exactly as with off) | on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
@@ -73,7 +74,7 @@ def simulate_cmd(
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
-                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing)
+                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)

@@ -11,6 +11,8 @@ import numpy as np
 
 from typing import TYPE_CHECKING
 
+from bandpilot.data.dataset_file import COLUMNS, check_table, read_table, to_frame, to_table, write_atomic
+from bandpilot.data.sparse_masks import SparseMasks
 from bandpilot.errors import DataError
 
 if TYPE_CHECKING:
@@ -24,12 +26,12 @@ if TYPE_CHECKING:
 #   <dir>/measurements.parquet   one row per measurement (repeats kept)
 #   <dir>/cluster.yaml           the spec, self-contained (topologies inline, no table paths)
 #
-# Columns: cluster, gpus (comma-joined GPU ids, sorted in host/index order), masks (list<int64>,
-# per-host bitmask in spec host order), counts (list<int64>), n_gpus, n_hosts, collective,
-# bytes, busbw (GB/s), source (where the row came from), time (UTC ISO-8601).
+# Columns (:mod:`bandpilot.data.dataset_file`): cluster, gpus (comma-joined GPU ids, sorted in
+# host/index order), hosts / host_masks / counts (sparse: the hosts a row uses, ascending in spec
+# order, and their GPU bitmasks and GPU counts), n_gpus, n_hosts, collective, bytes, busbw (GB/s),
+# source (where the row came from), time (UTC ISO-8601).
 DATASET_FILE = "measurements.parquet"
 SPEC_FILE = "cluster.yaml"
-COLUMNS = ("cluster", "gpus", "masks", "counts", "n_gpus", "n_hosts", "collective", "bytes", "busbw", "source", "time")
 
 
 @dataclass
@@ -43,8 +45,14 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.frame)
 
+    def sparse(self) -> SparseMasks:
+        """Every row's allocation as CSR arrays (the form to use at scale)."""
+        return SparseMasks.from_lists(self.frame["hosts"], self.frame["host_masks"], self.spec.n_hosts)
+
     def masks(self) -> np.ndarray:
-        return np.array(self.frame["masks"].tolist(), dtype=np.int64).reshape(len(self.frame), self.spec.n_hosts)
+        """Dense ``(rows, n_hosts)`` masks: for small clusters or a subset of rows (the cross-host
+        pool); 38,415 rows x 2,502 trays would be 770 MB."""
+        return self.sparse().dense()
 
     def busbw(self) -> np.ndarray:
         return self.frame["busbw"].to_numpy(dtype=float)
@@ -74,23 +82,22 @@ class Dataset:
         width = 1 << int(spec.gpus_per_host.max())
         total = np.zeros((spec.n_hosts, width))
         count = np.zeros((spec.n_hosts, width))
-        single = self.frame[self.frame["n_hosts"] == 1]
+        single = self.single_host().sparse()  # one host per row
         if len(single):
-            m = np.array(single["masks"].tolist(), dtype=np.int64)
-            h = np.argmax(m != 0, axis=1)
-            sub = m[np.arange(len(m)), h]
-            np.add.at(total, (h, sub), single["busbw"].to_numpy(dtype=float))
-            np.add.at(count, (h, sub), 1.0)
+            bw = self.frame.loc[self.frame["n_hosts"] == 1, "busbw"].to_numpy(dtype=float)
+            np.add.at(total, (single.hosts, single.masks), bw)
+            np.add.at(count, (single.hosts, single.masks), 1.0)
         table = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
         pc = np.bitwise_count(np.arange(width, dtype=np.int64))
-        for hi, host in enumerate(spec.hosts):
-            valid = np.arange(width) < (1 << host.n_gpus)
-            need = valid & (pc >= 2) & (count[hi] == 0)
-            if need.any():
-                raise DataError(
-                    f"dataset for {spec.name!r} lacks {int(need.sum())} intra-host subsets of host "
-                    f"{host.name!r} (stage 1 needs all of them; profile the host first)"
-                )
+        valid = np.arange(width)[None, :] < (np.int64(1) << spec.gpus_per_host)[:, None]
+        need = valid & (pc >= 2)[None, :] & (count == 0)
+        lacking = np.flatnonzero(need.any(axis=1))
+        if lacking.size:
+            host = spec.hosts[int(lacking[0])]
+            raise DataError(
+                f"dataset for {spec.name!r} lacks {int(need[lacking[0]].sum())} intra-host subsets of host "
+                f"{host.name!r} (stage 1 needs all of them; profile the host first)"
+            )
         table[:, pc <= 1] = 0.0
         return table
 
@@ -105,29 +112,42 @@ def frame_from_masks(
     source: str | list[str],
     time: str | list[str] | None = None,
 ) -> "pd.DataFrame":
-    """Build canonical rows from mask vectors (shared by ingestion and profiling)."""
+    """Build canonical rows from dense mask vectors (tables, tests; small clusters)."""
+    return frame_from_sparse(spec, SparseMasks.from_dense(masks), busbw, collective=collective, bytes_=bytes_,
+                             source=source, time=time)
+
+
+def frame_from_sparse(
+    spec: "ClusterSpec",
+    sp: SparseMasks,
+    busbw: np.ndarray,
+    *,
+    collective: str,
+    bytes_: int,
+    source: str | list[str],
+    time: str | list[str] | None = None,
+) -> "pd.DataFrame":
+    """Build canonical rows from sparse allocations (shared by ingestion and profiling)."""
     import datetime as _dt
 
     import pandas as pd
 
-    from bandpilot.topology.cluster import popcount
-
-    masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
     busbw = np.asarray(busbw, dtype=float)
-    if masks.shape[0] != busbw.shape[0]:
+    if len(sp) != busbw.shape[0]:
         raise DataError("masks and bandwidths differ in length")
     if not np.all(np.isfinite(busbw)) or np.any(busbw < 0):
         raise DataError(f"{source if isinstance(source, str) else 'rows'}: bandwidth must be finite and >= 0")
-    counts = popcount(masks)
+    hosts, masks, counts = sp.row_lists()
     now = time or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return pd.DataFrame(
         {
             "cluster": spec.name,
-            "gpus": [",".join(spec.from_mask(m)) for m in masks],
-            "masks": [list(map(int, m)) for m in masks],
-            "counts": [list(map(int, c)) for c in counts],
-            "n_gpus": counts.sum(axis=1).astype(np.int64),
-            "n_hosts": (counts > 0).sum(axis=1).astype(np.int64),
+            "gpus": sp.gpu_strings(spec.host_names, spec.gpus_per_host),
+            "hosts": hosts,
+            "host_masks": masks,
+            "counts": counts,
+            "n_gpus": sp.gpus_per_row(),
+            "n_hosts": sp.hosts_per_row(),
             "collective": collective,
             "bytes": np.int64(bytes_),
             "busbw": busbw,
@@ -139,26 +159,22 @@ def frame_from_masks(
 
 
 def save_dataset(ds: Dataset, out: str | Path) -> Path:
-    """Write ``measurements.parquet`` + ``cluster.yaml`` atomically (temp files, then rename)."""
-    import os
-
+    """Write ``measurements.parquet`` + ``cluster.yaml`` atomically (temp files, then rename), after
+    the same checks a load makes: a bad row is an error and nothing is written."""
     import yaml
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pq_tmp = out / f".{DATASET_FILE}.tmp"
-    spec_tmp = out / f".{SPEC_FILE}.tmp"
-    ds.frame.to_parquet(pq_tmp, index=False)
-    spec_tmp.write_text(yaml.safe_dump(ds.spec.to_dict(), sort_keys=False))
-    os.replace(spec_tmp, out / SPEC_FILE)
-    os.replace(pq_tmp, out / DATASET_FILE)
+    where = str(out / DATASET_FILE)
+    table = to_table(ds.frame, ds.spec.n_hosts, where)
+    check_table(table, ds.spec.name, ds.spec.full_masks, where)
+    write_atomic({out / SPEC_FILE: yaml.safe_dump(ds.spec.to_dict(), sort_keys=False), out / DATASET_FILE: table})
     return out
 
 
 def load_dataset(path: str | Path) -> Dataset:
-    """Load a dataset directory (or its Parquet file). The spec comes from its ``cluster.yaml``."""
-    import pandas as pd
-
+    """Load a dataset directory (or its Parquet file). The spec comes from its ``cluster.yaml``.
+    Files with dense per-host masks (written before the sparse form) are converted on load."""
     from bandpilot.topology.cluster import load_cluster
 
     p = Path(path)
@@ -167,22 +183,9 @@ def load_dataset(path: str | Path) -> Dataset:
     if not pq.is_file():
         raise DataError(f"no dataset at {d} (expected {DATASET_FILE})")
     spec = load_cluster(d / SPEC_FILE)
-    try:
-        frame = pd.read_parquet(pq)
-    except Exception as exc:  # pyarrow raises several types for corrupt files
-        raise DataError(f"{pq}: unreadable Parquet ({exc.__class__.__name__})") from None
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise DataError(f"{pq}: missing columns {missing}")
-    if len(frame) == 0:
-        raise DataError(f"{pq}: dataset is empty")
-    bad = frame["busbw"].isna() | (frame["busbw"] < 0)
-    if bad.any():
-        raise DataError(f"{pq}: row {int(np.flatnonzero(bad.to_numpy())[0])} has a NaN or negative bandwidth")
-    others = set(frame["cluster"]) - {spec.name}
-    if others:
-        raise DataError(f"{pq}: rows from cluster(s) {sorted(others)} in a dataset for {spec.name!r}")
-    return Dataset(spec, frame, d)
+    table = read_table(pq)
+    sp = check_table(table, spec.name, spec.full_masks, str(pq))
+    return Dataset(spec, to_frame(table, sp), d)
 
 
 def dataset_hash(path: str | Path) -> str:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from bandpilot.errors import DataError
 from bandpilot.fabric.tables import TableRow, intra_lookup, read_inter_table, read_intra_table
-from bandpilot.data.dataset import DATASET_FILE, SPEC_FILE, Dataset, frame_from_masks, save_dataset
+from bandpilot.data.dataset import DATASET_FILE, SPEC_FILE, Dataset, frame_from_masks, frame_from_sparse, save_dataset
+from bandpilot.data.sparse_masks import SparseMasks
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -100,7 +101,7 @@ def ingest(directory: str | Path, out: str | Path) -> IngestReport:
     ds = Dataset(spec, frame)
     path = save_dataset(ds, out)
     n_hosts = frame["n_hosts"].to_numpy()
-    used = sorted({h for m in frame["masks"] for h, v in enumerate(m) if v})
+    used = np.unique(ds.sparse().hosts).tolist()
     return IngestReport(
         cluster=spec.name,
         out=path,
@@ -306,12 +307,12 @@ def _frame_from_logs(directory: Path, manifest: Path, spec: "ClusterSpec") -> "t
 
     entries = read_manifest(manifest)
     fp = spec.fingerprint()
-    masks, vals, sources, times, colls, sizes = [], [], [], [], [], []
+    hosts, masks, vals, sources, times, colls, sizes = [], [], [], [], [], [], []
     skipped: dict[str, int] = {}
     for line, e in entries:
         where = f"{manifest}:{line}"
         try:
-            mask = spec.to_mask(e["gpus"])
+            used, mask = spec.to_sparse_mask(e["gpus"])
         except SpecError as exc:
             raise DataError(f"{where}: {exc}") from None
         unknown = [h for h in e["hosts"] if h not in spec.host_index]
@@ -331,6 +332,7 @@ def _frame_from_logs(directory: Path, manifest: Path, spec: "ClusterSpec") -> "t
         if busbw is None:
             text = log.read_text(errors="replace")
             _, busbw = check_log(text, log, e, spec, where)
+        hosts.append(used)
         masks.append(mask)
         vals.append(busbw)
         sources.append(e["log"])
@@ -342,9 +344,9 @@ def _frame_from_logs(directory: Path, manifest: Path, spec: "ClusterSpec") -> "t
         times.append(t)
     if not masks:
         raise DataError(f"{manifest}: no completed measurements ({len(entries)} planned, 0 done)")
-    frame = frame_from_masks(
-        spec, np.array(masks), np.array(vals), collective=spec.collective, bytes_=spec.message_bytes,
-        source=sources, time=times,
+    frame = frame_from_sparse(
+        spec, SparseMasks.from_lists(hosts, masks, spec.n_hosts), np.array(vals), collective=spec.collective,
+        bytes_=spec.message_bytes, source=sources, time=times,
     )
     frame["collective"] = colls
     frame["bytes"] = np.array(sizes, dtype=np.int64)

@@ -165,13 +165,22 @@ class ClusterSpec:
     def to_mask(self, gpus: Iterable[str], where: str = "") -> np.ndarray:
         """One allocation (GPU ids) -> per-host mask vector; duplicates are an error."""
         mask = np.zeros(self.n_hosts, dtype=np.int64)
+        hosts, masks = self.to_sparse_mask(gpus, where)
+        mask[hosts] = masks
+        return mask
+
+    def to_sparse_mask(self, gpus: Iterable[str], where: str = "") -> tuple[list[int], list[int]]:
+        """One allocation -> (the hosts it uses, ascending; their GPU bitmasks): no vector over every
+        host (a dataset of 38,415 rows on 2,502 trays)."""
+        by_host: dict[int, int] = {}
         for g in gpus:
             h, i = self.parse_gpu(g, where)
-            bit = np.int64(1) << i
-            if mask[h] & bit:
+            m = by_host.get(h, 0)
+            if m >> i & 1:
                 raise SpecError(f"GPU {g!r} listed twice{(' in ' + where) if where else ''}")
-            mask[h] |= bit
-        return mask
+            by_host[h] = m | 1 << i
+        hosts = sorted(by_host)
+        return hosts, [by_host[h] for h in hosts]
 
     def to_masks(self, allocations: Sequence[Iterable[str]], where: str = "") -> np.ndarray:
         out = np.zeros((len(allocations), self.n_hosts), dtype=np.int64)
@@ -407,15 +416,19 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         p = p / "cluster.yaml"
     if not p.is_file():
         raise SpecError(f"cluster spec not found: {path}")
+    # libyaml when present (same documents and marks): a dataset's self-contained spec lists every
+    # host, and the pure-Python parser took 2.9 CPU s for 2,502 trays (load + compose for the lines)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    text = p.read_text()
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise SpecError(f"{p}{line}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
     lines = None
     if isinstance(doc, dict) and ("nvlink_domains" in doc or "host_groups" in doc):
-        lines = _key_lines(yaml.compose(p.read_text()))
+        lines = _key_lines(yaml.compose(text, Loader=loader))
     spec = spec_from_dict(doc, p.parent.resolve(), str(p), lines)
     object.__setattr__(spec, "path", p.resolve())
     return spec
