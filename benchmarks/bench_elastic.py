@@ -10,7 +10,8 @@ doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), declare
 queue prices growth by it (``--scaling-pricing perfect``: the row priced as before), ``resize_s = 30``.
 Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
 (``idle``: seed 001's admission as written, into the GPUs idle now; ``srpt``: by estimated remaining
-work, only longer jobs yield).
+work, only longer jobs yield; ``srpt-suspend``: shortest remaining work first at 2 x min_k each, the
+others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
@@ -55,6 +56,9 @@ CONFIGS = {
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
     "elastic + utility, idle admission (seed 001's text)": SimConfig(policy="utility", elastic=True, admission="idle"),
     "elastic + utility, srpt admission": SimConfig(policy="utility", elastic=True, admission="srpt"),
+    # shortest remaining work first, 2 x min_k each; suspension to 0 GPUs at a boundary, or not
+    "elastic, srpt-suspend admission": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
+    "elastic, srpt-host admission (no suspension)": SimConfig(policy="utility", elastic=True, admission="srpt-host"),
     "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
                                                                           admission="min-k", pricing="self"),
     "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
@@ -101,7 +105,8 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 #: The scale run's configurations (``--scale N --scale-configs fifo,elastic``).
 SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
          "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
-         "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt")}
+         "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
+         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend")}
 
 
 def main() -> int:

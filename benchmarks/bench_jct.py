@@ -124,6 +124,11 @@ def mixed(truth, seeds: int) -> str:
         # the same aging, started at 18 h for gangs over 16 GPUs (policies.HRRN_STARVE_BIG_S / HRRN_BIG_GANG)
         f"{label(replace(RECOMMENDED, policy='hrrn-sized'))} (starvation aging by gang size)": replace(RECOMMENDED, policy="hrrn-sized"),
         f"{label(RECOMMENDED)} + preempt leader": replace(RECOMMENDED, preempt="leader"),
+        # the age slot (scheduling/age_slot.py): the longest-waiting request / the largest projected JCT
+        # past 30 h is reserved first, in place of hrrn's second slot; a delay budget for older backfill
+        f"{label(RECOMMENDED)} + age slot oldest": replace(RECOMMENDED, age_slot="oldest"),
+        f"{label(RECOMMENDED)} + age slot projected": replace(RECOMMENDED, age_slot="projected"),
+        f"{label(RECOMMENDED)} + delay budget 4 h": (RECOMMENDED, {(reservations, "DELAY_BUDGET_S"): 4 * H}),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
         f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
         f"{label(PREVIOUS)} + drain target after 24 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H}),

@@ -35,14 +35,14 @@ def load_dispatcher_task(model_uri: str):
 def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str,
                    backfill: str = "greedy", demand: str = "full", locality: float | None = None,
                    preempt: str = "off", pricing: str | None = None, reservations: int | None = None,
-                   start_or_wait: str = "off") -> dict[str, Any]:
+                   start_or_wait: str = "off", age_slot: str = "off") -> dict[str, Any]:
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
         rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand,
                               max_reservations=reservations, locality=locality, pricing=pricing, preempt=preempt,
-                              start_or_wait=start_or_wait)
+                              start_or_wait=start_or_wait, age_slot=age_slot)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")
@@ -80,6 +80,7 @@ def dispatch_flow(
     placement_pricing: str = rec.PRICING,
     reservations: int = rec.RESERVATIONS,
     start_or_wait: str = rec.START_OR_WAIT,
+    age_slot: str = rec.AGE_SLOT,
 ) -> dict[str, Any]:
     """Assign the pending requests of ``cluster``'s queue with ``models:/bandpilot-<cluster>@champion``."""
     prepare()
@@ -95,7 +96,7 @@ def dispatch_flow(
         return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
     rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt, placement_pricing,
-                         reservations, start_or_wait)
+                         reservations, start_or_wait, age_slot)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")
     counts = {s: sum(1 for o in rep.get("outcomes", []) if o.get("status") == s) for s in ("assigned", "deferred", "rejected")}
     log.info("batch on %s: %s", cluster, counts)

@@ -52,3 +52,19 @@ def test_cached_pending_reads_match_full_reads(store, fab):
     assert running in {p.req.id for p in _same(store)}
     q.cancel(store, "late")
     assert "late" not in {p.req.id for p in _same(store)}
+
+
+def test_new_rows_between_known_ones_and_a_full_memory(store, fab, monkeypatch):
+    """Rows not seen before are filled in at their place in the order (a request submitted with an
+    earlier time lands between known rows), also with a utility that changed meanwhile, and a full
+    memory starts afresh without losing a row."""
+    from bandpilot.scheduling import pending
+
+    q.submit(store, [{"id": f"r{i}", "k": 2, "submitted_at": 1000.0 + 10 * i, "utility": 0.5} for i in range(5)])
+    _same(store)
+    q.submit(store, [{"id": "early", "k": 1, "submitted_at": 1015.0}, {"id": "first", "k": 1, "submitted_at": 1.0}])
+    q.report_entropy(store, [{"job": "r1", "entropy": 0.9}, {"job": "early", "entropy": 0.7}])
+    assert [p.req.id for p in _same(store)] == ["first", "r0", "r1", "early", "r2", "r3", "r4"]
+    monkeypatch.setattr(pending, "_SEEN_MAX", 8)  # 7 known + 2 new > 8: every row read in full again
+    q.submit(store, [{"id": "mid", "k": 1, "submitted_at": 1025.0}, {"id": "last", "k": 1}])
+    assert [p.req.id for p in _same(store)] == ["first", "r0", "r1", "early", "r2", "mid", "r3", "r4", "last"]

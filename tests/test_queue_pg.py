@@ -172,3 +172,26 @@ def test_pg_a_dropped_idle_connection_is_replaced_not_an_error(pg_url, schema, m
             assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != pid
     finally:
         s.close()
+
+
+def test_pg_bulk_deferrals_match_eager(pg_url, store):
+    """Quick deferrals recorded in bulk write the same rows and report as the eager path (a second
+    store in its own schema)."""
+    from test_bulk_deferrals import scenario_bulk_matches_eager
+
+    other = f"bpq_{uuid.uuid4().hex[:12]}"
+    eager = new_store(pg_url, h100(), schema=other)
+    try:
+        scenario_bulk_matches_eager(store, eager)
+    finally:
+        eager.close()
+        eng = sa.create_engine(pg_url)
+        with eng.begin() as conn:
+            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{other}" CASCADE')
+        eng.dispose()
+
+
+def test_pg_entropy_reports_build_on_the_last_one(store):
+    from test_simulation import scenario_entropy_reports_build_on_the_last_one
+
+    scenario_entropy_reports_build_on_the_last_one(store)

@@ -279,7 +279,7 @@ def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
     assert [r["request_id"] for r in rep.reservations] == ["B"] and q.check_invariants(store) == []
 
 
-def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch):
+def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch, age_slot="off"):
     """G (32 GPUs: the whole cluster) is blocked behind A and holds the EASY reservation; 9 h later a
     short 16-GPU S overtakes it in hrrn order (ratio 2.17 vs G's capped 2.13), then A ends."""
     from bandpilot.scheduling import reservations
@@ -287,7 +287,7 @@ def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch):
     monkeypatch.setattr(reservations, "DRAIN_AFTER_S", drain_after_s)
     h = [x.name for x in fab.spec.hosts]
     d = Dispatcher(fab)
-    run = lambda: sched.run_batch(store, d, policy="hrrn", backfill="easy")  # noqa: E731
+    run = lambda: sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot=age_slot)  # noqa: E731
     q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
     run()
     clock.t = 10.0
@@ -359,3 +359,48 @@ def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_it
     if not t_starts:
         assert out["T"].reason == "protects_reservation"
     assert q.check_invariants(store) == []
+
+
+@pytest.mark.parametrize("mode, extra, reserved", [
+    ("off", False, ["S"]),  # the default: the slot follows hrrn's order
+    ("oldest", False, ["G"]),  # G has waited longest: the age slot replaces EASY's one policy slot
+    ("oldest", True, ["G", "S"]),  # one slot more than the depth: G first, then hrrn's S
+])
+def test_the_age_slot_goes_to_the_longest_waiting_request_first(store, fab, monkeypatch, mode, extra, reserved):
+    """The drain scenario with the age slot instead of the drain target (issue 21, the largest JCT):
+    at 9 h a short S overtakes G in hrrn order; G, the oldest pending request, is reserved first."""
+    from bandpilot.scheduling import age_slot
+
+    monkeypatch.setattr(age_slot, "AGE_SLOT_EXTRA", extra)
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot=mode)
+    assert [r["request_id"] for r in mid.reservations] == reserved
+
+
+@pytest.mark.parametrize("after_h, reserved", [(20, ["G"]), (40, ["S"])])
+def test_the_projected_age_slot_waits_for_its_threshold(store, fab, monkeypatch, after_h, reserved):
+    """G's projected JCT at 9 h is ~9 h waited + its 20 h limit = 29 h: past 20 h it takes the slot, not before 40 h."""
+    from bandpilot.scheduling import age_slot
+
+    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", after_h * 3600.0)
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="projected")
+    assert [r["request_id"] for r in mid.reservations] == reserved
+
+
+def test_the_age_slot_skips_gangs_above_its_size_cap(store, fab, monkeypatch):
+    """G (32 GPUs) is the oldest, but only gangs of <= 16 GPUs compete for the age slot: G gets none."""
+    from bandpilot.scheduling import age_slot
+
+    monkeypatch.setattr(age_slot, "AGE_SLOT_MAX_K", 16)
+    clock = Clock()
+    with use_clock(clock):
+        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="oldest")
+    assert "G" not in [r["request_id"] for r in mid.reservations]
+
+
+def test_an_unknown_age_slot_is_refused(store, fab):
+    with pytest.raises(RequestError):
+        sched.run_batch(store, Dispatcher(fab), backfill="easy", age_slot="eldest")

@@ -186,6 +186,28 @@ def test_report_entropy_updates_utility_and_refuses_bad_reports(store):
         q.report_entropy(store, {"job": "b", "entropy": 0.3})
 
 
+def scenario_entropy_reports_build_on_the_last_one(store) -> None:
+    """Each report's utility builds on the job's LAST report (highest id), across calls and jobs,
+    however many reports a job has (shared with test_queue_pg.py)."""
+    from bandpilot.queue.learning import entropy_utility
+
+    q.submit(store, [{"id": "a", "k": 2}, {"id": "b", "k": 2}, {"id": "c", "k": 2}])
+    q.report_entropy(store, [{"job": "a", "entropy": 0.9, "epoch": 0}, {"job": "b", "entropy": 0.8},
+                             {"job": "a", "entropy": 0.6, "epoch": 3}, {"job": "a", "entropy": 0.5, "epoch": 4}])
+    q.report_entropy(store, [{"job": "b", "entropy": 0.7}, {"job": "b", "entropy": 0.4}])
+    out = q.report_entropy(store, [{"job": "c", "entropy": 0.3}, {"job": "a", "entropy": 0.2},
+                                   {"job": "b", "entropy": 0.1}])
+    by = {o["job"]: o for o in out}
+    assert (by["a"]["epoch"], by["b"]["epoch"], by["c"]["epoch"]) == (5, 3, 0)
+    assert by["a"]["utility"] == pytest.approx(entropy_utility(0.2, 0.5, 0.5))
+    assert by["b"]["utility"] == pytest.approx(entropy_utility(0.1, 0.4, 0.5))
+    assert by["c"]["utility"] == pytest.approx(entropy_utility(0.3, None, 0.5))
+
+
+def test_entropy_reports_build_on_the_last_one(store):
+    scenario_entropy_reports_build_on_the_last_one(store)
+
+
 def test_utility_policy_follows_reports_and_sjf_follows_estimates(store, fab):
     d = Dispatcher(fab)
     q.submit(store, [{"id": f"r{i}", "k": 32, "submitted": 100 + i} for i in range(3)])

@@ -275,7 +275,7 @@ def rebalance_cmd(
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
-    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -292,15 +292,19 @@ def rebalance_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
                     policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing)
-    doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting}
+    doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting,
+           "suspended": rep.suspended}
     if as_json:
         _echo_json(doc)
         return
     for r in rep.resized:
         typer.echo(f"{r['job']}: {r['previous_k']} -> {r['k']} GPUs (generation {r['generation']})")
+    for rid in rep.suspended:
+        typer.echo(f"{rid}: suspended (0 GPUs until it resumes)")
     for rid, gpus in rep.admitted.items():
         typer.echo(f"{rid}: started on {len(gpus)} GPUs")
-    typer.echo(f"{len(rep.resized)} resized, {len(rep.admitted)} admitted, {len(rep.waiting)} waiting")
+    typer.echo(f"{len(rep.resized)} resized, {len(rep.suspended)} suspended, {len(rep.admitted)} admitted, "
+               f"{len(rep.waiting)} waiting")
 
 
 @queue_app.command("cancel")
@@ -416,6 +420,7 @@ def dispatch_cmd(
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
+    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected: one reservation goes first to the longest-waiting request (oldest, Slurm's age order) or to the largest projected JCT (wait + estimate, once past 30 h), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -433,6 +438,9 @@ def dispatch_cmd(
     from bandpilot.scheduling.startwait import check_start_wait
 
     check_start_wait(start_or_wait)
+    from bandpilot.scheduling.age_slot import check_age_slot
+
+    check_age_slot(age_slot)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -447,7 +455,7 @@ def dispatch_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
-                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait)
+                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot)
     if as_json:
         _echo_json(rep.to_dict())
         return

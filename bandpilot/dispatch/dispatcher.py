@@ -116,8 +116,9 @@ class Dispatcher:
         #: search's CPU); False: never
         self.shape_bandwidth_seed: bool | None = None
         #: shaped requests: refinement passes run on the shape search's pick, in order (names in
-        #: :data:`bandpilot.dispatch.shaped.REFINERS`: ``local`` swaps, ``nonlocal`` group / host moves);
-        #: None: :func:`bandpilot.dispatch.shaped.default_refiners` (no non-local pass on NVLink-domain clusters)
+        #: :data:`bandpilot.dispatch.shaped.REFINERS`: ``local`` swaps, ``nonlocal`` group / host moves,
+        #: ``rail`` re-deal inside units); None: :func:`bandpilot.dispatch.shaped.default_refiners`
+        #: (``local`` + ``nonlocal`` where units are hosts, ``local`` + ``rail`` on NVLink-domain clusters)
         self.shape_refiners: tuple[str, ...] | None = None
 
     def with_locality(self, locality: float) -> "Dispatcher":

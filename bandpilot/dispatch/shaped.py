@@ -21,6 +21,7 @@ from bandpilot.dispatch.search.context import SearchContext
 from bandpilot.dispatch.search.domains import Units
 from bandpilot.dispatch.search.shape import Placement, rank_order, score, shape_search
 from bandpilot.dispatch.search.shape_moves import refine_nonlocal
+from bandpilot.dispatch.search.shape_rail import refine_rail
 from bandpilot.dispatch.search.shape_refine import refine
 from bandpilot.dispatch.shape import Shape
 from bandpilot.errors import PlacementError
@@ -29,19 +30,21 @@ SHAPE_ALGORITHMS = ("shape", "blind", "segment", "bandpilot")
 
 #: Refinement passes of the shape search's pick (each ``(pred, shape, placement, free) -> placement``,
 #: never predicted slower than its input); ``Dispatcher.shape_refiners`` names the ones that run.
-REFINERS: dict[str, Callable[..., Placement]] = {"local": refine, "nonlocal": refine_nonlocal}
+REFINERS: dict[str, Callable[..., Placement]] = {"local": refine, "nonlocal": refine_nonlocal, "rail": refine_rail}
 DEFAULT_REFINERS: tuple[str, ...] = ("local", "nonlocal")
 
 
 def default_refiners(spec: Any) -> tuple[str, ...]:
-    """The passes ``Dispatcher.shape_refiners = None`` runs: all of them, but no non-local pass on
-    NVLink-domain clusters. Measured (``python -m benchmarks shape``, nvl72x16, 36 idle + busy
-    cases): the pick is already within 0.28 % (geomean) of what a 30-round hill climb with random
-    kicks on the truth finds (``benchmarks.bench_shape_gap``), the non-local pass gained 0.0 points
-    true and cost p50 35 ms per select at load 4.0 (12 ms without, load 0.7). On h100-128 it gained
-    3.2 points true (8.3 -> 11.5 % below blind), p50 about 2x (interleaved A/B at load 12.5: 24.8
-    -> 50.8 ms, p99 225 -> 401 ms)."""
-    return ("local",) if spec.nvlink_domains else DEFAULT_REFINERS
+    """The passes ``Dispatcher.shape_refiners = None`` runs: ``local`` + ``nonlocal`` where units
+    are hosts, ``local`` + ``rail`` on NVLink-domain clusters. Measured (``python -m benchmarks
+    shape``, 36 idle + busy cases): on h100-128 the non-local pass gained 3.2 points true (8.3 ->
+    11.5 % below blind), p50 about 2x (interleaved A/B at load 12.5: 24.8 -> 50.8 ms, p99 225 ->
+    401 ms); on nvl72x16 it gained 0.0 points (p50 35 vs 12 ms). The rail layout on nvl72x16
+    (scratch A/B, ``run_cluster(..., busy=2, seed, frag=1)``): seed 0 14.6 -> 16.2 %, held-out
+    seeds 1 16.6 -> 18.1 %, 2 16.6 -> 17.9 % (frag states +0.5 / +1.5 / +1.7 points); CPU per
+    select p50 14.9 -> 19.4 ms, p99 60 -> 66 ms (interleaved, load 10). Where units are hosts it
+    only permutes a host's ranks."""
+    return ("local", "rail") if spec.nvlink_domains else DEFAULT_REFINERS
 
 
 def _chain(names: tuple[str, ...]) -> Callable[..., Placement] | None:

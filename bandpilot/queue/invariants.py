@@ -66,6 +66,8 @@ def check_invariants(store: Store) -> list[str]:
         if r.status == "released" and getattr(jobs.get(rid), "status", None) != "released":
             bad.append(f"request {rid!r} is released but its job is still active")
     for rid, gen in latest.items():  # a resized job runs on its latest generation and nothing else
+        if getattr(reqs.get(rid), "status", None) == "pending":
+            continue  # suspended (elastic srpt-suspend): it holds nothing, checked above; a resume is a new generation
         a = assigns.get(rid)
         if a is None or sorted(json.loads(gen.gpus)) != sorted(json.loads(a.gpus)):
             bad.append(f"job {rid!r}: generation {gen.generation} is not its current assignment")

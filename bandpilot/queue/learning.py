@@ -58,11 +58,14 @@ def _check_lambda(lam: float) -> float:
     return float(lam)
 
 
-_LAST = (
-    sa.select(T_ENTROPY.c.request_id, T_ENTROPY.c.epoch, T_ENTROPY.c.entropy)
+#: the last report (highest id) of each request in ``b_ids``: a running job reports every epoch, so
+#: reading every report of every reporting job each time grew with the jobs' histories
+_LAST_ID = (
+    sa.select(sa.func.max(T_ENTROPY.c.id))
     .where(T_ENTROPY.c.request_id.in_(sa.bindparam("b_ids", expanding=True)))
-    .order_by(T_ENTROPY.c.request_id, T_ENTROPY.c.id)
+    .group_by(T_ENTROPY.c.request_id)
 )
+_LAST = sa.select(T_ENTROPY.c.request_id, T_ENTROPY.c.epoch, T_ENTROPY.c.entropy).where(T_ENTROPY.c.id.in_(_LAST_ID))
 
 
 def report_entropy(

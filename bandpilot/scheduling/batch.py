@@ -20,6 +20,7 @@ request either untouched or fully assigned and a long batch never blocks other w
 
 from __future__ import annotations
 
+import operator
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,13 +34,14 @@ from bandpilot.errors import ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.assign_write import AssignConflict, num, write_assignment
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.outcomes import BatchReport, Outcome
+from bandpilot.scheduling.outcomes import BatchReport, Outcome, short_detail
 from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
+from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
@@ -52,6 +54,7 @@ from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
+_SEQ = operator.attrgetter("seq")
 
 
 
@@ -117,26 +120,37 @@ class _Plan:
     whole: bool  # every pending request (as of the snapshot) is in the queue
 
 
-def _flush_outcomes(conn: sa.Connection, outs: list[Outcome], batch_id: int | None, plan: _Plan) -> None:
+def _flush_outcomes(conn: sa.Connection, outs: list[Any], batch_id: int | None, plan: _Plan) -> None:
     """Record deferrals and rejections on the request rows, set-based so a long queue costs a few
     statements per batch: one ``attempts + 1`` over every request tried and left pending, then a
-    note (reason, detail) only where it changed. Every statement is guarded by ``status = 'pending'``
-    so a concurrent assignment is never undone."""
-    outs = [o for o in outs if o.status in ("deferred", "rejected")]
-    if not outs:
+    note (reason, detail) only where it changed. ``outs``: outcomes, and the Request of each quick
+    deferral (``insufficient_gpus``). Every statement is guarded by ``status = 'pending'`` so a
+    concurrent assignment is never undone."""
+    rows, ids, note_of = [], [], plan.notes.get
+    quick: dict[int, tuple[str, str]] = {}  # k -> the note of a quick deferral
+    for o in outs:
+        if type(o) is not Outcome:  # a quick deferral's Request (most of a long queue, every batch)
+            rid, note = o.id, quick.get(o.k)
+            if note is None:
+                note = quick[o.k] = ("insufficient_gpus", short_detail(o.k))
+            ids.append(rid)
+            if note_of(rid) != note:
+                rows.append({"b_id": rid, "b_status": "pending", "b_reason": note[0], "b_detail": note[1]})
+            continue
+        if o.status not in ("deferred", "rejected"):
+            continue
+        ids.append(o.request_id)
+        if o.status == "rejected" or note_of(o.request_id) != (o.reason, o.detail):
+            rows.append({"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
+                         "b_reason": o.reason, "b_detail": o.detail})
+    if not ids:
         return
     ts = now()
     if plan.whole:
         conn.execute(_TOUCH_ALL, {"b_max": plan.max_seq, "b_batch": batch_id, "b_now": ts})
     else:
-        for ids in _chunks([o.request_id for o in outs]):
-            conn.execute(_TOUCH_IDS, {"b_ids": ids, "b_batch": batch_id, "b_now": ts})
-    rows = [
-        {"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
-         "b_reason": o.reason, "b_detail": o.detail}
-        for o in outs
-        if o.status == "rejected" or plan.notes.get(o.request_id) != (o.reason, o.detail)
-    ]
+        for chunk in _chunks(ids):
+            conn.execute(_TOUCH_IDS, {"b_ids": chunk, "b_batch": batch_id, "b_now": ts})
     if rows:
         conn.execute(_NOTE, rows)
 
@@ -161,6 +175,7 @@ def run_batch(
     pricing: str | None = None,
     preempt: str = "off",
     start_or_wait: str = "off",
+    age_slot: str = "off",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -187,6 +202,9 @@ def run_batch(
     backfill): a gang that could start now waits for a nearby running-job end when the service time
     a better predicted placement saves exceeds the queueing it adds (deferred as
     ``waits_for_better_placement``, holding a reservation).
+    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`; needs ``easy`` or ``conservative``):
+    ``oldest`` / ``projected`` reserve the longest-waiting request / the largest projected JCT first,
+    in place of the policy's last reservation slot.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -203,6 +221,7 @@ def run_batch(
     check_backfill(backfill)
     check_preempt(preempt)
     check_start_wait(start_or_wait)
+    check_age_slot(age_slot)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
@@ -219,6 +238,7 @@ def run_batch(
     b.after_each = after_each
     b.preempt = preempt
     b.start_or_wait = start_or_wait
+    b.age_slot = age_slot
     if commit == "batch":
         b.in_one_transaction()
     else:
@@ -243,6 +263,7 @@ class _Batch:
         self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
         self.start_or_wait = "off"
+        self.age_slot = "off"
         self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
@@ -308,6 +329,7 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations, estimates=self.estimates(conn))
             self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
+            reserve_oldest(self.book, pl.queue, self.age_slot)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)
@@ -336,27 +358,33 @@ class _Batch:
             self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
         quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
         self.report.quotas = quotas
-        return _Plan(queue, quotas, notes, max((p.seq for p in pending), default=0), whole)
+        return _Plan(queue, quotas, notes, max(map(_SEQ, pending), default=0), whole)
 
-    def run(self, conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Outcome]:
-        """Every request of the plan in order; over-quota ones after the rest. Returns the outcomes to note."""
+    def run(self, conn_for: Callable[[], Any], pl: _Plan, batch_id: int) -> list[Any]:
+        """Every request of the plan in order; over-quota ones after the rest. Returns what to note:
+        outcomes, and the Request of each quick deferral."""
         used: dict[str, int] = {}
         held: list[Pending] = []
-        to_flush: list[Outcome] = []
-        # a request that cannot fit what is free (most of a long queue): what one() does with it, inline
-        quick = self.placer.quick_deferral if self.book is None and self.after_each is None else None
-        outcomes, version = self.report.outcomes, self.version
+        to_flush: list[Any] = []
+        report, placer = self.report, self.placer
+        # A request that cannot fit what is free (most of a long queue) is deferred in bulk, inline:
+        # what one() would record, without building an Outcome (BatchReport.add_quick). GPUs only
+        # leave the pool within the batch, so n_free is re-read only after a request was tried.
+        bulk = self.book is None and self.after_each is None and placer.state is not None
+        valid, n_free = placer.valid_keys, placer.n_free
+        report.stamp(now())
         for p in pl.queue:
-            if pl.quotas is not None and used.get(p.req.tenant, 0) + p.req.k > pl.quotas.get(p.req.tenant, 0):
+            req = p.req
+            if pl.quotas is not None and used.get(req.tenant, 0) + req.k > pl.quotas.get(req.tenant, 0):
                 held.append(p)  # over its tenant's quota: only gets GPUs nobody within quota took
                 continue
-            if quick is not None:
-                o = quick(p.req, version)
-                if o is not None:
-                    to_flush.append(o)
-                    outcomes.append(o)
-                    continue
+            if bulk and n_free < req.k and (req.k, req.constraints.key) in valid:
+                to_flush.append(req)
+                report.add_quick(req)
+                continue
             self.one(conn_for, p, batch_id, False, used, to_flush)
+            n_free = placer.n_free
+            report.stamp(now())
         for p in held:
             self.one(conn_for, p, batch_id, True, used, to_flush)
         return to_flush
@@ -373,7 +401,7 @@ class _Batch:
             to_flush.append(o)
         elif o.status == "assigned":
             used[p.req.tenant] = used.get(p.req.tenant, 0) + p.req.k
-        self.report.outcomes.append(o)
+        self.report.add(o)
         if self.after_each is not None:
             self.after_each(o)
 
@@ -449,7 +477,7 @@ class _Batch:
         out.search_ms = num(getattr(sel, "search_ms", None))
         return out
 
-    def finish(self, conn: sa.Connection, to_flush: list[Outcome], pl: _Plan) -> None:
+    def finish(self, conn: sa.Connection, to_flush: list[Any], pl: _Plan) -> None:
         """Reservations, deferral notes, the batch row and a fragmentation sample, in that order."""
         report = self.report
         assert report.batch_id is not None
@@ -474,7 +502,7 @@ def _finish_batch(conn: sa.Connection, batch_id: int, report: BatchReport) -> No
         sa.update(T_BATCH)
         .where(T_BATCH.c.id == batch_id)
         .values(
-            finished_at=report.finished_at, n_considered=len(report.outcomes), n_assigned=c["assigned"],
+            finished_at=report.finished_at, n_considered=report.n_outcomes, n_assigned=c["assigned"],
             n_deferred=c["deferred"], n_rejected=c["rejected"],
         )
     )

@@ -48,6 +48,7 @@ from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and 
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, DEFAULT_SCALING_MODE, GROW_GAIN, PRICERS, SCALING_MODES, Context, Grown, grow_ratio)
 from bandpilot.scheduling.elastic_remaining import remaining_work
+from bandpilot.scheduling.elastic_srpt import record_resume, suspend_job, was_suspended
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
@@ -68,6 +69,7 @@ class RebalanceReport:
     resized: list[dict[str, Any]] = field(default_factory=list)  # generations.resize summaries
     admitted: dict[str, list[str]] = field(default_factory=dict)  # request id -> GPUs
     waiting: list[str] = field(default_factory=list)  # pending requests not admitted
+    suspended: list[str] = field(default_factory=list)  # running jobs sent back to pending (srpt-suspend)
 
 
 def rebalance(
@@ -126,8 +128,11 @@ def rebalance(
             u = p.req.utility if p.req.utility is not None else prior
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False,
                                    rem.get(p.req.id, math.inf)))
-        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free)
+        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=int(spec.gpus_per_host.max()))
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
+        if any(rep.quotas.get(jid) == 0 for jid in held):  # srpt-suspend: 0 GPUs until it resumes
+            _suspend_all(conn, rep, held, rem, {r.id: r.k for r in running})
+            state = store.load_state(conn, spec)
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
                      PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k),
                      etas, scaling == "declared")
@@ -135,6 +140,17 @@ def rebalance(
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
     return rep
+
+
+def _suspend_all(conn, rep: RebalanceReport, held: dict[str, np.ndarray], rem: dict[str, float],
+                 k_req: dict[str, int]) -> None:
+    """The running jobs whose quota is 0 go back to pending (their GPUs freed in this transaction),
+    their estimate the remaining run time at their requested ``k``."""
+    ts = now()
+    for jid in [j for j in held if rep.quotas.get(j) == 0]:
+        suspend_job(conn, jid, rem.get(jid, math.inf) / k_req[jid], ts)
+        del held[jid], rep.quotas[jid]
+        rep.suspended.append(jid)
 
 
 @dataclass
@@ -327,9 +343,12 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
     if pick is None:
         return state, False
     q, sel = options[pick][0], sels[pick]
+    resumed = ADMISSIONS[rnd.admission].suspend and was_suspended(conn, req.id)
     # the job starts at q (its range allows it): the assignment and job rows say q, the request keeps k
     if write_assignment(conn, replace(req, k=q), sel, None, ts, uri, version, algorithm, rnd.demand) != "assigned":
         return state, False
+    if resumed:
+        record_resume(conn, req.id, list(sel.gpus), ts)
     pressed = float(getattr(sel, "standalone_gbps", None) or 0.0) * pressure_factor(req.comm_fraction, rnd.demand)
     rep.admitted[req.id] = list(sel.gpus)
     rep.quotas[req.id] = q

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bandpilot.errors import RequestError
+from bandpilot.scheduling.elastic_srpt import srpt_quotas
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Admission:
     doc: str
     idle_only: bool = False
     srpt: bool = False  # pending ones in order of remaining work; only jobs with more remaining yield to min_k
+    host_srpt: bool = False  # quotas by remaining work, one host's worth each (bandpilot.scheduling.elastic_srpt)
+    suspend: bool = False  # with host_srpt: a running job may get 0 GPUs (suspended at its boundary)
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
@@ -80,6 +83,13 @@ ADMISSIONS = {a.name: a for a in (
     Admission("srpt", lambda c, n: max(c.lo, min(c.k // 2, n)), False,
               "by remaining work: jobs with less remaining keep their size, the others yield to min_k; "
               "a newcomer claims half its k", srpt=True),
+    # fewer jobs at once (README issue 22, flags): shortest remaining work first, one host's worth
+    # each; running jobs keep min_k (srpt-host) or are suspended to 0 at their boundary (srpt-suspend)
+    Admission("srpt-host", lambda c, n: c.lo, False,
+              "by remaining work, each up to one host's GPUs; running jobs keep their min_k", srpt=True, host_srpt=True),
+    Admission("srpt-suspend", lambda c, n: c.lo, False,
+              "by remaining work, each up to one host's GPUs; a running job that gets none is suspended "
+              "at its epoch boundary (0 GPUs) and resumes later", srpt=True, host_srpt=True, suspend=True),
 )}
 DEFAULT_ADMISSION = "fit-k"
 
@@ -116,11 +126,16 @@ def _admitted(cands: Sequence[Candidate], n_gpus: int, rule: Admission, n_idle: 
 
 
 def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION,
-                   n_idle: int | None = None) -> dict[str, int]:
+                   n_idle: int | None = None, host: int = 8) -> dict[str, int]:
     """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
     most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
     pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits
-    (``n_idle``: the GPUs idle now, for the rules that admit into idle GPUs only; default all)."""
+    (``n_idle``: the GPUs idle now, for the rules that admit into idle GPUs only; default all).
+    The ``srpt-host``/``srpt-suspend`` rules share by remaining work, up to ``host`` GPUs each,
+    and ``srpt-suspend`` may give a running job 0 (:func:`~bandpilot.scheduling.elastic_srpt.srpt_quotas`)."""
+    rule = ADMISSIONS[admission]
+    if rule.host_srpt:
+        return srpt_quotas(cands, n_gpus, host, rule.suspend)
     admitted = _admitted(cands, n_gpus, ADMISSIONS[admission], n_gpus if n_idle is None else n_idle)
     if not admitted:
         return {}

@@ -70,7 +70,9 @@ def remaining_work(conn: sa.Connection, running: Mapping[str, int], pending: Ite
         if e is None:
             out[jid] = math.inf
             continue
-        g = gens.get(jid, [])
+        # a job suspended and resumed (srpt-suspend) starts a new assignment: its estimate is then
+        # the remaining run time, so only the generations since that assignment count
+        g = [x for x in gens.get(jid, []) if float(x.at) >= float(r.assigned_at)]
         starts = [float(r.assigned_at)] + [float(x.at) for x in g]
         ends = starts[1:] + [at]
         # generation 0 ran at the first resize's previous size (never resized: at the size held now)

@@ -29,8 +29,8 @@ NARROW_STMT = sa.select(T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.submitted_at
 _FULL_BY_SEQ = PENDING_STMT.where(T_REQ.c.seq.in_(sa.bindparam("b_seqs", expanding=True)))
 #: position of id, k, submitted_at, utility in a full pending row
 _ID, _K, _SUB, _UTIL = 1, 2, 6, 5
-#: per engine (one store's database): seq -> the request columns of its full pending row
-_SEEN: "weakref.WeakKeyDictionary[Any, dict[int, tuple]]" = weakref.WeakKeyDictionary()
+#: per engine (one store's database): seq -> [the request columns of its full pending row, its Pending]
+_SEEN: "weakref.WeakKeyDictionary[Any, dict[int, list]]" = weakref.WeakKeyDictionary()
 _SEEN_MAX = 200_000
 
 
@@ -40,25 +40,38 @@ def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[st
     if seen is None:
         seen = _SEEN[conn.engine] = {}
     narrow = plain_rows(conn, NARROW_STMT)
-    missing = []
-    for seq, rid, k, sub, _u, _r, _d in narrow:
-        row = seen.get(seq)
-        if row is None or row[_ID] != rid or row[_K] != k or row[_SUB] != sub:
-            missing.append(seq)
-    if missing:
-        if len(seen) + len(missing) > _SEEN_MAX:
+    # one pass over the rows: a known row's Pending as is (rebuilt if its utility changed); rows not
+    # seen before (or a seq reused) leave a gap filled after one bulk read of their full rows
+    get, out, notes, gaps = seen.get, [], {}, []
+    for seq, rid, k, sub, util, reason, detail in narrow:
+        e = get(seq)
+        if e is None or e[0][_ID] != rid or e[0][_K] != k or e[0][_SUB] != sub:
+            gaps.append((len(out), seq, util))
+            out.append(None)
+        else:
+            if e[0][_UTIL] != util:  # the one request column that changes while it waits (entropy reports)
+                _set_util(e, util)
+            out.append(e[1])
+        notes[rid] = (reason, detail)
+    if gaps:
+        if len(seen) + len(gaps) > _SEEN_MAX:  # start afresh: every row read in full
             seen.clear()
-            missing = [r[0] for r in narrow]
+            gaps = [(i, r[0], r[4]) for i, r in enumerate(narrow)]
+        missing = [seq for _, seq, _ in gaps]
         for i in range(0, len(missing), 500):
             for t in conn.execute(_FULL_BY_SEQ, {"b_seqs": missing[i : i + 500]}).all():
-                seen[t[0]] = tuple(t)[:PENDING_REQ_COLS]
-    out, notes = [], {}
-    for seq, rid, _k, _s, util, reason, detail in narrow:
-        row = seen[seq]
-        if row[_UTIL] != util:  # the one request column that changes while it waits (entropy reports)
-            row = seen[seq] = row[:_UTIL] + (util,) + row[_UTIL + 1 :]
-        out.append(row_to_pending(row))
-        notes[rid] = (reason, detail)
+                row = tuple(t)[:PENDING_REQ_COLS]
+                seen[t[0]] = [row, row_to_pending(row)]
+        for pos, seq, util in gaps:
+            e = seen[seq]
+            if e[0][_UTIL] != util:  # reported between the two reads
+                _set_util(e, util)
+            out[pos] = e[1]
     if len(seen) > 2 * len(narrow) + 1024:  # requests no longer pending: forget them
         _SEEN[conn.engine] = {r[0]: seen[r[0]] for r in narrow}
     return out, notes
+
+
+def _set_util(e: list, util: Any) -> None:
+    row = e[0] = e[0][:_UTIL] + (util,) + e[0][_UTIL + 1 :]
+    e[1] = row_to_pending(row)

@@ -13,7 +13,7 @@ from bandpilot.dispatch.state import State
 from bandpilot.errors import BandPilotError, ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.outcomes import Outcome
+from bandpilot.scheduling.outcomes import Outcome, short_detail
 from bandpilot.scheduling.outlook import attach, run_time
 from bandpilot.scheduling.postfilter import Plan, PostFilter, RecordReason, Unschedulable, run_post_filters
 from bandpilot.queue.requests import Request, validate_request
@@ -60,7 +60,6 @@ class Placer:
         self._fail: dict[tuple[int, str], tuple[str, str]] = {}
         self._never: dict[tuple[int, str], str | None] = {}
         self._valid: set[tuple[int, str]] = set()
-        self._short_of: dict[int, str] = {}  # quick deferrals' detail per k
         self.post_filters: list[PostFilter] = [RecordReason()]  # "nothing fits" plug-ins, default last
         #: lifetime pricing (:mod:`bandpilot.scheduling.outlook`): the future each placement is priced
         #: over, with the run-time estimates that give each request its horizon; None: priced now
@@ -99,13 +98,20 @@ class Placer:
         leave the pool within our run) is deferred without opening a transaction."""
         k = req.k
         if self._n_free < k and self.state is not None and (k, req.constraints.key) in self._valid:
-            detail = self._short_of.get(k)
-            if detail is None:
-                detail = self._short_of[k] = f"needs {k} GPUs, fewer are free"
-            # positional: every pending request that cannot fit makes one per batch (hot path)
-            return Outcome(req.id, req.tenant, k, "deferred", "insufficient_gpus", detail, [], None, None, None,
+            return Outcome(req.id, req.tenant, k, "deferred", "insufficient_gpus", short_detail(k), [], None, None, None,
                            version, None, now())
         return None
+
+    @property
+    def n_free(self) -> int:
+        """Free GPUs of the current state (0 before one is set)."""
+        return self._n_free
+
+    @property
+    def valid_keys(self) -> set[tuple[int, str]]:
+        """(k, constraints key) of the requests validated so far: a quick deferral needs one
+        (an invalid request is rejected when tried, whatever is free)."""
+        return self._valid
 
     def place(self, req: Request, hide: np.ndarray | None = None) -> Any:
         """A validated Selection, or raise :class:`Deferred`. ``hide``: free GPUs the request may not
@@ -124,7 +130,7 @@ class Placer:
             self._valid.add(vkey)
         n_free = st.n_free
         if n_free < k:
-            raise Deferred("deferred", "insufficient_gpus", f"needs {k} GPUs, fewer are free")
+            raise Deferred("deferred", "insufficient_gpus", short_detail(k))
         feas = c.filter(self.spec, st.free, k, self.dom_ids, self.allowed_mask(c))
         if feas.short in _SHORT:
             raise Deferred("deferred", "constraint_unmet", _SHORT[feas.short].format(k=k))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Mapping, Sequence
@@ -114,6 +115,10 @@ def utility_prior(pending: Sequence[Pending]) -> float:
     return float(np.mean(known)) if known else 1.0
 
 
+#: (submitted_at, seq): the FIFO order, as a C-level key (the batch sorts every pending request)
+_FIFO_KEY = operator.attrgetter("submitted_at", "seq")
+
+
 def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None,
                   now: float | None = None, attained: Mapping[str, float] | None = None) -> list[Pending]:
     """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
@@ -136,7 +141,7 @@ def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str
         got = attained or {}
         return sorted(pending, key=lambda p: (las_level(got.get(p.req.id, 0.0)), p.submitted_at, p.seq))
     if policy == "fifo":
-        return sorted(pending, key=lambda p: (p.submitted_at, p.seq))
+        return sorted(pending, key=_FIFO_KEY)
     if policy == "sjf":
         exp = expected or {}
         return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))

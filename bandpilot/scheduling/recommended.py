@@ -55,3 +55,5 @@ LOCALITY = 0.5
 PRICING = "now"
 PREEMPT = "off"
 START_OR_WAIT = "on"
+#: ``--age-slot`` (:mod:`bandpilot.scheduling.age_slot`).
+AGE_SLOT = "off"

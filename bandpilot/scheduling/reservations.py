@@ -62,6 +62,12 @@ DRAIN_AFTER_S = math.inf
 #: backfilled during one 16 h whole-cluster drain overran their limit). 3 = issue 21's stated
 #: estimate error ("off by up to 3x"). 1 = plain EASY.
 DRAIN_ESTIMATE_SLACK = 1.0
+#: Delay budget (issue 21, the largest JCT; Slurm's ``bf_window`` bounds how far ahead backfill plans,
+#: this bounds how much a backfill may cost a reservation): a request that has waited longer than a
+#: reservation's holder may start now on its GPUs if it is expected to end at most this long after
+#: the reservation's start - a small long-waiting gang plans into the shadow of a younger gang's
+#: reservation. 0 = off (the default; plain EASY / conservative protection).
+DELAY_BUDGET_S = 0.0
 
 
 def check_backfill(mode: str) -> str:
@@ -79,6 +85,7 @@ class Reservation:
     predicted_gbps: float | None
     expected_s: float | None
     drain: bool = False  # a drain target: kept by this gang across batches until it starts
+    submitted_at: float | None = None  # the holder's submission (the delay budget compares waits)
 
     @property
     def end_at(self) -> float:
@@ -177,7 +184,9 @@ class Book:
 
     def hold(self, r: Reservation) -> None:
         """A gang that could start now waits for a better placement (:mod:`bandpilot.scheduling.startwait`):
-        its GPUs at ``r.start_at`` are protected like a reservation's, without using a backfill slot."""
+        its GPUs at ``r.start_at`` are protected like a reservation's, without using a backfill slot.
+        A reservation the gang already had (the age slot reserves it before it is tried) is replaced."""
+        self.reservations = [x for x in self.reservations if x.request_id != r.request_id]
         self.reservations.append(r)
         self.holds += 1
 
@@ -190,7 +199,8 @@ class Book:
         safe_end = math.inf if est is None else self.now + est * DRAIN_ESTIMATE_SLACK
         out = np.zeros(self.spec.n_hosts, dtype=np.int64)
         for r in self.reservations:
-            if r.start_at < (safe_end if r.drain else end) and r.request_id != req.id:  # never hides its own GPUs
+            start = r.start_at + _budget(req, r)
+            if start < (safe_end if r.drain else end) and r.request_id != req.id:  # never hides its own GPUs
                 out |= r.mask
         return out if out.any() else None
 
@@ -260,7 +270,7 @@ class Book:
                 continue
             gpus = list(sel.gpus)
             r = Reservation(req.id, req.k, len(self.reservations), t, gpus, self.spec.to_mask(gpus),
-                            _f(getattr(sel, "predicted_gbps", None)), est)
+                            _f(getattr(sel, "predicted_gbps", None)), est, submitted_at=req.submitted_at)
             self.reservations.append(r)
             return r
         return None
@@ -289,6 +299,13 @@ def write_reservations(conn: sa.Connection, reservations: list[Reservation], bat
              "gpus": json.dumps(r.gpus), "predicted_gbps": r.predicted_gbps, "mode": mode, "computed_at": ts}
             for r in reservations
         ])
+
+
+def _budget(req: Request, r: Reservation) -> float:
+    """How long ``req`` may delay ``r``: :data:`DELAY_BUDGET_S` if it has waited longer than r's holder."""
+    if DELAY_BUDGET_S <= 0 or r.drain or req.submitted_at is None or r.submitted_at is None:
+        return 0.0
+    return DELAY_BUDGET_S if req.submitted_at < r.submitted_at else 0.0
 
 
 def _f(v: Any) -> float | None:

@@ -124,6 +124,8 @@ class ElasticSim(_Sim):
         self.batches += 1
         for jid in at:
             self.priced[jid] = (seen[jid], key)
+        for jid in rep.suspended:  # first: their GPUs are what the others took
+            self._suspend(jid)
         for rz in rep.resized:
             r = self.running[rz["job"]]
             self.busy &= ~r.mask
@@ -140,14 +142,21 @@ class ElasticSim(_Sim):
             rec = self.recs[rid]
             mask = self.spec.to_mask(gpus)
             self.busy |= mask
-            rec.start_s, rec.status = t, "running"
+            rec.start_s = t if rec.start_s is None else rec.start_s  # a resumed job keeps its first start
+            rec.status = "running"
             rec.gpus = ",".join(gpus)
             rec.n_hosts = int((mask != 0).sum())
             rec.b_ref = self.truth.reference(max(rec.k, 2))
-            self.running[rid] = _Run(rec, mask, curve_for(rid, self.cfg.seed))
-            self.last_resize[rid] = 0
+            p0, reported = self._kept.pop(rid, (0.0, 1))
+            r = self.running[rid] = _Run(rec, mask, curve_for(rid, self.cfg.seed), progress=p0, reported=reported,
+                                         started=t, p0=p0)
+            self.last_resize[rid] = int(p0 * self._epochs(rid) + 1e-9)
+            if p0 > 0:  # resuming costs one resize (restart from the checkpoint at its boundary)
+                rec.resizes += 1
+                rec.wasted_gpu_s += self.cfg.resize_s * len(gpus)
+                r.resize_pending = True  # type: ignore[attr-defined]
             self.pending.discard(rid)
-        if rep.resized:  # the resize cost: resize_s more of the job's time at its new rate
+        if any(getattr(r, "resize_pending", False) for r in self.running.values()):  # the resize cost: resize_s more of the job's time at its new rate
             self._rates()
             for r in self.running.values():
                 if getattr(r, "resize_pending", False):
@@ -155,6 +164,16 @@ class ElasticSim(_Sim):
                     r.resize_pending = False  # type: ignore[attr-defined]
         self.last_key = self._key()
         return len(rep.admitted) + len(rep.resized)
+
+    def _suspend(self, jid: str) -> None:
+        """Suspended at its epoch boundary (srpt-suspend): back to the queue with its progress (the
+        checkpoint is the boundary; like a resize, the fraction into the epoch is kept)."""
+        r = self.running.pop(jid)
+        self._kept[jid] = (r.progress, r.reported)
+        r.rec.preemptions += 1
+        r.rec.status = "pending"
+        self.busy &= ~r.mask
+        self.pending.add(jid)
 
     def _rates(self) -> None:
         for r, bi, si in self._achieved():

@@ -47,6 +47,7 @@ from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
 from bandpilot.scheduling.startwait import START_WAIT_MODES
+from bandpilot.scheduling.age_slot import AGE_SLOT_MODES
 from bandpilot.scheduling.elastic import ADMISSIONS, DEFAULT_ADMISSION
 from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, DEFAULT_SCALING_MODE, PRICERS, SCALING_MODES
 from bandpilot.queue.learning import DEFAULT_LAMBDA
@@ -78,6 +79,7 @@ class SimConfig:
     placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
     start_or_wait: str = recommended.START_OR_WAIT  # off | on (bandpilot.scheduling.startwait)
+    age_slot: str = recommended.AGE_SLOT  # off | oldest | projected (bandpilot.scheduling.age_slot)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
@@ -109,6 +111,8 @@ class SimConfig:
             raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
         if self.start_or_wait not in START_WAIT_MODES:
             raise SimulationError(f"unknown start-or-wait mode {self.start_or_wait!r}: use one of {', '.join(START_WAIT_MODES)}")
+        if self.age_slot not in AGE_SLOT_MODES:
+            raise SimulationError(f"unknown age slot {self.age_slot!r}: use one of {', '.join(AGE_SLOT_MODES)}")
         if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
             raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.admission not in ADMISSIONS:
@@ -289,13 +293,13 @@ class _Sim:
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, backfill=self.cfg.backfill, max_reservations=self.cfg.reservations,
                         locality=self.cfg.locality, pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
-                        start_or_wait=self.cfg.start_or_wait)
+                        start_or_wait=self.cfg.start_or_wait, age_slot=self.cfg.age_slot)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:
                 self._evict(t, vid)
-        for o in rep.outcomes:
-            if o.status == "deferred":  # most of a long queue, every batch: nothing to record
+        for o in rep.tried():  # not the quick deferrals (most of a long queue, every batch): nothing to record
+            if o.status == "deferred":
                 continue
             rec = self.recs[o.request_id]
             if o.status == "assigned":

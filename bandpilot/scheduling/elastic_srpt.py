@@ -1,0 +1,109 @@
+"""Fewer elastic jobs at once, each on up to one host, shortest remaining work first - and, as an
+option, suspension to 0 GPUs at an epoch boundary. The ``srpt-host`` and ``srpt-suspend`` admission
+rules of :mod:`bandpilot.scheduling.elastic_admission` (flags, README issue 22: not seed 001's rule).
+
+Why: under ``fit-k`` every admitted job keeps at least its ``min_k``, so once the burst is in, ~14
+jobs run at once at their floors (processor sharing) and the quota weights decide little. Seed
+001's own quotas (eq. 31, ``G · U_j / Σ U`` rounded to integers) have no floor: a job may get 0.
+
+*Quotas* (:func:`srpt_quotas`): every candidate (running ones at a boundary and pending ones) in
+order of estimated remaining work (:mod:`bandpilot.scheduling.elastic_remaining`) claims
+:data:`CLAIM_FACTOR` times its ``min_k`` (within ``max_k`` and one host: beyond it a job's
+collective crosses the NICs), or what is left if that is at least its ``min_k``. A running job that
+gets nothing keeps its ``min_k`` (``srpt-host``) or, with ``suspend``, gets 0: it is suspended at
+its epoch boundary (:func:`suspend_job`: back to pending, its remaining run time as its estimate)
+and resumes, at the cost of one resize, when it is again among the shortest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Sequence
+
+import sqlalchemy as sa
+
+from bandpilot.errors import RequestError
+from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GEN, T_GPUS, T_JOBS, T_REQ
+
+
+def _snap_down(lo: int, hi: int, step: int, x: int) -> int:
+    """The largest size of ``lo + n·step`` (<= hi) that is <= x; 0 if x < lo."""
+    if x < lo:
+        return 0
+    return lo + ((min(x, hi) - lo) // step) * step
+
+
+#: A job's claim is this many times its ``min_k`` (within ``max_k`` and one host): measured on seed
+#: 001's workload (README issue 22), 2 beat ``min_k`` itself, 3x, the requested ``k`` and a whole host -
+#: small gangs are cheaper in GPU-hours at η < 1, but a job at its floor runs slowly for hours.
+CLAIM_FACTOR = 2
+
+
+def claim(c, host: int) -> int:
+    """The GPUs a candidate asks for under the ``srpt-*`` rules."""
+    return max(c.lo, min(c.hi, CLAIM_FACTOR * c.lo, host))
+
+
+def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool) -> dict[str, int]:
+    """Quotas by remaining work (module docstring): every running candidate gets a quota (0 only
+    with ``suspend``); pending ones left out wait."""
+    running = [c for c in cands if c.running]
+    floors = 0 if suspend else sum(c.lo for c in running)
+    if floors > n_gpus:
+        raise RequestError(f"running jobs need {floors} GPUs at their min_k but only {n_gpus} are in play")
+    budget = n_gpus - floors  # without suspension the running jobs' floors are reserved first
+    out: dict[str, int] = {}
+    # shortest remaining first; a running job before a pending one of equal work (no churn on ties)
+    for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
+        base = c.lo if (c.running and not suspend) else 0
+        q = _snap_down(c.lo, c.hi, c.step, min(claim(c, host), budget + base))
+        if q:
+            out[c.id] = q
+            budget -= q - base
+        elif c.running:
+            out[c.id] = base  # its floor (srpt-host) or 0: suspended
+    return out
+
+
+def suspend_job(conn: sa.Connection, jid: str, remaining_s: float, ts: float) -> None:
+    """A running job back to pending at its epoch boundary (its checkpoint): its GPUs freed, its
+    assignment and job rows removed, its estimate set to the remaining run time at its requested
+    ``k``, one audit row; raises if it is no longer running (the caller's transaction rolls back)."""
+    conn.execute(
+        sa.update(T_GPUS).where(T_GPUS.c.job_id == jid)
+        .values(state=sa.case((T_GPUS.c.drain_pending, "unavailable"), else_="free"),
+                job_id=None, drain_pending=False, updated_at=ts))
+    n_job = conn.execute(sa.delete(T_JOBS).where(T_JOBS.c.id == jid, T_JOBS.c.status == "active")).rowcount
+    conn.execute(sa.delete(T_ASSIGN).where(T_ASSIGN.c.request_id == jid))
+    n_req = conn.execute(
+        sa.update(T_REQ).where(T_REQ.c.id == jid, T_REQ.c.status == "assigned")
+        .values(status="pending", reason="suspended", detail="suspended at an epoch boundary (srpt-suspend)",
+                updated_at=ts)).rowcount
+    if n_job != 1 or n_req != 1:
+        raise RequestError(f"job {jid!r} is no longer running: it cannot be suspended")
+    if math.isfinite(remaining_s) and remaining_s > 0:
+        conn.execute(sa.delete(T_ESTIMATES).where(T_ESTIMATES.c.request_id == jid))
+        conn.execute(sa.insert(T_ESTIMATES).values(request_id=jid, expected_s=float(remaining_s)))
+    conn.execute(sa.insert(T_AUDIT).values(
+        at=ts, actor="scheduler", action="suspend", target=jid, outcome="ok",
+        detail=json.dumps({"remaining_s": remaining_s if math.isfinite(remaining_s) else None}, sort_keys=True)))
+
+
+def was_suspended(conn: sa.Connection, jid: str) -> bool:
+    """Is this pending request a suspended job (read before its next assignment clears the reason)?"""
+    return conn.execute(sa.select(T_REQ.c.reason).where(T_REQ.c.id == jid)).scalar_one_or_none() == "suspended"
+
+
+def record_resume(conn: sa.Connection, jid: str, gpus: Sequence[str], ts: float) -> int:
+    """A resumed job's new assignment is its next generation (``reason = 'resume'``, from 0 GPUs):
+    ``queue show`` / ``/launch`` show a new generation, and the job's latest generation is the GPUs
+    it runs on (the invariant). Returns the generation."""
+    gen = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(T_GEN.c.generation), 0))
+                           .where(T_GEN.c.request_id == jid)).scalar_one()) + 1
+    conn.execute(sa.insert(T_GEN).values(request_id=jid, generation=gen, k=len(gpus), gpus=json.dumps(list(gpus)),
+                                         previous_k=0, epoch=None, predicted_gbps=None, reason="resume", at=ts))
+    conn.execute(sa.insert(T_AUDIT).values(
+        at=ts, actor="scheduler", action="resume", target=jid, outcome="ok",
+        detail=json.dumps({"generation": gen, "k": len(gpus)}, sort_keys=True)))
+    return gen
