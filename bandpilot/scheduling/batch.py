@@ -146,9 +146,8 @@ def run_batch(
     backfill): a gang that could start now waits for a nearby running-job end when the service time
     a better predicted placement saves exceeds the queueing it adds (deferred as
     ``waits_for_better_placement``, holding a reservation).
-    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`; needs ``easy`` or ``conservative``):
-    ``oldest`` / ``projected`` reserve the longest-waiting request / the largest projected JCT first,
-    in place of the policy's last reservation slot.
+    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
+    longest-waiting request / the largest projected JCT first, in place of the last policy slot.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -179,14 +178,8 @@ def run_batch(
     store.refresh()
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
-    b.after_each = after_each
-    b.preempt = preempt
-    b.start_or_wait = start_or_wait
-    b.age_slot = age_slot
-    if commit == "batch":
-        b.in_one_transaction()
-    else:
-        b.per_request()
+    b.after_each, b.preempt, b.start_or_wait, b.age_slot = after_each, preempt, start_or_wait, age_slot
+    (b.in_one_transaction if commit == "batch" else b.per_request)()
     return b.report
 
 
@@ -204,10 +197,8 @@ class _Batch:
         self.placer = Placer(self.mspec, dispatcher, algorithm)
         self.report = BatchReport(None, policy, commit, self.uri, self.version, now(), backfill=backfill)
         self.book: Book | None = None
-        self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
-        self.start_or_wait = "off"
-        self.age_slot = "off"
+        self.preempt = self.start_or_wait = self.age_slot = "off"
         self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
