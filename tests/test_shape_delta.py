@@ -40,6 +40,15 @@ def _check(fab, case, seed):
         score(pred, shp, moved)
         # exact, not approximate: the refinement must pick the same move as the full re-score
         np.testing.assert_array_equal(scorer.step_ms(H, Ix), [m.step_ms for m in moved])
+        # the next round's base, built from the touched groups alone, is the full score too
+        j = int(np.random.default_rng(seed).integers(H.shape[0]))
+        child = scorer.child(j, "moved")
+        assert child.placement.step_ms == moved[j].step_ms and child.placement.axis_gbps == moved[j].axis_gbps
+        H2, I2 = _random_moves(fab, state, shp, child.placement, np.random.default_rng(seed + 1))
+        if H2.shape[0]:
+            moved2 = [Placement(H2[i], I2[i]) for i in range(H2.shape[0])]
+            score(pred, shp, moved2)
+            np.testing.assert_array_equal(child.step_ms(H2, I2), [m.step_ms for m in moved2])
 
 
 @settings(max_examples=40, deadline=None)

@@ -114,6 +114,12 @@ class MoveScorer:
             pending[a] = (M3[0], spans3[0], _axis(pred, M3, cols, spans3, every, every, None, rows))
         vals = rows.run(pred)
         self.base = {a: {"M": M, "spans": spans, **finish(vals)} for a, (M, spans, finish) in pending.items()}
+        self._fill()
+        self._last: dict[str, Any] | None = None
+
+    def _fill(self) -> None:
+        """The base placement's figures from its groups', as :func:`score` fills them."""
+        base = self.placement
         base.compute_ms = self.compute
         base.axis_gbps = {a: float(b["value"].min()) for a, b in self.base.items()}
         base.comm_ms = {a: self.vol[a] / (v * 1e9) * 1e3 if v > 0 else float("inf") for a, v in base.axis_gbps.items()}
@@ -129,9 +135,12 @@ class MoveScorer:
         pending = {a: self._plan(a, _masks(Hc, Ix, g, cols.size), cols, rows) for a, g in self.granks.items()}
         vals = rows.run(self.pred)
         total = np.zeros(C)
-        for a, (ti, keep, finish) in pending.items():
+        self._last = {"H": H, "Ix": Ix}
+        for a, (ti, tg, keep, finish) in pending.items():
             bw = keep.copy()
-            np.minimum.at(bw, ti, finish(vals)["value"])
+            got = finish(vals)
+            self._last[a] = (ti, tg, got)
+            np.minimum.at(bw, ti, got["value"])
             with np.errstate(divide="ignore"):
                 comm = np.where(bw > 0, self.vol[a] / (bw * 1e9) * 1e3, np.inf)
             total = total + comm
@@ -146,9 +155,33 @@ class MoveScorer:
         j = int(np.argmin(step))  # the first of equals, as ``min`` there
         if not step[j] < self.placement.step_ms * (1 - 1e-9):
             return None
-        return MoveScorer(self.pred, self.shape, Placement(H[j], Ix[j], label=label))
+        return self.child(j, label)
 
-    def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: _Rows) -> tuple[np.ndarray, np.ndarray, Finish]:
+    def child(self, j: int, label: str) -> MoveScorer:
+        """The scorer of neighbour ``j`` of the last :meth:`step_ms` call, from the base's groups and
+        the neighbour's touched groups (an untouched group's inputs are the base's, so are its
+        figures): no model call."""
+        assert self._last is not None
+        out = object.__new__(MoveScorer)
+        out.pred, out.shape, out.vol, out.compute, out.granks = self.pred, self.shape, self.vol, self.compute, self.granks
+        H, Ix = self._last["H"], self._last["Ix"]
+        out.placement = Placement(H[j], Ix[j], label=label)
+        out.base = {}
+        for a, g in self.granks.items():
+            ti, tg, got = self._last[a]
+            at = ti == j
+            b = {k: v.copy() for k, v in self.base[a].items()}
+            b["M"] = _masks(H[j:j + 1], Ix[j:j + 1], g, self.pred.spec.n_hosts)[0]
+            b["spans"][tg[at]] = self.pred._spans(b["M"][tg[at]])
+            for k, v in got.items():
+                b[k][tg[at]] = v[at]
+            out.base[a] = b
+        out._fill()
+        out._last = None
+        return out
+
+    def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: _Rows
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Finish]:
         """Axis ``a``'s touched groups (their neighbour index), each neighbour's slowest untouched
         group, and the touched groups' pending figures."""
         b = self.base[a]
@@ -163,4 +196,4 @@ class MoveScorer:
         hit = (used3 & changed[:, :, None]).any(axis=1) | (changed[:, :, None] & (bM != 0)[None]).any(axis=1)
         touched = changed | (spans3 & (used3 & hit[:, None, :]).any(axis=2))
         keep = np.where(touched, np.inf, b["value"][None]).min(axis=1)
-        return np.nonzero(touched)[0], keep, _axis(self.pred, M3, cols, spans3, changed, touched, b, rows)
+        return *np.nonzero(touched), keep, _axis(self.pred, M3, cols, spans3, changed, touched, b, rows)
