@@ -32,11 +32,15 @@ def test_srpt_suspend_gives_the_shortest_their_claims_and_suspends_the_longest()
     assert elastic_quotas([long_run, mid_run, short_p], 8, "srpt-host", host=8) == {"short": 2, "mid": 2, "long": 4}
     # claims stop at one host and at max_k; what is left goes to a job at >= its min_k
     big = Candidate("big", 16, 8, 32, 1, 0.5, False, remaining=10.0)
-    assert elastic_quotas([big], 32, "srpt-suspend", host=8) == {"big": 8}
-    assert elastic_quotas([big, short_p], 12, "srpt-suspend", host=8) == {"big": 8, "short": 2}
-    assert elastic_quotas([big, short_p], 9, "srpt-suspend", host=8) == {"big": 8, "short": 1}  # what is left >= min_k
+    waits = Candidate("w", 16, 16, 32, 1, 0.5, False, remaining=1e9)  # too big for what is left: it waits
+    assert elastic_quotas([big, waits], 20, "srpt-suspend", host=8) == {"big": 8}
+    assert elastic_quotas([big, short_p, waits], 12, "srpt-suspend", host=8) == {"big": 8, "short": 2}
+    assert elastic_quotas([big, short_p, waits], 9, "srpt-suspend", host=8) == {"big": 8, "short": 1}
     stepped = Candidate("st", 8, 2, 10, 4, 0.5, False, remaining=1.0)  # sizes 2, 6, 10
-    assert elastic_quotas([stepped], 5, "srpt-suspend", host=8) == {"st": 2}
+    assert elastic_quotas([stepped, waits], 5, "srpt-suspend", host=8) == {"st": 2}
+    # when nothing waits, what is left grows the shortest first, up to max_k (work conserving)
+    assert elastic_quotas([big], 32, "srpt-suspend", host=8) == {"big": 32}
+    assert elastic_quotas([big, short_p], 12, "srpt-suspend", host=8) == {"big": 10, "short": 2}
 
 
 @settings(max_examples=60, deadline=None)

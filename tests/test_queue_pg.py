@@ -195,3 +195,9 @@ def test_pg_entropy_reports_build_on_the_last_one(store):
     from test_simulation import scenario_entropy_reports_build_on_the_last_one
 
     scenario_entropy_reports_build_on_the_last_one(store)
+
+
+def test_pg_writes_together(store):
+    from test_writes_together import scenario_writes_together
+
+    scenario_writes_together(store)

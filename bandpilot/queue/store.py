@@ -117,6 +117,8 @@ class Store:
         self._gpu_loc: dict[str, tuple[int, int]] = {}
         #: the active jobs of the last load_state, reused while unchanged (see load_state)
         self._jobs: dict[str, Job] = {}
+        #: the open connection of a writes_together block (per thread / task)
+        self._together: ContextVar[sa.Connection | None] = ContextVar(f"bp_together_{id(self)}", default=None)
         self.migrate()
 
     # -- engines --------------------------------------------------------------------------
@@ -188,21 +190,42 @@ class Store:
     # -- transactions ---------------------------------------------------------------------
     @contextmanager
     def write(self) -> Iterator[sa.Connection]:
-        """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success, rolls back on error."""
+        """A write transaction (BEGIN IMMEDIATE on SQLite); commits on success, rolls back on error.
+        Inside :meth:`writes_together` it is a savepoint of that block's transaction instead."""
+        outer = self._together.get()
         try:
-            with self.engine.connect() as conn:
-                with conn.begin():
-                    yield conn
-                    entry = AUDIT_CONTEXT.get()
-                    if entry is not None and not entry["written"]:
-                        res = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"})
-                        entry["written"], entry["id"] = True, res.inserted_primary_key[0]
+            if outer is not None:
+                with outer.begin_nested():  # all or nothing, as on its own; committed with the block
+                    yield outer
+                    _audit(outer)
+            else:
+                with self.engine.connect() as conn:
+                    with conn.begin():
+                        yield conn
+                        _audit(conn)
         except sa.exc.OperationalError as exc:
             msg = _dberr(exc)
             if "locked" in msg or "busy" in msg:
                 raise StoreError(f"store {self.safe_url} is busy: another writer held it for over {self.timeout:g}s",
                                  code="store_busy") from None
             raise StoreError(f"store {self.safe_url}: {msg}") from None
+
+    @contextmanager
+    def writes_together(self) -> Iterator[None]:
+        """Every :meth:`write` in the block (this thread / task) runs in ONE transaction, each as a
+        savepoint: one commit instead of one per write (a simulation writes arrivals, estimates,
+        entropy reports and releases before every batch). An error inside a write undoes that write
+        as before and leaves the block's transaction to the caller's handling; :meth:`read` in the
+        block does not see the block's writes before it ends."""
+        if self._together.get() is not None:
+            yield
+            return
+        with self.write() as conn:
+            token = self._together.set(conn)
+            try:
+                yield
+            finally:
+                self._together.reset(token)
 
     @contextmanager
     def read(self, *, snapshot: bool = True) -> Iterator[sa.Connection]:
@@ -421,6 +444,14 @@ _ACTIVE_JOBS_STMT = (
 IDLE_PING_S = 10.0
 _VERSIONS = sa.select(T_SCHEMA.c.version)
 _AUDIT_INSERT = sa.insert(T_AUDIT)  # built once; the values travel as parameters
+
+
+def _audit(conn: sa.Connection) -> None:
+    """The audit row of the request being served (:data:`AUDIT_CONTEXT`), once, in its write."""
+    entry = AUDIT_CONTEXT.get()
+    if entry is not None and not entry["written"]:
+        res = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"})
+        entry["written"], entry["id"] = True, res.inserted_primary_key[0]
 
 
 def _ping_when_idle(engine: sa.Engine, idle_s: float) -> None:

@@ -34,7 +34,8 @@ from bandpilot.errors import ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.assign_write import AssignConflict, num, write_assignment
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.outcomes import BatchReport, Outcome, short_detail
+from bandpilot.scheduling.deferral_notes import flush_outcomes
+from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
@@ -49,7 +50,7 @@ from bandpilot.scheduling.policies import (
 )
 from bandpilot.scheduling.pending import load_pending  # also imported from here (elastic, tests)
 from bandpilot.queue.requests import Request
-from bandpilot.queue.schema import T_BATCH, T_REQ
+from bandpilot.queue.schema import T_BATCH
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
@@ -89,28 +90,6 @@ def check_model(store: Store, dispatcher: Any) -> None:
 
 
 
-_TOUCH_ALL = (
-    sa.update(T_REQ)
-    .where(T_REQ.c.status == "pending", T_REQ.c.seq <= sa.bindparam("b_max"))
-    .values(attempts=T_REQ.c.attempts + 1, last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
-)
-_TOUCH_IDS = (
-    sa.update(T_REQ)
-    .where(T_REQ.c.id.in_(sa.bindparam("b_ids", expanding=True)), T_REQ.c.status == "pending")
-    .values(attempts=T_REQ.c.attempts + 1, last_batch=sa.bindparam("b_batch"), updated_at=sa.bindparam("b_now"))
-)
-_NOTE = (
-    sa.update(T_REQ)
-    .where(T_REQ.c.id == sa.bindparam("b_id"), T_REQ.c.status == "pending")
-    .values(status=sa.bindparam("b_status"), reason=sa.bindparam("b_reason"), detail=sa.bindparam("b_detail"))
-)
-
-
-def _chunks(seq: list[str], n: int = 500) -> Iterator[list[str]]:
-    for i in range(0, len(seq), n):
-        yield seq[i : i + n]
-
-
 @dataclass
 class _Plan:
     queue: list["Pending"]
@@ -118,41 +97,6 @@ class _Plan:
     notes: dict[str, tuple[str | None, str | None]]  # stored (reason, detail) per pending id
     max_seq: int
     whole: bool  # every pending request (as of the snapshot) is in the queue
-
-
-def _flush_outcomes(conn: sa.Connection, outs: list[Any], batch_id: int | None, plan: _Plan) -> None:
-    """Record deferrals and rejections on the request rows, set-based so a long queue costs a few
-    statements per batch: one ``attempts + 1`` over every request tried and left pending, then a
-    note (reason, detail) only where it changed. ``outs``: outcomes, and the Request of each quick
-    deferral (``insufficient_gpus``). Every statement is guarded by ``status = 'pending'`` so a
-    concurrent assignment is never undone."""
-    rows, ids, note_of = [], [], plan.notes.get
-    quick: dict[int, tuple[str, str]] = {}  # k -> the note of a quick deferral
-    for o in outs:
-        if type(o) is not Outcome:  # a quick deferral's Request (most of a long queue, every batch)
-            rid, note = o.id, quick.get(o.k)
-            if note is None:
-                note = quick[o.k] = ("insufficient_gpus", short_detail(o.k))
-            ids.append(rid)
-            if note_of(rid) != note:
-                rows.append({"b_id": rid, "b_status": "pending", "b_reason": note[0], "b_detail": note[1]})
-            continue
-        if o.status not in ("deferred", "rejected"):
-            continue
-        ids.append(o.request_id)
-        if o.status == "rejected" or note_of(o.request_id) != (o.reason, o.detail):
-            rows.append({"b_id": o.request_id, "b_status": "rejected" if o.status == "rejected" else "pending",
-                         "b_reason": o.reason, "b_detail": o.detail})
-    if not ids:
-        return
-    ts = now()
-    if plan.whole:
-        conn.execute(_TOUCH_ALL, {"b_max": plan.max_seq, "b_batch": batch_id, "b_now": ts})
-    else:
-        for chunk in _chunks(ids):
-            conn.execute(_TOUCH_IDS, {"b_ids": chunk, "b_batch": batch_id, "b_now": ts})
-    if rows:
-        conn.execute(_NOTE, rows)
 
 
 #: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).
@@ -202,9 +146,8 @@ def run_batch(
     backfill): a gang that could start now waits for a nearby running-job end when the service time
     a better predicted placement saves exceeds the queueing it adds (deferred as
     ``waits_for_better_placement``, holding a reservation).
-    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`; needs ``easy`` or ``conservative``):
-    ``oldest`` / ``projected`` reserve the longest-waiting request / the largest projected JCT first,
-    in place of the policy's last reservation slot.
+    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
+    longest-waiting request / the largest projected JCT first, in place of the last policy slot.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -235,14 +178,8 @@ def run_batch(
     store.refresh()
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
-    b.after_each = after_each
-    b.preempt = preempt
-    b.start_or_wait = start_or_wait
-    b.age_slot = age_slot
-    if commit == "batch":
-        b.in_one_transaction()
-    else:
-        b.per_request()
+    b.after_each, b.preempt, b.start_or_wait, b.age_slot = after_each, preempt, start_or_wait, age_slot
+    (b.in_one_transaction if commit == "batch" else b.per_request)()
     return b.report
 
 
@@ -260,10 +197,8 @@ class _Batch:
         self.placer = Placer(self.mspec, dispatcher, algorithm)
         self.report = BatchReport(None, policy, commit, self.uri, self.version, now(), backfill=backfill)
         self.book: Book | None = None
-        self.preempt = "off"
         self.preemptor: PreemptPostFilter | None = None
-        self.start_or_wait = "off"
-        self.age_slot = "off"
+        self.preempt = self.start_or_wait = self.age_slot = "off"
         self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
@@ -482,7 +417,7 @@ class _Batch:
         report = self.report
         assert report.batch_id is not None
         _write_book(conn, self.book, report.batch_id, self.backfill, report)
-        _flush_outcomes(conn, to_flush, report.batch_id, pl)
+        flush_outcomes(conn, to_flush, report.batch_id, pl.notes, pl.whole, pl.max_seq)
         if report.commit == "batch":  # one transaction: finished once the notes are written
             report.finished_at = now()
         _finish_batch(conn, report.batch_id, report)

@@ -12,7 +12,8 @@ order of estimated remaining work (:mod:`bandpilot.scheduling.elastic_remaining`
 collective crosses the NICs), or what is left if that is at least its ``min_k``. A running job that
 gets nothing keeps its ``min_k`` (``srpt-host``) or, with ``suspend``, gets 0: it is suspended at
 its epoch boundary (:func:`suspend_job`: back to pending, its remaining run time as its estimate)
-and resumes, at the cost of one resize, when it is again among the shortest.
+and resumes, at the cost of one resize, when it is again among the shortest. When nothing waits
+(no pending job left out, none suspended), the GPUs left grow the shortest jobs up to ``max_k``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,16 @@ def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool) -> dict[
             budget -= q - base
         elif c.running:
             out[c.id] = base  # its floor (srpt-host) or 0: suspended
+    # nothing waits (no pending job left out, none suspended): what is left grows the shortest, up to
+    # max_k (the pricer still refuses a growth that does not pay). Measured (README issue 22): at 2,000
+    # jobs on 1,024 mostly idle GPUs, claims alone leave large jobs at min_k (-16 % vs FIFO; -28 % with this)
+    if all(out.get(c.id, 0) > 0 for c in cands):
+        for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
+            if budget <= 0:
+                break
+            q = _snap_down(c.lo, c.hi, c.step, out[c.id] + budget) if out[c.id] else 0
+            budget -= max(0, q - out[c.id])
+            out[c.id] = max(q, out[c.id])
     return out
 
 

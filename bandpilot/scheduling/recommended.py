@@ -41,6 +41,13 @@ this default on every figure there, and it costs 8 % of the ``full`` mean over 2
 "Fifth round"); on seeds 24-31 it and ``hrrn-aged`` collapse the queue on two seeds (mean +14 % /
 +15 % and -0.4 % / +7 % vs Slurm-like): named policies only.
 
+``--age-slot projected`` (:mod:`bandpilot.scheduling.age_slot`: the largest projected JCT past 30 h
+is reserved first, in place of hrrn's second slot) meets every target on the 24-seed means (mean
+-35 % / -29 %, p95 -28 % / -23 %, max -9 % / -4 % vs Slurm-like) without costing this default's
+mean, but it loses the ``full`` mean and p95 to this default on the held-out seeds 8-15 and the mean
+and p95 under both models on seeds 24-31 (seed 26: whole-cluster gangs take the slot in turn and
+drain the cluster; README, "Sixth round"): a flag, not the default.
+
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
 and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).

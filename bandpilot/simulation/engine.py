@@ -249,8 +249,13 @@ class _Sim:
 
     # -- store operations ------------------------------------------------------------------
     # The queue acts only at batches, so arrivals, releases and entropy reports since the last one
-    # are written just before it (submit times come from the trace): four transactions per batch.
+    # are written just before it (submit times come from the trace), in one transaction per batch
+    # (each write a savepoint: Store.writes_together).
     def _flush(self) -> None:
+        with self.store.writes_together():
+            self._write_pending()
+
+    def _write_pending(self) -> None:
         rows = self._final_rows
         self._final_rows = []
         if self._to_submit:
