@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_dispatch import NoisyPredictor  # noqa: E402
 from benchmarks.bench_shape import CLUSTERS, SHAPES, _states  # noqa: E402
+from benchmarks.bench_shape_gap import _gm, summary_vs  # noqa: E402
 from benchmarks.shape_bound import Bounder, lower_bound  # noqa: E402
 from bandpilot.dispatch.contention import ContentionPredictor  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
@@ -123,25 +124,9 @@ def exact_small(n: int, ks: tuple[int, ...] = (4, 6)) -> None:
               f"{eq('shape (guide)')} | {_gm(r['shape (guide)']) - 1:+.2%} | {1 - 1 / _gm(r['blind']):+.1%} |", flush=True)
 
 
-def _gm(x: list[float]) -> float:
-    return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
-
-
 def summary(rows: list[dict]) -> None:
-    print("\n| cluster | states | cases | shape vs blind (true) | bound vs blind (most any placement can gain) "
-          "| shape above bound (gm) | shape = bound (certified optimal) | blind = bound |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name in dict.fromkeys(r["cluster"] for r in rows):
-        for sub, sel in (("idle", lambda r: r["state"] == "idle"), ("busy", lambda r: r["state"] != "idle"),
-                         ("idle+busy", lambda r: True)):
-            rs = [r for r in rows if r["cluster"] == name and sel(r)]
-            if not rs:
-                continue
-            eq = lambda a, r: r[a] <= r["bound"] * (1 + TIE)  # noqa: E731
-            print(f"| {name} | {sub} | {len(rs)} | {1 - _gm([r['shape'] / r['blind'] for r in rs]):+.1%} | "
-                  f"{1 - _gm([r['bound'] / r['blind'] for r in rs]):+.1%} | "
-                  f"{_gm([r['shape'] / r['bound'] for r in rs]) - 1:+.2%} | {sum(eq('shape', r) for r in rs)} | "
-                  f"{sum(eq('blind', r) for r in rs)} |")
+    summary_vs(rows, "bound", ["shape vs blind (true)", "bound vs blind (most any placement can gain)",
+                               "shape above bound (gm)", "shape = bound (certified optimal)", "blind = bound"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,21 +137,32 @@ def _gm(x: list[float]) -> float:
     return float(np.exp(np.mean(np.log(x)))) if x else float("nan")
 
 
-def summary(rows: list[dict]) -> None:
-    print("\n| cluster | states | cases | shape vs blind (true) | oracle vs blind (headroom) | shape above oracle (gm) "
-          "| shape = oracle | blind = oracle | shape > oracle by >= 1 % |")
-    print("|---|---|---|---|---|---|---|---|---|")
+def summary_vs(rows: list[dict], ref: str, heads: list[str], extra: tuple | None = None) -> None:
+    """Per cluster and state class: the shape pick and blind against a reference step time `ref` (the
+    hill-climb oracle here, the certified bound in bench_shape_bound); `extra` is (header, rows -> cell)."""
+    heads = heads + ([extra[0]] if extra else [])
+    print("\n| cluster | states | cases | " + " | ".join(heads) + " |")
+    print("|---" * (3 + len(heads)) + "|")
     for name in dict.fromkeys(r["cluster"] for r in rows):
         for sub, sel in (("idle", lambda r: r["state"] == "idle"), ("busy", lambda r: r["state"] != "idle"),
                          ("idle+busy", lambda r: True)):
             rs = [r for r in rows if r["cluster"] == name and sel(r)]
             if not rs:
                 continue
-            eq = lambda a, r: r[a] <= r["oracle"] * (1 + TIE)  # noqa: E731
-            print(f"| {name} | {sub} | {len(rs)} | {1 - _gm([r['shape'] / r['blind'] for r in rs]):+.1%} | "
-                  f"{1 - _gm([r['oracle'] / r['blind'] for r in rs]):+.1%} | "
-                  f"{_gm([r['shape'] / r['oracle'] for r in rs]) - 1:+.2%} | {sum(eq('shape', r) for r in rs)} | "
-                  f"{sum(eq('blind', r) for r in rs)} | {sum(r['shape'] > r['oracle'] * 1.01 for r in rs)} |")
+            eq = lambda a, r: r[a] <= r[ref] * (1 + TIE)  # noqa: E731
+            cells = [f"{1 - _gm([r['shape'] / r['blind'] for r in rs]):+.1%}",
+                     f"{1 - _gm([r[ref] / r['blind'] for r in rs]):+.1%}",
+                     f"{_gm([r['shape'] / r[ref] for r in rs]) - 1:+.2%}",
+                     str(sum(eq("shape", r) for r in rs)), str(sum(eq("blind", r) for r in rs))]
+            if extra:
+                cells.append(str(extra[1](rs)))
+            print(f"| {name} | {sub} | {len(rs)} | " + " | ".join(cells) + " |")
+
+
+def summary(rows: list[dict]) -> None:
+    summary_vs(rows, "oracle", ["shape vs blind (true)", "oracle vs blind (headroom)", "shape above oracle (gm)",
+                                "shape = oracle", "blind = oracle"],
+               ("shape > oracle by >= 1 %", lambda rs: sum(r["shape"] > r["oracle"] * 1.01 for r in rs)))
 
 
 def main(argv: list[str] | None = None) -> int:
