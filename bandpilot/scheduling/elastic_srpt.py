@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from bandpilot.errors import RequestError
 from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GEN, T_GPUS, T_JOBS, T_REQ
+from bandpilot.scheduling.requeue import requeue_running
 
 
 def _snap_down(lo: int, hi: int, step: int, x: int) -> int:
@@ -81,21 +82,9 @@ def suspend_job(conn: sa.Connection, jid: str, remaining_s: float, ts: float) ->
     """A running job back to pending at its epoch boundary (its checkpoint): its GPUs freed, its
     assignment and job rows removed, its estimate set to the remaining run time at its requested
     ``k``, one audit row; raises if it is no longer running (the caller's transaction rolls back)."""
-    conn.execute(
-        sa.update(T_GPUS).where(T_GPUS.c.job_id == jid)
-        .values(state=sa.case((T_GPUS.c.drain_pending, "unavailable"), else_="free"),
-                job_id=None, drain_pending=False, updated_at=ts))
-    n_job = conn.execute(sa.delete(T_JOBS).where(T_JOBS.c.id == jid, T_JOBS.c.status == "active")).rowcount
-    conn.execute(sa.delete(T_ASSIGN).where(T_ASSIGN.c.request_id == jid))
-    n_req = conn.execute(
-        sa.update(T_REQ).where(T_REQ.c.id == jid, T_REQ.c.status == "assigned")
-        .values(status="pending", reason="suspended", detail="suspended at an epoch boundary (srpt-suspend)",
-                updated_at=ts)).rowcount
-    if n_job != 1 or n_req != 1:
+    if not requeue_running(conn, jid, reason="suspended", detail="suspended at an epoch boundary (srpt-suspend)",
+                           remaining_s=remaining_s, ts=ts):
         raise RequestError(f"job {jid!r} is no longer running: it cannot be suspended")
-    if math.isfinite(remaining_s) and remaining_s > 0:
-        conn.execute(sa.delete(T_ESTIMATES).where(T_ESTIMATES.c.request_id == jid))
-        conn.execute(sa.insert(T_ESTIMATES).values(request_id=jid, expected_s=float(remaining_s)))
     conn.execute(sa.insert(T_AUDIT).values(
         at=ts, actor="scheduler", action="suspend", target=jid, outcome="ok",
         detail=json.dumps({"remaining_s": remaining_s if math.isfinite(remaining_s) else None}, sort_keys=True)))

@@ -43,6 +43,7 @@ from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOB
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.placer import Deferred, Placer, merit
 from bandpilot.scheduling.postfilter import Plan, Unschedulable
+from bandpilot.scheduling.requeue import requeue_running
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
 
@@ -245,21 +246,9 @@ def evict(conn: sa.Connection, plan: PreemptPlan, gang: Request, ts: float) -> N
     """Victims back to pending with their expected remaining run time, one audit row. The caller
     assigns the gang in the same savepoint; any surprise raises so the savepoint rolls back."""
     for vid, remaining in plan.remaining:
-        rows = conn.execute(sa.select(T_GPUS.c.id).where(T_GPUS.c.job_id == vid)).all()
-        conn.execute(
-            sa.update(T_GPUS).where(T_GPUS.c.job_id == vid)
-            .values(state=sa.case((T_GPUS.c.drain_pending, "unavailable"), else_="free"),
-                    job_id=None, drain_pending=False, updated_at=ts))
-        n_job = conn.execute(sa.delete(T_JOBS).where(T_JOBS.c.id == vid, T_JOBS.c.status == "active")).rowcount
-        conn.execute(sa.delete(T_ASSIGN).where(T_ASSIGN.c.request_id == vid))
-        n_req = conn.execute(
-            sa.update(T_REQ).where(T_REQ.c.id == vid, T_REQ.c.status == "assigned")
-            .values(status="pending", reason="preempted", detail=f"evicted for {gang.id}", updated_at=ts)).rowcount
-        if not rows or n_job != 1 or n_req != 1:
+        if not requeue_running(conn, vid, reason="preempted", detail=f"evicted for {gang.id}",
+                               remaining_s=remaining, ts=ts):
             raise EvictionConflict(f"victim {vid!r} is no longer running")
-        if remaining is not None and math.isfinite(remaining) and remaining > 0:
-            conn.execute(sa.delete(T_ESTIMATES).where(T_ESTIMATES.c.request_id == vid))
-            conn.execute(sa.insert(T_ESTIMATES).values(request_id=vid, expected_s=float(remaining)))
     conn.execute(sa.insert(T_AUDIT).values(
         at=ts, actor="scheduler", action="preempt", target=gang.id, outcome="ok",
         detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h,
