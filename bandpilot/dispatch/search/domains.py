@@ -52,6 +52,7 @@ UNIT_TARGETS = 6
 #: on the best-fitting tray with the best model value (not exact: other units are not tried; the
 #: emulator's trays are symmetric, so its path is unchanged); ``"per_unit"`` - a coarse count-vector
 #: search per unit (exact over units, 107 unit searches / 16,042 evaluations for k = 2 there).
+#: Trays of mixed GPU types always take the per-unit search.
 ASYMMETRIC = "patterns"
 
 
@@ -240,13 +241,17 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
     return greedy
 
 
+def mixed_types(ctx: SearchContext, hosts: np.ndarray) -> bool:
+    gpu_id, _ = host_ids(ctx.spec)
+    return bool(np.unique(gpu_id[hosts]).size > 1)
+
+
 def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
     """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
     GPUs of it are free): then trays differ only in free count and count patterns are exact."""
     if hosts.size == 0:
         return True
-    gpu_id, _ = host_ids(ctx.spec)
-    if np.unique(gpu_id[hosts]).size > 1:
+    if mixed_types(ctx, hosts):
         return False
     vals = np.round(ctx.best_val[hosts, 1:], 9)
     have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
@@ -270,8 +275,8 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     empty = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if hosts.size == 0:
         return empty
-    if ASYMMETRIC != "patterns" and not symmetric_trays(ctx, hosts):
-        return None
+    if not symmetric_trays(ctx, hosts) and (ASYMMETRIC != "patterns" or mixed_types(ctx, hosts)):
+        return None  # mixed GPU types: a pattern's value depends on the types, not only on counts
     f = ctx.fcount[hosts]
     u_of = units.unit[hosts]
     # trays with >= c free GPUs, per unit (feasibility of nested thresholds: Hall's condition)
