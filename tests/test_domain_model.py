@@ -62,6 +62,22 @@ def test_domain_tokens_are_one_per_domain(fab):
     assert np.allclose(view.inside_values(in_rows), view.patterns.predict(in_rows))
 
 
+
+def test_domain_keys_of_a_row_do_not_depend_on_the_batch(fab):
+    """Unit features are computed on the units some row of the batch touches: a row's keys and
+    tokens alone must equal its keys and tokens among rows that touch other domains."""
+    spec = fab.spec
+    masks = _planned(fab, 40)
+    view = DomainView(spec, fab.stage1, host_arrays(spec), DomainPatterns.fit(spec, fab.stage1, masks, fab.bandwidth_masks(masks)))
+    cross = masks[~view.inside(masks) & ((masks != 0).sum(axis=1) >= 2)]
+    assert cross.shape[0] >= 5
+    batch = view.keys(cross)
+    alone = np.concatenate([view.keys(r[None, :]) for r in cross])
+    assert np.array_equal(batch, alone)
+    assert len({bytes(k) for k in batch}) > 1
+    tok = view.tokens(cross[:1])
+    assert np.array_equal(tok["intra"], view.tokens(cross)["intra"][:1, :tok["intra"].shape[1]])
+
 @pytest.mark.slow
 def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path):
     from bandpilot.model.crossval import fit

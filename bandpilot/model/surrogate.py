@@ -144,9 +144,12 @@ class Surrogate:
             masks = masks[None, :]
         if masks.ndim != 2 or masks.shape[1] != self.spec.n_hosts:
             raise ModelError(f"masks have shape {masks.shape}; the model of {self.spec.name!r} needs (n, {self.spec.n_hosts})")
-        bad = (masks < 0) | ((masks & ~self._full[None, :]) != 0)
+        nz = np.flatnonzero(masks.any(axis=0))  # a search's wide rows touch few hosts
+        sub = masks[:, nz]
+        bad = (sub < 0) | ((sub & ~self._full[None, nz]) != 0)
         if bad.any():
             r, h = (int(x[0]) for x in np.nonzero(bad))
+            h = int(nz[h])
             raise ModelError(f"mask row {r} sets GPUs host {self.spec.hosts[h].name!r} does not have ({int(masks[r, h])})")
         return masks
 

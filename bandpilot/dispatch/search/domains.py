@@ -47,6 +47,13 @@ UNIT_LOCAL_ITERS = 8
 UNIT_EVAL_BUDGET = 2_000
 #: Unused units a local-search move may target (most free GPUs clear of contending jobs first).
 UNIT_TARGETS = 6
+#: Asymmetric trays (a surrogate's stage-1 differs by which GPUs of a tray are free: 9-14 % on the
+#: 10,008-GPU domain model): ``"patterns"`` - count patterns on the best-fit unit anyway, each part
+#: on the best-fitting tray with the best model value (not exact: other units are not tried; the
+#: emulator's trays are symmetric, so its path is unchanged); ``"per_unit"`` - a coarse count-vector
+#: search per unit (exact over units, 107 unit searches / 16,042 evaluations for k = 2 there).
+#: Trays of mixed GPU types always take the per-unit search.
+ASYMMETRIC = "patterns"
 
 
 class Units:
@@ -234,13 +241,17 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
     return greedy
 
 
+def mixed_types(ctx: SearchContext, hosts: np.ndarray) -> bool:
+    gpu_id, _ = host_ids(ctx.spec)
+    return bool(np.unique(gpu_id[hosts]).size > 1)
+
+
 def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
     """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
     GPUs of it are free): then trays differ only in free count and count patterns are exact."""
     if hosts.size == 0:
         return True
-    gpu_id, _ = host_ids(ctx.spec)
-    if np.unique(gpu_id[hosts]).size > 1:
+    if mixed_types(ctx, hosts):
         return False
     vals = np.round(ctx.best_val[hosts, 1:], 9)
     have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
@@ -264,8 +275,8 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     empty = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if hosts.size == 0:
         return empty
-    if not symmetric_trays(ctx, hosts):
-        return None
+    if not symmetric_trays(ctx, hosts) and (ASYMMETRIC != "patterns" or mixed_types(ctx, hosts)):
+        return None  # mixed GPU types: a pattern's value depends on the types, not only on counts
     f = ctx.fcount[hosts]
     u_of = units.unit[hosts]
     # trays with >= c free GPUs, per unit (feasibility of nested thresholds: Hall's condition)
@@ -292,14 +303,15 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
             us = [int(order[j])] if ok_ordered[i, j] else []
         for u in us:
             hs = trays_of[u]
-            hs = hs[np.lexsort((hs, ctx.exposure[hs], ctx.fcount[hs], ctx.exposed[hs]))]
-            taken = np.zeros(hs.size, dtype=bool)
-            f_hs = ctx.fcount[hs]
+            taken = np.zeros(ctx.H, dtype=bool)
             for c in pats[i][pats[i] > 0]:
-                j = int(np.flatnonzero(~taken & (f_hs >= c))[0])
-                taken[j] = True
+                # best fit, then the best model value for c GPUs (constant over trays holding c
+                # when trays are symmetric: the order is then the value-blind one)
+                fit = hs[~taken[hs] & (ctx.fcount[hs] >= c)]
+                h = int(fit[np.lexsort((fit, ctx.exposure[fit], -np.round(ctx.best_val[fit, c], 9), ctx.fcount[fit], ctx.exposed[fit]))[0]])
+                taken[h] = True
                 r_of.append(len(where))
-                h_of.append(int(hs[j]))
+                h_of.append(h)
                 c_of.append(int(c))
             where.append(u)
     if not where:
