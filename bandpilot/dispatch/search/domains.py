@@ -48,12 +48,15 @@ UNIT_EVAL_BUDGET = 2_000
 #: Unused units a local-search move may target (most free GPUs clear of contending jobs first).
 UNIT_TARGETS = 6
 #: Asymmetric trays (a surrogate's stage-1 differs by which GPUs of a tray are free: 9-14 % on the
-#: 10,008-GPU domain model): ``"patterns"`` - count patterns on the best-fit unit anyway, each part
-#: on the best-fitting tray with the best model value (not exact: other units are not tried; the
-#: emulator's trays are symmetric, so its path is unchanged); ``"per_unit"`` - a coarse count-vector
-#: search per unit (exact over units, 107 unit searches / 16,042 evaluations for k = 2 there).
-#: Trays of mixed GPU types always take the per-unit search.
-ASYMMETRIC = "patterns"
+#: 10,008-GPU domain model; an emulated spec with NVLink faults). ``"per_unit"`` (default) - a coarse
+#: count-vector search per unit: exact over units, but 107 unit searches / 16,042 evaluations for
+#: k = 2 on the 10,008-GPU model (select p50 130 ms, p99 5.4 s). ``"best_fit"`` - count patterns on
+#: the best-fit unit only, each part on the best-fitting tray with the best model value: p50 12 ms
+#: there, but another unit with cleaner trays is never tried (worse than per_unit in 84 of 400
+#: faulty-spec cases, min 0.60 of exact: tests/test_domain_asymmetric.py), so not the default.
+#: ``"patterns"`` - the same on every fitting unit: near-exact on the faulty spec (6 of 200 worse)
+#: but more rows than per_unit at 10,008 GPUs (max 31,692). Mixed GPU types always take per_unit.
+ASYMMETRIC = "per_unit"
 
 
 class Units:
@@ -275,8 +278,11 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     empty = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     if hosts.size == 0:
         return empty
-    if not symmetric_trays(ctx, hosts) and (ASYMMETRIC != "patterns" or mixed_types(ctx, hosts)):
-        return None  # mixed GPU types: a pattern's value depends on the types, not only on counts
+    if not symmetric_trays(ctx, hosts):
+        if ASYMMETRIC not in ("patterns", "best_fit") or mixed_types(ctx, hosts):
+            return None  # mixed GPU types: a pattern's value depends on the types, not only on counts
+        # a pattern's value depends on which unit's trays hold it: try it on every unit that can
+        per_unit = per_unit or ASYMMETRIC == "patterns"
     f = ctx.fcount[hosts]
     u_of = units.unit[hosts]
     # trays with >= c free GPUs, per unit (feasibility of nested thresholds: Hall's condition)
