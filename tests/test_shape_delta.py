@@ -40,6 +40,13 @@ def _check(fab, case, seed):
         score(pred, shp, moved)
         # exact, not approximate: the refinement must pick the same move as the full re-score
         np.testing.assert_array_equal(scorer.step_ms(H, Ix), [m.step_ms for m in moved])
+        # a base fully scored by ``score`` hands its groups' figures to the scorer: the same figures
+        assert full_base.groups is not None
+        handed = MoveScorer(pred, shp, full_base)
+        for a, b in scorer.base.items():
+            for key, v in b.items():
+                np.testing.assert_array_equal(handed.base[a][key], v, err_msg=f"{a} {key}")
+        np.testing.assert_array_equal(handed.step_ms(H, Ix), [m.step_ms for m in moved])
         # the next round's base, built from the touched groups alone, is the full score too
         j = int(np.random.default_rng(seed).integers(H.shape[0]))
         child = scorer.child(j, "moved")
