@@ -56,6 +56,10 @@ def _check(fab, case, seed):
             moved2 = [Placement(H2[i], I2[i]) for i in range(H2.shape[0])]
             score(pred, shp, moved2)
             np.testing.assert_array_equal(child.step_ms(H2, I2), [m.step_ms for m in moved2])
+            # the winner hands its figures to the next pass's scorer (local -> non-local)
+            assert child.placement.groups is not None
+            np.testing.assert_array_equal(MoveScorer(pred, shp, child.placement).step_ms(H2, I2),
+                                          [m.step_ms for m in moved2])
 
 
 @settings(max_examples=40, deadline=None)

@@ -184,6 +184,8 @@ class MoveScorer:
             out.base[a] = b
         out._fill()
         out._last = None
+        # the next pass's scorer starts from these figures (read only there: children copy them)
+        out.placement.groups = (self.pred, self.shape, lambda: out.base)
         return out
 
     def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: _Rows
