@@ -40,6 +40,13 @@ def _check(fab, case, seed):
         score(pred, shp, moved)
         # exact, not approximate: the refinement must pick the same move as the full re-score
         np.testing.assert_array_equal(scorer.step_ms(H, Ix), [m.step_ms for m in moved])
+        # a base fully scored by ``score`` hands its groups' figures to the scorer: the same figures
+        assert full_base.groups is not None
+        handed = MoveScorer(pred, shp, full_base)
+        for a, b in scorer.base.items():
+            for key, v in b.items():
+                np.testing.assert_array_equal(handed.base[a][key], v, err_msg=f"{a} {key}")
+        np.testing.assert_array_equal(handed.step_ms(H, Ix), [m.step_ms for m in moved])
         # the next round's base, built from the touched groups alone, is the full score too
         j = int(np.random.default_rng(seed).integers(H.shape[0]))
         child = scorer.child(j, "moved")
@@ -49,6 +56,10 @@ def _check(fab, case, seed):
             moved2 = [Placement(H2[i], I2[i]) for i in range(H2.shape[0])]
             score(pred, shp, moved2)
             np.testing.assert_array_equal(child.step_ms(H2, I2), [m.step_ms for m in moved2])
+            # the winner hands its figures to the next pass's scorer (local -> non-local)
+            assert child.placement.groups is not None
+            np.testing.assert_array_equal(MoveScorer(pred, shp, child.placement).step_ms(H2, I2),
+                                          [m.step_ms for m in moved2])
 
 
 @settings(max_examples=40, deadline=None)

@@ -59,6 +59,10 @@ class Placement:
     compute_ms: float = 0.0
     step_ms: float = 0.0
     label: str = ""
+    #: Set by a full :func:`score`: ``(pred, shape, figures)``, ``figures()`` the per-group figures of
+    #: every axis (``shape_delta.MoveScorer``'s base, so a refinement round does not score it again).
+    groups: tuple[Any, Shape, Callable[[], dict[str, dict[str, np.ndarray]]]] | None = field(
+        default=None, repr=False, compare=False)
 
     def mask(self, n_hosts: int) -> np.ndarray:
         out = np.zeros(n_hosts, dtype=np.int64)
@@ -149,7 +153,7 @@ def _plan_axis(pred: ContentionPredictor, M3: np.ndarray, rows: _Rows, sample: i
     sel3 = _sampled(spans3, single3, sample)
     ci, gi = np.nonzero(sel3)
     M, used, single = M3[ci, gi], used3[ci, gi], single3[ci, gi]
-    plan: dict[str, Any] = {"C": C, "ci": ci, "gi": gi, "single": single, "spans": spans3[ci, gi],
+    plan: dict[str, Any] = {"C": C, "M3": M3, "ci": ci, "gi": gi, "single": single, "spans": spans3[ci, gi],
                             "spans3": spans3, "miss3": spans3 & ~sel3}
     h = np.argmax(used, axis=1)
     plan["stage1"] = pred.model.stage1[h[single], M[single, h[single]]]
@@ -181,6 +185,7 @@ def _axis_values(pred: ContentionPredictor, plan: dict[str, Any], vals: np.ndarr
     if plan["ri"].size:
         np.minimum.at(cap, plan["ri"], vals[plan["tenant"]])
     has = plan["has"]
+    plan["tcap"] = cap.copy()  # (the per-group figures a full score keeps: see :func:`_figures`)
     cap[has] = np.minimum(cap[has], vals[plan["sib"]])
     # siblings' demand: their standalone bandwidth; a screened candidate's unscored spanning groups
     # take the mean of its scored ones
@@ -190,10 +195,12 @@ def _axis_values(pred: ContentionPredictor, plan: dict[str, Any], vals: np.ndarr
     mean = np.bincount(ci[spans], weights=solo[spans], minlength=C) / np.maximum(n_sp, 1)
     miss = plan["miss3"]
     sib[miss] = np.broadcast_to(mean[:, None], miss.shape)[miss]
-    demand = solo + plan["cont"].astype(float) @ pred.job_demand + (plan["share"] * sib[ci]).sum(axis=1)
+    plan["tdem"] = plan["cont"].astype(float) @ pred.job_demand
+    demand = solo + plan["tdem"] + (plan["share"] * sib[ci]).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         shared = np.where(demand > 0, solo / demand * cap, 0.0)
     value = np.where(demand <= cap, solo, shared)
+    plan["solo_v"], plan["value"] = solo, value
     out = np.full(C, np.inf)
     np.minimum.at(out, ci, value)
     return out
@@ -216,6 +223,23 @@ def score(pred: ContentionPredictor, shape: Shape, cands: list[Placement], sampl
         c.axis_gbps = {a: float(bw[a][i]) for a in plans}
         c.comm_ms = {a: vol[a] / (v * 1e9) * 1e3 if v > 0 else float("inf") for a, v in c.axis_gbps.items()}
         c.step_ms = compute + sum(c.comm_ms.values())
+        # every group scored: its figures can be a refinement round's base (not a screening's)
+        c.groups = None if sample is not None else (
+            pred, shape, lambda i=i: {a: _figures(p, vals, i) for a, p in plans.items()})
+
+
+def _figures(plan: dict[str, Any], vals: np.ndarray, i: int) -> dict[str, np.ndarray]:
+    """Candidate ``i``'s per-group figures of one fully scored axis, as ``shape_delta.MoveScorer``
+    keeps its base's (every group is scored, so candidate ``i``'s entries are its groups in order)."""
+    at = plan["ci"] == i
+    M, spans = plan["M3"][i], plan["spans3"][i]
+    has = plan["has"][at]
+    union = np.bitwise_or.reduce(np.where(spans[:, None], M, 0), axis=0)
+    sibval = np.full(has.size, np.inf)
+    sibval[has] = vals[plan["sib"]][at[plan["has"]]]  # (sibling rows: the has-groups', in order)
+    return {"M": M, "spans": spans.copy(), "value": plan["value"][at], "solo": plan["solo_v"][at],
+            "tcap": plan["tcap"][at], "tdem": plan["tdem"][at], "has": has,
+            "sibrow": np.where(M != 0, union, 0) | M, "sibval": sibval}
 
 
 # ---- candidates ------------------------------------------------------------------------------

@@ -100,10 +100,17 @@ class MoveScorer:
     """The base placement's per-group figures, to score its neighbours by their touched groups."""
 
     def __init__(self, pred: ContentionPredictor, shape: Shape, base: Placement) -> None:
-        """Score ``base`` in full (its figures as :func:`score` fills them) and keep its groups'."""
+        """Score ``base`` in full (its figures as :func:`score` fills them) and keep its groups'; a
+        base fully scored by :func:`score` with this predictor and shape hands over its groups'
+        figures instead (the same numbers: no model call)."""
         self.pred, self.shape, self.placement = pred, shape, base
         self.vol, self.compute = shape.volumes()
         self.granks = {a: g for a, g in group_ranks(shape).items() if a in self.vol}
+        self._last: dict[str, Any] | None = None
+        if base.groups is not None and base.groups[0] is pred and base.groups[1] == shape:
+            self.base = base.groups[2]()
+            self._fill()
+            return
         rows = _Rows()
         pending: dict[str, tuple[np.ndarray, np.ndarray, Finish]] = {}
         cols = np.arange(pred.spec.n_hosts)
@@ -115,7 +122,6 @@ class MoveScorer:
         vals = rows.run(pred)
         self.base = {a: {"M": M, "spans": spans, **finish(vals)} for a, (M, spans, finish) in pending.items()}
         self._fill()
-        self._last: dict[str, Any] | None = None
 
     def _fill(self) -> None:
         """The base placement's figures from its groups', as :func:`score` fills them."""
@@ -178,6 +184,8 @@ class MoveScorer:
             out.base[a] = b
         out._fill()
         out._last = None
+        # the next pass's scorer starts from these figures (read only there: children copy them)
+        out.placement.groups = (self.pred, self.shape, lambda: out.base)
         return out
 
     def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: _Rows

@@ -20,6 +20,7 @@ import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.search.shape import Placement, group_ranks, score
+from bandpilot.dispatch.search.shape_delta import MoveScorer
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import popcount
 
@@ -115,12 +116,16 @@ def refine(pred: ContentionPredictor, shape: Shape, best: Placement, free: np.nd
     cap = max(ROWS // max(rows_each, 1), 1)
     rng = np.random.default_rng(seed)
     bits = int(pred.spec.gpus_per_host.max())
+    scorer: MoveScorer | None = None
     for _ in range(ROUNDS):
         H, Ix = _moves(best, free, shape, unit, bits, cap, rng)
         if not H.shape[0]:
             break
-        top = best_move(pred, shape, best, H, Ix, label=best.label.split("+refined")[0] + "+refined")
-        if top is None:
+        # scored by the groups a move touches (the full re-score's figures, see shape_delta); the
+        # winner's scorer is the next round's base
+        scorer = scorer if scorer is not None else MoveScorer(pred, shape, best)
+        scorer = scorer.best_move(H, Ix, best.label.split("+refined")[0] + "+refined")
+        if scorer is None:
             break
-        best = top
+        best = scorer.placement
     return best
