@@ -78,17 +78,9 @@ def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], 
         frac = 0.3 + 0.4 * i / max(states - 1, 1)
         sts.append((f"{frac:.0%} busy", busy_state(spec, fab, rng, frac, "moderate", reserve=max(ks))))
     t_states = (time.perf_counter() - t0) / max(states, 1)
-    d = Dispatcher(fab)
-    d.select(8, sts[0][1])  # warm-up: stage-1 tables, unit index
-    rows = []
-    for label, st in sts:
-        for k in ks:
-            if k > st.n_free:
-                continue
-            t = time.perf_counter()
-            sel = d.select(k, st)
-            rows.append({"state": label, "k": k, "ms": (time.perf_counter() - t) * 1e3, "evals": sel.evaluations,
-                         "jobs": len(st.jobs), "gbps": sel.predicted_gbps, "mask": sel.mask})
+    rows = [{"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "jobs": len(st.jobs),
+             "gbps": sel.predicted_gbps, "mask": sel.mask}
+            for label, st, k, ms, sel in timed_selects(Dispatcher(fab), sts, ks)]
     ms = [r["ms"] for r in rows]
     out = {"name": name, "load_s": t_load, "fabric_s": t_fab, "state_s": t_states, "rows": rows,
            "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "evals_max": max(r["evals"] for r in rows),
@@ -96,6 +88,19 @@ def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], 
     if model_dir is not None:
         out["trained"] = trained_rows(model_dir, fab, sts, ks, rows)
     return out
+
+
+def timed_selects(d: Dispatcher, sts: list, ks: list[int]):
+    """Yields ``(state label, state, k, ms, selection)`` for every k that fits each state, after one
+    warm-up select (stage-1 tables, unit index) - the same calls for every model compared."""
+    d.select(8, sts[0][1])
+    for label, st in sts:
+        for k in ks:
+            if k > st.n_free:
+                continue
+            t = time.perf_counter()
+            sel = d.select(k, st)
+            yield label, st, k, (time.perf_counter() - t) * 1e3, sel
 
 
 def _rss_gb() -> float:
@@ -121,19 +126,10 @@ def trained_rows(model_dir: str, fab, sts: list, ks: list[int], ref: list[dict])
     if sur.spec.fingerprint() != fab.spec.fingerprint():
         raise SystemExit(f"--model {model_dir} was trained for {sur.spec.name!r}, not {fab.spec.name!r}")
     t_load, rss_model = time.perf_counter() - t0, _rss_gb() - rss0
-    d = Dispatcher(sur)
-    d.select(8, sts[0][1])
-    rows, i = [], 0
-    for label, st in sts:
-        for k in ks:
-            if k > st.n_free:
-                continue
-            t = time.perf_counter()
-            sel = d.select(k, st)
-            ms = (time.perf_counter() - t) * 1e3
-            mine, emu = ContentionPredictor(fab, st).predict(np.stack([sel.mask, ref[i]["mask"]])).value
-            rows.append({"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "ratio": mine / emu if emu > 0 else 1.0})
-            i += 1
+    rows = []
+    for i, (label, st, k, ms, sel) in enumerate(timed_selects(Dispatcher(sur), sts, ks)):
+        mine, emu = ContentionPredictor(fab, st).predict(np.stack([sel.mask, ref[i]["mask"]])).value
+        rows.append({"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "ratio": mine / emu if emu > 0 else 1.0})
     ms, ratio = [r["ms"] for r in rows], np.array([r["ratio"] for r in rows])
     return {"rows": rows, "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "load_s": t_load,
             "model_gb": rss_model, "evals_p50": pct([r["evals"] for r in rows], 50),
