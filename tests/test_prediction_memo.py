@@ -65,6 +65,39 @@ def test_keys_identify_rows_alike_up_to_host_order_and_rack_names(fab128):
     assert (k[5] == k[0]) == (fab128.stage1[1, 0b11110000] == fab128.stage1[1, 0b1111])
 
 
+def test_keys_merge_rows_that_group_their_hosts_into_racks_alike(fab128, sur128):
+    """The net reads racks only as each token's rack-mate count (same_dom) and whether the row spans
+    racks (xdom): rows whose tokens have the same rack-mate counts, however the tokens pair up into
+    racks, share a key - and the network (memo off) predicts them alike. Other groupings do not."""
+    keys = PatternKeys(fab128.stage1, host_arrays(fab128.spec), 8).keys
+    H = fab128.spec.n_hosts
+
+    def row(*hosts: tuple[int, int]) -> np.ndarray:
+        m = np.zeros(H, dtype=np.int64)
+        for h, mask in hosts:
+            m[h] = mask
+        return m
+
+    a, b, c, d = 0b1, 0b11, 0b111, 0b1111  # four distinct tokens (1-4 GPUs)
+    rows = np.array([
+        row((0, a), (1, b), (16, c), (17, d)),  # racks {a, b}, {c, d}
+        row((0, a), (1, c), (16, b), (17, d)),  # racks {a, c}, {b, d}: every token has one rack-mate
+        row((40, d), (41, a), (100, b), (101, c)),  # {a, d}, {b, c} in other racks
+        row((0, a), (1, b), (2, c), (16, d)),  # {a, b, c}, {d}: other rack-mate counts
+        row((0, a), (16, b), (32, c), (48, d)),  # four racks
+        row((0, a), (1, b), (2, c), (3, d)),  # one rack (xdom 0)
+    ])
+    k = keys(rows)
+    assert k[0] == k[1] == k[2]
+    assert len({bytes(x) for x in k[[0, 3, 4, 5]]}) == 4
+    sur128.memo_enabled = False
+    try:
+        ref = sur128.predict_masks(rows)
+    finally:
+        sur128.memo_enabled = True
+    np.testing.assert_allclose(ref[1:3], ref[0], rtol=RTOL)
+
+
 def test_memo_predictions_match_the_network_and_share_forward_rows(sur128):
     rows = random_cross_masks(sur128.spec, 300, seed=2)
     rows = np.concatenate([rows, rows[:, _rack_shuffle(8, 16, 0)]])

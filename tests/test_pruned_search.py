@@ -1,6 +1,8 @@
 """Count-vector search that never sends provably losing candidates to the model (issue 24) picks
 exactly what scoring every candidate picks, with fewer model evaluations."""
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -137,3 +139,52 @@ def test_lead_contender_bound_prunes_under_contention_and_keeps_every_near_tie()
                 pruned_some += int(np.isneginf(p.value).sum() > 0)
                 assert p_ctx.pred.evaluations < ref_ctx.pred.evaluations
     assert pruned_some >= 3
+
+
+def _busy128(fab, rng) -> State:
+    """Every host of h100-128 in a cross-host job of 1-3 GPUs per host with a random partner host."""
+    spec = fab.spec
+    perm = rng.permutation(spec.n_hosts)
+    jobs, free = [], spec.full_masks.copy()
+    for i in range(0, spec.n_hosts, 2):
+        mask = np.zeros(spec.n_hosts, dtype=np.int64)
+        for h in perm[i : i + 2]:
+            mask[h] = (1 << int(rng.integers(1, 4))) - 1
+        free &= ~mask
+        bw = float(fab.bandwidth_masks(mask[None, :])[0])
+        jobs.append({"id": f"j{i}", "gpus": spec.from_mask(mask), "demand_gbps": bw * float(rng.uniform(0.3, 1.0))})
+    return State.from_dict(spec, {"free": spec.from_mask(free), "jobs": jobs})
+
+
+def test_pts_eha_and_local_search_prune_and_pick_what_scoring_everything_picks(monkeypatch):
+    """The hybrid search's PTS steps, EHA and local-search moves score super allocations only for
+    candidates that can still win: the same picks and values as scoring every candidate, with
+    fewer model evaluations (the 10,000-job simulation's drain sent them all to the net)."""
+    # the modules (the package's names are the search functions)
+    eha, local, pts = (importlib.import_module(f"bandpilot.dispatch.search.{m}") for m in ("eha", "local", "pts"))
+    fab = make_fabric(load_cluster("params/clusters/h100-128.yaml"))
+    rng = np.random.default_rng(13)
+    fewer = 0
+    for _ in range(2):
+        st = _busy128(fab, rng)
+        for k in (12, 24):
+            for loc in (0.0, 0.05):
+                got, evals = {}, {}
+                for mode in ("everything", "pruned"):
+                    for mod in (eha, local, pts):
+                        monkeypatch.setattr(mod, "PRUNE_PAIRS", 10**9 if mode == "everything" else count_vector.PRUNE_PAIRS)
+                    ctx = SearchContext(fab, st, st.free, k, locality=loc)
+                    rank = ctx.host_rank()  # PTS from the best-ranked hosts holding k + 12, as the hybrid starts it
+                    start = np.zeros(ctx.H, dtype=np.int64)
+                    top = rank[: int(np.searchsorted(np.cumsum(ctx.fcount[rank]), k + 12)) + 1]
+                    start[top] = ctx.free[top]
+                    a = pts.pts(ctx, start=start, single_host_first=False)
+                    b = eha.eha(ctx)
+                    c = local.local_search(ctx, ctx.pick([a, b]))
+                    got[mode], evals[mode] = (a, b, c), ctx.pred.evaluations
+                for x, y in zip(got["everything"], got["pruned"]):
+                    assert np.array_equal(x.mask, y.mask)
+                    assert y.value == pytest.approx(x.value, rel=1e-12)
+                assert evals["pruned"] <= evals["everything"]
+                fewer += evals["pruned"] < evals["everything"]
+    assert fewer >= 4

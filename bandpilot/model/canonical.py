@@ -1,18 +1,21 @@
 """Which cross-host rows does the network see as the same input? Canonical pattern keys.
 
 The hierarchical net reads an allocation as an unordered set of host tokens (count, stage-1 value
-of the chosen GPUs, NIC rail, rails, GPU type, host speed) plus, per token, which other tokens
-share its domain; it has no positional encoding and compares domain labels only for equality.
-So two rows whose tokens agree up to a reordering of hosts and a renaming of domains get the same
-prediction - on a cluster of alike hosts, "4 GPUs on one host and 4 on another in the same rack"
-is ONE input whichever hosts and rack it is. A scheduler asks about such rows decision after
-decision (128 hosts of one kind: thousands of distinct rows, a few dozen distinct patterns).
+of the chosen GPUs, NIC rail, rails, GPU type, host speed) plus, per token, how many of the row's
+tokens share its domain (``same_dom``) and whether the row spans domains (``xdom``, which those
+counts decide); it has no positional encoding and reads domain labels nowhere else. So two rows
+whose tokens agree up to a reordering of hosts, each token with the same number of domain mates,
+get the same prediction - on a cluster of alike hosts, "4 GPUs on one host and 4 on another in the
+same rack" is ONE input whichever hosts and rack it is, and so is "tokens a, b in one rack and c, d
+in another" whichever of them pair up. A scheduler asks about such rows decision after decision
+(128 hosts of one kind: thousands of distinct rows, a few dozen distinct patterns; super allocations
+of a candidate with a job spread over every rack differ mostly in how their tokens pair up).
 
 :class:`PatternKeys` maps rows to a 128-bit key of that canonical form: every (host, mask) gets
-the id of its token (built once per stage-1 table), a domain's tokens are summed as 64-bit
-mixes (order-free), and a row's domains are summed as mixes of those (order- and label-free),
-in two independent lanes. A wrong merge needs a 128-bit collision of additive splitmix hashes
-(~2^-64 per pair of distinct patterns among the ~1e6 a memo holds).
+the id of its token (built once per stage-1 table), each token's id is joined with its domain-mate
+count, and a row is the wrapping sum of 64-bit mixes of those (order-free), in two independent
+lanes. A wrong merge needs a 128-bit collision of additive splitmix hashes (~2^-64 per pair of
+distinct patterns among the ~1e6 a memo holds).
 """
 
 from __future__ import annotations
@@ -54,23 +57,23 @@ class PatternKeys:
         self.token = inv.reshape(n_h, width).astype(np.int64)
         self.domain = np.asarray(hosts["domain"], dtype=np.int64)
         self.n_dom = int(self.domain.max()) + 1 if self.domain.size else 1
+        self.n_hosts = n_h
 
     def keys(self, masks: np.ndarray) -> np.ndarray:
-        """(n,) 16-byte void keys; rows equal up to host order and domain names share a key."""
+        """(n,) 16-byte void keys; rows whose tokens agree up to host order, each token with the
+        number of the row's tokens in its domain, share a key (see the module docstring)."""
         n = masks.shape[0]
-        r, c = np.nonzero(masks)
-        tok = self.token[c, masks[r, c]]
-        group = r * self.n_dom + self.domain[c]
-        order = np.argsort(group, kind="stable")
-        group, tok = group[order], tok[order]
-        starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.size else np.zeros(0, dtype=np.int64)
-        g_row = group[starts] // self.n_dom
-        row_starts = np.flatnonzero(np.r_[True, g_row[1:] != g_row[:-1]]) if g_row.size else g_row
+        r, c = np.nonzero(masks)  # row-major: r ascending
         out = np.zeros((n, 2), dtype=np.uint64)
+        if r.size == 0:
+            return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
+        tok = self.token[c, masks[r, c]]
+        # each token's domain-group size: what same_dom reads (and xdom: a size below the row's tokens)
+        _, g_inv, g_cnt = np.unique(r * self.n_dom + self.domain[c], return_inverse=True, return_counts=True)
+        code = tok * (self.n_hosts + 1) + g_cnt[g_inv.ravel()]
+        row_starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
         for lane, seed in enumerate(_SEEDS):
-            per_dom = np.add.reduceat(_mix(tok, seed), starts) if starts.size else np.zeros(0, dtype=np.uint64)
-            per_row = np.add.reduceat(_mix(per_dom, seed ^ _M1), row_starts) if row_starts.size else per_dom
-            out[g_row[row_starts], lane] = per_row
+            out[r[row_starts], lane] = np.add.reduceat(_mix(code, seed), row_starts)
         return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
 
 

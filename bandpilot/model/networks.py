@@ -137,8 +137,9 @@ class HierarchicalNet(nn.Module):
 
     kind = "hierarchical"
     #: the output does not depend on the order of the host tokens (no positional encoding,
-    #: attention pooling) and sees domain labels only through equality (``same_dom``, ``xdom``):
-    #: the prediction memo may key rows by their canonical pattern (bandpilot.model.canonical)
+    #: attention pooling) and sees domain labels only as each token's domain-mate count (``same_dom``)
+    #: and whether the row spans domains (``xdom``): the prediction memo may key rows by their
+    #: canonical pattern (bandpilot.model.canonical)
     token_symmetric = True
     #: token features a subclass appends (:meth:`_extra_token_features`): its tokens carry more than a host's
     extra_tokens = 0

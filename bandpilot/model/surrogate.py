@@ -204,8 +204,9 @@ class Surrogate:
         """Model output for cross-host rows, remembered while the weights, the stage-1 tables and
         the mode stay the same: a scheduler or a simulation asks about the same inputs decision
         after decision. A token-symmetric net (:mod:`~bandpilot.model.canonical`) is asked once
-        per canonical pattern - rows alike up to host order and domain names share one forward
-        row, within a call and across calls; other nets remember exact rows."""
+        per canonical pattern - rows alike up to host order and to which tokens share a domain (each
+        token's domain-mate count kept) share one forward row, within a call and across calls;
+        other nets remember exact rows."""
         if masks.shape[0] == 0 or not self.memo_enabled:
             return self._predict_uncached(masks)
         rows = np.ascontiguousarray(masks, dtype=np.int64)

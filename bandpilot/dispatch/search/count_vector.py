@@ -17,15 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.contention import unique_rows
-from bandpilot.dispatch.search.context import Found, IntractableError, SearchContext
+from bandpilot.dispatch.search.context import PRUNE_PAIRS, Found, IntractableError, SearchContext
 from bandpilot.topology.cluster import popcount
 
 #: Candidates (count vectors x Pareto subset options) beyond which :func:`exact` refuses.
 EXACT_LIMIT = 2_000_000
 
 
-#: Super allocations above which a batch is scored standalone first (see ``predict_best``).
-PRUNE_PAIRS = 64
 #: Pareto candidates above which they are scored count vector by count vector (:func:`_pareto_pruned`).
 PRUNE_PARETO = 256
 

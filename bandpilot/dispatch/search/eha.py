@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, SearchContext
+from bandpilot.dispatch.search.context import PRUNE_PAIRS, Found, SearchContext
 from bandpilot.errors import PlacementError
 
 #: Host combinations EHA considers at most (class multisets, best-ranked first) and candidates
@@ -115,4 +115,4 @@ def eha(ctx: SearchContext) -> Found:
             break
     counts = np.array(counts, dtype=np.int64)
     counts = counts[ctx.canonical_unique(counts)]
-    return ctx.best_of(ctx.masks_from_counts(counts))
+    return ctx.best_of(ctx.masks_from_counts(counts), max_pairs=PRUNE_PAIRS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, SearchContext
+from bandpilot.dispatch.search.context import PRUNE_PAIRS, Found, SearchContext
 from bandpilot.topology.cluster import popcount
 
 #: Local-search iterations (each one batched prediction).
@@ -58,7 +58,7 @@ def local_search(ctx: SearchContext, start: Found, iters: int = LOCAL_SEARCH_ITE
             break
         rows = np.concatenate(moves)
         rows = rows[ctx.canonical_unique(rows)]
-        got = ctx.best_of(ctx.masks_from_counts(rows))
+        got = ctx.best_of(ctx.masks_from_counts(rows), max_pairs=PRUNE_PAIRS)
         if got is None or got.value <= best.value * (1 + 1e-12) + 1e-12:
             break
         got.evaluated += best.evaluated

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, SearchContext
+from bandpilot.dispatch.search.context import PRUNE_PAIRS, Found, SearchContext
 from bandpilot.topology.cluster import popcount
 
 
@@ -51,7 +51,7 @@ def pts(ctx: SearchContext, start: np.ndarray | None = None, single_host_first: 
         first = np.sort(first)
         rows = np.repeat(S[None, :], first.size, axis=0)
         rows[np.arange(first.size), h_idx[first]] = new[first]
-        p = ctx.evaluate(rows)
+        p = ctx.evaluate(rows, max_pairs=PRUNE_PAIRS)  # -inf: provably below the best (never chosen)
         evaluated += rows.shape[0]
         i = ctx.choose(rows, p.value)
         S = rows[i]
