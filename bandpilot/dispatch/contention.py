@@ -231,12 +231,14 @@ class ContentionPredictor:
         if cols is None:
             return self._units.any(masks).sum(axis=1) >= 2
         u = self._units.unit[cols]
-        order = np.argsort(u, kind="stable")
-        us = u[order]
+        grouped = bool(np.all(u[1:] >= u[:-1]))  # the usual case: no column reordering (a full copy)
+        order = None if grouped else np.argsort(u, kind="stable")
+        us = u if order is None else u[order]
         starts = np.flatnonzero(np.r_[True, us[1:] != us[:-1]]) if us.size else np.zeros(0, dtype=np.int64)
         if starts.size == 0:
             return np.zeros(masks.shape[0], dtype=bool)
-        return np.logical_or.reduceat(masks[:, order] != 0, starts, axis=1).sum(axis=1) >= 2
+        used = masks != 0 if order is None else masks[:, order] != 0
+        return np.logical_or.reduceat(used, starts, axis=1).sum(axis=1) >= 2
 
     def contenders(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """``(n, n_jobs)`` bool: job ``j`` ∈ ``J_c(S)`` for each candidate row (``cols``: rows

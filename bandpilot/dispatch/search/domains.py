@@ -133,7 +133,8 @@ class Units:
             # the remainder on the best-fitting tray: unexposed, fewest free, best stage-1, then order
             cand = order[i:][f_ord[i:] >= left]
             j = np.lexsort((np.arange(cand.size), -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))[0]
-            hosts, counts = np.append(hosts, cand[j]), np.append(counts, left)
+            hosts, counts = np.empty(i + 1, dtype=np.int64), np.empty(i + 1, dtype=np.int64)
+            hosts[:i], counts[:i], hosts[i], counts[i] = order[:i], f_ord[:i], cand[j], left
         got = (hosts, counts)
         self._sparse[key] = got
         return got
@@ -323,10 +324,9 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
 def balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
     """Water-filling split of ``k`` (in multiples of ``seg``) over units with capacities ``cap``."""
     c = cap // seg
-    q = 0
-    for cand in range(int(c.max()) + 1):
-        if np.minimum(c, cand).sum() <= k // seg:
-            q = cand
+    # the largest level q whose capped sum fits (the sums grow with q): all levels in one pass
+    sums = np.minimum(c[None, :], np.arange(int(c.max()) + 1)[:, None]).sum(axis=1)
+    q = int(np.flatnonzero(sums <= k // seg).max(initial=0))
     base = np.minimum(c, q)
     extra = k // seg - int(base.sum())
     elig = np.flatnonzero(c > q)
