@@ -293,24 +293,23 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     present, first = np.unique(u_of[by_unit], return_index=True)
     trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
     ok_ordered = ok[:, order]
-    for i in range(pats.shape[0]):
+    fill = unit_rows.pattern_fill(ctx, trays_of)
+    for i, row in enumerate(pats.tolist()):
         if per_unit:
             us = order[ok_ordered[i]].tolist()
         else:
             j = int(np.argmax(ok_ordered[i]))
             us = [int(order[j])] if ok_ordered[i, j] else []
         for u in us:
-            hs = trays_of[u]
-            taken = np.zeros(ctx.H, dtype=bool)
-            for c in pats[i][pats[i] > 0]:
-                # best fit, then the best model value for c GPUs (constant over trays holding c
-                # when trays are symmetric: the order is then the value-blind one)
-                fit = hs[~taken[hs] & (ctx.fcount[hs] >= c)]
-                h = int(fit[np.lexsort((fit, ctx.exposure[fit], -np.round(ctx.best_val[fit, c], 9), ctx.fcount[fit], ctx.exposed[fit]))[0]])
-                taken[h] = True
+            taken: set[int] = set()
+            for c in row:
+                if c <= 0:
+                    continue
+                h = next(x for x in fill(u, c) if x not in taken)
+                taken.add(h)
                 r_of.append(len(where))
                 h_of.append(h)
-                c_of.append(int(c))
+                c_of.append(c)
             where.append(u)
     if not where:
         return empty
