@@ -185,8 +185,12 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
         fcount = ctx.fcount
     else:  # per-unit sums over the columns' units only (the others are 0 in every row)
         seg_u, seg = np.unique(units.unit[cols], return_inverse=True)
-        ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
-        np.add.at(ucount.T, seg.ravel(), c.T)
+        seg = seg.ravel()
+        if seg.size and np.all(seg[1:] >= seg[:-1]):  # columns grouped by unit (host order): segmented sums
+            ucount = np.add.reduceat(c, np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]]), axis=1)
+        else:
+            ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
+            np.add.at(ucount.T, seg, c.T)
         ufree = units.free[seg_u]
         fcount = ctx.fcount[cols]
     uused = ucount > 0
