@@ -73,7 +73,7 @@ class Units:
         self.exposed_free = np.bincount(self.unit, weights=ctx.fcount * ctx.exposed, minlength=self.U).astype(np.int64)
         self._parts: dict[tuple[int, int], np.ndarray] = {}
         self._sparse: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self._orders: dict[int, tuple[np.ndarray, ...]] = {}
+        self._orders: dict = {}  # per unit its fill order; per (unit, count) the remainder's
         self._sigs: dict[tuple[int, bool], tuple] = {}
         self.ctx = ctx
 
@@ -118,28 +118,27 @@ class Units:
         got = self._sparse.get(key)
         if got is not None:
             return got
-        ctx = self.ctx
         order, f_ord, cum, fits_after = self._tray_order(u)
-        # whole trays in order until some tray left fits the remainder (prefix sums / suffix maxima:
-        # the first step i where the GPUs still needed are 0 or fit one of trays i..)
-        need = t - cum
-        stop = np.flatnonzero((need[:-1] == 0) | (fits_after[:-1] >= need[:-1]))
-        i = int(stop[0]) if stop.size else order.size
-        if not stop.size and need[-1] != 0:
+        # whole trays in order until some tray left fits the remainder: the first step i where the
+        # GPUs still needed are 0 or fit one of trays i.. (prefix sums / suffix maxima; plain Python
+        # over a domain's <= 18 trays - numpy's per-call cost dominated at this size)
+        m = len(cum) - 1
+        i = next((s for s in range(m) if t == cum[s] or fits_after[s] >= t - cum[s]), m)
+        left = t - cum[i]
+        if i == m and left:
             raise ValueError(f"unit {u} cannot hold {t} GPUs")
-        hosts, counts = order[:i], f_ord[:i]
-        left = int(need[i])
         if left:
-            # the remainder on the best-fitting tray: unexposed, fewest free, best stage-1, then order
-            cand = order[i:][f_ord[i:] >= left]
-            j = np.lexsort((np.arange(cand.size), -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))[0]
+            # the remainder on the best-fitting tray at or after step i
+            p = next(p for p in self._remainder_order(u, left) if p >= i)
             hosts, counts = np.empty(i + 1, dtype=np.int64), np.empty(i + 1, dtype=np.int64)
-            hosts[:i], counts[:i], hosts[i], counts[i] = order[:i], f_ord[:i], cand[j], left
+            hosts[:i], counts[:i], hosts[i], counts[i] = order[:i], f_ord[:i], order[p], left
+        else:
+            hosts, counts = order[:i], f_ord[:i]
         got = (hosts, counts)
         self._sparse[key] = got
         return got
 
-    def _tray_order(self, u: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _tray_order(self, u: int) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
         """Unit ``u``'s free trays in fill order (unexposed, fullest, best stage-1 value, host) with
         their free counts, prefix sums and suffix maxima - shared by every count ``t``."""
         got = self._orders.get(u)
@@ -150,10 +149,22 @@ class Units:
             f = ctx.fcount[hs]
             order = hs[np.lexsort((hs, -ctx.best_val[hs, f], -f, ctx.exposed[hs]))]
             f_ord = ctx.fcount[order]
-            zero = np.zeros(1, dtype=np.int64)
-            got = (order, f_ord, np.concatenate([zero, np.cumsum(f_ord)]),
-                   np.concatenate([np.maximum.accumulate(f_ord[::-1])[::-1], zero]))
+            got = (order, f_ord, [0, *np.cumsum(f_ord).tolist()],
+                   [*np.maximum.accumulate(f_ord[::-1])[::-1].tolist(), 0])
             self._orders[u] = got
+        return got
+
+    def _remainder_order(self, u: int, left: int) -> list[int]:
+        """Steps of unit ``u``'s fill order whose tray can take ``left`` GPUs, best fit first:
+        unexposed, fewest free, best stage-1 value for ``left`` GPUs, then the step."""
+        got = self._orders.get((u, left))
+        if got is None:
+            ctx = self.ctx
+            order, f_ord = self._tray_order(u)[:2]
+            p = np.flatnonzero(f_ord >= left)
+            cand = order[p]
+            got = p[np.lexsort((p, -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))].tolist()
+            self._orders[(u, left)] = got
         return got
 
     def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
