@@ -33,7 +33,7 @@ def _near_rows(rng, n_hosts: int, n: int) -> np.ndarray:
     base = np.where(rng.random(n_hosts) < 0.6, rng.integers(1, 16, n_hosts), 0)
     rows = np.tile(base, (n, 1))
     for i in range(n):
-        hs = rng.choice(n_hosts, size=int(rng.integers(1, 12)), replace=False)
+        hs = rng.choice(n_hosts, size=int(rng.integers(1, 3)), replace=False)
         rows[i, hs] = np.where(rng.random(hs.size) < 0.3, 0, rng.integers(1, 16, hs.size))
     rows[n // 3] = np.where(rng.random(n_hosts) < 0.2, rng.integers(1, 16, n_hosts), 0)
     rows[n // 2] = 0
@@ -51,6 +51,7 @@ def test_delta_prediction_equals_the_dense_one(fab, seed):
     masks = _near_rows(rng, cols.size, 80)
     assert masks.shape[0] >= unit_delta.DELTA_FROM
     got = unit_delta.predict_columns_delta(fab, masks, cols)
+    assert got is not None  # rows like a local-search batch: the delta path
     dense = np.array([fab.predict_columns(m[None, :], cols)[0] for m in masks])  # one row: the dense path
     np.testing.assert_array_equal(got, dense)
     np.testing.assert_array_equal(fab.predict_columns(masks, cols), dense)
@@ -85,3 +86,12 @@ def test_hash_dedup_keeps_numpys_rows_and_order():
     assert np.array_equal(unique_sorted(rows), np.unique(rows, axis=0))
     assert np.array_equal(first_rows(rows), np.sort(np.unique(rows, axis=0, return_index=True)[1]))
     assert first_rows(rows[:1]).tolist() == [0]
+
+
+def test_unrelated_rows_take_the_dense_path(fab):
+    rng = np.random.default_rng(4)
+    cols = np.sort(rng.choice(fab.spec.n_hosts, size=150, replace=False))
+    masks = np.where(rng.random((64, cols.size)) < 0.5, rng.integers(1, 16, (64, cols.size)), 0)
+    assert unit_delta.predict_columns_delta(fab, masks, cols) is None
+    dense = np.array([fab.predict_columns(m[None, :], cols)[0] for m in masks])
+    np.testing.assert_array_equal(fab.predict_columns(masks, cols), dense)

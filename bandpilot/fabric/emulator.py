@@ -226,7 +226,9 @@ class EmulatorFabric(Fabric):
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         cols = np.asarray(cols, dtype=np.int64)
         if masks.shape[0] >= unit_delta.DELTA_FROM:
-            return unit_delta.predict_columns_delta(self, masks, cols)
+            got = unit_delta.predict_columns_delta(self, masks, cols)
+            if got is not None:
+                return got
         counts = popcount(masks)
         used = counts > 0
         n_used = used.sum(axis=1)
