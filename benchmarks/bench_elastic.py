@@ -51,6 +51,8 @@ CONFIGS = {
     "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
     "elastic + utility, perfect-scaling pricing (before)": SimConfig(policy="utility", elastic=True, scaling_pricing="perfect"),
+    # a resize may move the job onto a fresh placement (an idle host; one host for a job on several)
+    "elastic + utility, relocate": SimConfig(policy="utility", elastic=True, relocate=True),
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
@@ -106,7 +108,8 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
          "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
          "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
-         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend")}
+         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
+         "elastic-relocate": SimConfig(policy="utility", elastic=True, relocate=True)}
 
 
 def main() -> int:

@@ -85,6 +85,7 @@ class SimConfig:
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
     admission: str = DEFAULT_ADMISSION  # elastic admission: fit-k (requested k fits) | min-k (seed 001's: min_k fits)
     scaling_pricing: str = DEFAULT_SCALING_MODE  # elastic: compute priced by each job's declared scaling | perfect (before)
+    relocate: bool = False  # elastic: a growth may move the job onto a fresh placement (a flag, README issue 22)
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
