@@ -33,7 +33,7 @@ def _hosts(spec, mask):
 
 def _round(fab, relocate, fracs):
     cand = Candidate("x", 4, 2, 8, 1, 1.0, True)
-    place = _placer(Dispatcher(fab, seed=0), "bandpilot") if relocate else None
+    place = _placer(Dispatcher(fab, seed=0), "bandpilot") if relocate else None  # as rebalance(relocate=...)
     return _Round(fab, False, "full", {}, {"x": cand}, dict(fracs), PRICERS["welfare"], "fit-k",
                   etas={"x": 0.9}, place=place)
 
@@ -85,16 +85,22 @@ class _Lowest:
                                algorithm="lowest", search_ms=0.0, evaluations=1)
 
 
-def test_rebalance_relocates_a_growth_in_one_audited_generation(tmp_path, fab):
+def _store(tmp_path):
+    """x (4..8) on host 0's first 4 GPUs, y beside it, big on hosts 1-2, host 3 idle."""
     s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
     s.init_cluster(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
+    q.submit(s, [{"id": "x", "k": 4, "min_k": 4, "max_k": 8, "comm_fraction": 0.45, "scaling": 0.9},
+                 {"id": "y", "k": 4, "comm_fraction": 0.3}, {"id": "big", "k": 16, "comm_fraction": 0.3}])
+    run_batch(s, _Lowest(s.spec))
+    return s
+
+
+def test_rebalance_relocates_a_growth_in_one_audited_generation(tmp_path, fab):
+    s = _store(tmp_path)
     try:
-        q.submit(s, [{"id": "x", "k": 4, "min_k": 4, "max_k": 8, "comm_fraction": 0.45, "scaling": 0.9},
-                     {"id": "y", "k": 4, "comm_fraction": 0.3}, {"id": "big", "k": 16, "comm_fraction": 0.3}])
-        run_batch(s, _Lowest(s.spec))  # x on host 0's first 4, y beside it, big on hosts 1-2
         before = q.assignment(s, "x")["gpus"]
         assert all(g.startswith(s.spec.hosts[0].name + ":") for g in before)
-        rep = rebalance(s, Dispatcher(fab, seed=0), at_boundary=["x"], relocate=True)
+        rep = rebalance(s, Dispatcher(fab, seed=0), at_boundary=["x"])  # the default relocates
         after = q.assignment(s, "x")
         assert rep.resized and rep.resized[0]["job"] == "x" and after["generation"] == 1
         assert len(after["gpus"]) == 8 and {g.split(":")[0] for g in after["gpus"]} == {s.spec.hosts[3].name}
@@ -105,3 +111,14 @@ def test_rebalance_relocates_a_growth_in_one_audited_generation(tmp_path, fab):
         assert q.check_invariants(s) == []
     finally:
         s.close()
+
+
+def test_no_relocation_and_blind_growth_keep_the_old_gpus(tmp_path, fab):
+    for kw in ({"relocate": False}, {"blind": True}):
+        s = _store(tmp_path / next(iter(kw)))
+        try:
+            before = set(q.assignment(s, "x")["gpus"])
+            rebalance(s, Dispatcher(fab, seed=0), at_boundary=["x"], **kw)
+            assert before <= set(q.assignment(s, "x")["gpus"]) and q.check_invariants(s) == []
+        finally:
+            s.close()
