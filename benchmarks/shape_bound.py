@@ -27,9 +27,12 @@ placement can gain over blind. Every step below is an inequality the truth satis
   in-unit group of another axis, too) exceeds the free GPUs of any unit, the groups meeting it
   span; for two orthogonal all-spanning axes, the most ``a``-groups one host carries (``X_a``)
   caps every ``b``-group's GPUs per host (see :func:`_status_time`).
-* **Tenants**: when the job has more ranks than the free GPUs of hosts no
-  contending tenant touches, an all-spanning axis has a group on a touched host: its demand has
-  the least such exposure in it.
+* **Tenants** and **racks** (:mod:`benchmarks.shape_lemmas`, given the tenants: ``state(...,
+  truth)``): ranks beyond the clean hosts' free GPUs sit on exposed hosts, where their spanning
+  groups pay the tenants' demand against a bound on the tenants' super allocations (the lemma the
+  first version had here took the best free-GPU row as that capacity, which a super allocation,
+  holding the tenant's GPUs too, can exceed: removed); axes whose groups must cross racks pay the
+  cross-rack rows.
 
 The bound is the min over status assignments of ``compute + sum_a bytes_a / bw_a``. Finer count
 constraints (imbalance, the free GPUs per host of a whole placement, tenants' super allocations)
@@ -63,7 +66,7 @@ class FabricBounds:
     exposure: float = 0.0  # least tenant demand on a host with free GPUs that one touches (GB/s)
     rack: np.ndarray | None = None  # the network's rack per unit (None: no rack lemma)
     #: per exposed host with free GPUs: (free GPUs, summed tenant demand, least tenant capacity
-    #: bound): see :meth:`Bounder.tenant_hosts`; None: only ``exposure`` is used
+    #: bound): see :func:`benchmarks.shape_lemmas.tenant_hosts`; None: no tenant lemma
     tenant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 

@@ -100,18 +100,16 @@ def tenant_bound(fb: FabricBounds, x: _Structure, st: dict[str, str], groups: di
     need = k - fb.clean_free
     size = groups[a].shape[1]
     out = np.inf
-    if st[a] == SPAN and need > 0 and fb.exposure > 0:
-        out = tenant_cap(solo, cap, fb.exposure)
-        if fb.tenant is not None:
-            n = x.same_hosts(a)
-            for b in groups:
-                if b != a and (st[b] == IN or (st[b] == MIX and b not in ex)):
-                    n = max(n, x.in_group(a, b, True))
-            out = min(out, tenant_hosts_cap(fb, solo, cap, need, n))
-            if split is not None and need - split[1] > 0:
-                (b,) = ex
+    if st[a] == SPAN and need > 0 and fb.tenant is not None:
+        n = x.same_hosts(a)
+        for b in groups:
+            if b != a and (st[b] == IN or (st[b] == MIX and b not in ex)):
                 n = max(n, x.in_group(a, b, True))
-                out = min(out, tenant_hosts_cap(fb, solo, cap, need - split[1], n))
+        out = tenant_hosts_cap(fb, solo, cap, need, n)
+        if split is not None and need - split[1] > 0:
+            (b,) = ex
+            n = max(n, x.in_group(a, b, True))
+            out = min(out, tenant_hosts_cap(fb, solo, cap, need - split[1], n))
     elif st[a] == MIX and fb.tenant is not None and need > 0:
         in_room = int((fb.tenant[0] // size * size).sum())  # exposed ranks in-host a-groups can hold
         if a not in ex:
@@ -158,7 +156,9 @@ def tenant_hosts_cap(fb: FabricBounds, solo: float, cap: float, need: int, n: in
     axis) ranks of spanning groups on exposed hosts, so on a set ``U`` of them with that many free
     GPUs. At ``h`` in ``U`` the rank's group and the ``n - 1``
     others on exactly its hosts (``_Structure.same_hosts``) all span, so each has demand >=
-    ``D_h + sum of the n solos`` and capacity <= ``C' = min(cap, C_h)``; ``value <= solo * C' /
+    ``D_h + sum of the n solos`` and capacity <= ``C' = C_h``, and with ``n >= 2`` (siblings share
+    the host, so the capacity has the siblings' union row in it, job GPUs only) ``<= cap`` too - not
+    with ``n = 1``: a super allocation holds the tenant's GPUs, beyond any free-GPU row; ``value <= solo * C' /
     demand`` always, so their sum is <= ``C' * sum solo / (D_h + sum solo)`` and the slowest gets
     ``E_h <= min(solo, C' * solo / (D_h + n * solo))`` (increasing in the solos, each <= ``solo``).
     The axis gets at most ``min over U of E_h`` <= the largest ``t`` with ``sum of free over
@@ -166,17 +166,8 @@ def tenant_hosts_cap(fb: FabricBounds, solo: float, cap: float, need: int, n: in
     if fb.tenant is None or not fb.tenant[0].size:
         return np.inf
     free, D, C = fb.tenant
-    E = np.minimum(solo, np.minimum(cap, C) * solo / (D + n * solo))
+    E = np.minimum(solo, (np.minimum(cap, C) if n >= 2 else C) * solo / (D + n * solo))
     order = np.argsort(-E, kind="stable")
     got = np.cumsum(free[order])
     i = int(np.searchsorted(got, need))  # first prefix with enough free GPUs
     return float(E[order[i]]) if i < got.size else 0.0
-
-
-def tenant_cap(solo: float, cap: float, d: float) -> float:
-    """The most a spanning group of standalone value <= ``solo`` gets beside tenants of demand
-    >= ``d`` and capacity <= ``cap``: ``s`` while ``s + d <= cap``, else ``s * cap / (s + d)``
-    (increasing in ``s``). When the job has more ranks than the clean hosts' free GPUs, some rank
-    sits on a host a tenant touches, and on an all-spanning axis its group spans."""
-    shared = solo * cap / (solo + d)
-    return max(shared, min(solo, cap - d)) if solo + d <= cap else shared

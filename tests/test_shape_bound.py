@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bandpilot.dispatch.contention import ContentionPredictor
@@ -93,16 +93,19 @@ RACKED = _racked()
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 10_000), sh=st.sampled_from([(2, 1, 2), (2, 2, 1), (1, 2, 2), (4, 1, 1)]))
-def test_rack_and_tenant_lemmas_stay_below_every_placement(seed, sh):
+@given(seed=st.integers(0, 10_000), sh=st.sampled_from([(2, 1, 2), (2, 2, 1), (1, 2, 2), (4, 1, 1)]),
+       racked=st.booleans())
+@example(seed=185, sh=(4, 1, 1), racked=False)  # a lone spanning group's tenant capacity is not a free-GPU row
+def test_rack_and_tenant_lemmas_stay_below_every_placement(seed, sh, racked):
     """The rack lemma (2 racks: axes whose groups must cross) and the per-host tenant lemma (the
     tenants themselves, ``truth``) on random small states: never above the exact optimum."""
-    b = Bounder(RACKED)
-    assert b.rack_lemma
-    state = small_state(RACKED, seed)
-    truth = ContentionPredictor(RACKED, state)
+    fab = RACKED if racked else H100
+    b = Bounder(fab)
+    assert b.rack_lemma == racked
+    state = small_state(fab, seed)
+    truth = ContentionPredictor(fab, state)
     fb = b.state(state.free, truth.host_exposure, truth)
-    spec = RACKED.spec
+    spec = fab.spec
     free = [spec.parse_gpu(g, "free") for g in spec.from_mask(state.free)]
     tp, pp, dp = sh
     shp = Shape.parse({"tp": tp, "pp": pp, "dp": dp})
