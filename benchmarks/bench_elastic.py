@@ -8,10 +8,11 @@ job types, 20/50 epochs, a burst onto 32 GPUs), every job data-parallel with the
 ``min_k = max(1, k / 4)``, ``max_k = min(2 k, 32)``, step 1, compute scaling efficiency 0.9 per
 doubling (the simulator's default, :mod:`bandpilot.simulation.elastic`), declared in the trace so the
 queue prices growth by it (``--scaling-pricing perfect``: the row priced as before), ``resize_s = 30``.
-Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing) and the variants as flags
+Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing, resizes may relocate) and the variants as flags
 (``idle``: seed 001's admission as written, into the GPUs idle now; ``srpt``: by estimated remaining
 work, only longer jobs yield; ``srpt-suspend``: shortest remaining work first at 2 x min_k each, the
-others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension).
+others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension; ``no relocation``:
+resizes grow around the old GPUs only, the default before).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
@@ -51,6 +52,8 @@ CONFIGS = {
     "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
     "elastic + utility": SimConfig(policy="utility", elastic=True),
     "elastic + utility, perfect-scaling pricing (before)": SimConfig(policy="utility", elastic=True, scaling_pricing="perfect"),
+    # resizes grow around the old GPUs only (before relocation became the default)
+    "elastic + utility, no relocation (before)": SimConfig(policy="utility", elastic=True, relocate=False),
     "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
     "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
     "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
@@ -106,7 +109,8 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
          "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
          "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
-         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend")}
+         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
+         "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False)}
 
 
 def main() -> int:

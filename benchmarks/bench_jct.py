@@ -129,6 +129,10 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)} + age slot oldest": replace(RECOMMENDED, age_slot="oldest"),
         f"{label(RECOMMENDED)} + age slot projected": replace(RECOMMENDED, age_slot="projected"),
         f"{label(RECOMMENDED)} + delay budget 4 h": (RECOMMENDED, {(reservations, "DELAY_BUDGET_S"): 4 * H}),
+        # preemption into the leading reservation of preemptible jobs past their time limit, once the gang
+        # waited 12 h (scheduling/overrun_preempt.py), alone and with the projected age slot
+        f"{label(RECOMMENDED)} + preempt overrun": replace(RECOMMENDED, preempt="overrun"),
+        f"{label(RECOMMENDED)} + age slot projected + preempt overrun": replace(RECOMMENDED, age_slot="projected", preempt="overrun"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
         f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
         f"{label(PREVIOUS)} + drain target after 24 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H}),

@@ -78,12 +78,13 @@ def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], 
         frac = 0.3 + 0.4 * i / max(states - 1, 1)
         sts.append((f"{frac:.0%} busy", busy_state(spec, fab, rng, frac, "moderate", reserve=max(ks))))
     t_states = (time.perf_counter() - t0) / max(states, 1)
-    rows = [{"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "jobs": len(st.jobs),
+    rows = [{"state": label, "k": k, "ms": ms, "cpu_ms": cpu, "evals": sel.evaluations, "jobs": len(st.jobs),
              "gbps": sel.predicted_gbps, "mask": sel.mask}
-            for label, st, k, ms, sel in timed_selects(Dispatcher(fab), sts, ks)]
+            for label, st, k, ms, cpu, sel in timed_selects(Dispatcher(fab), sts, ks)]
     ms = [r["ms"] for r in rows]
     out = {"name": name, "load_s": t_load, "fabric_s": t_fab, "state_s": t_states, "rows": rows,
            "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "evals_max": max(r["evals"] for r in rows),
+           "cpu_p50": pct([r["cpu_ms"] for r in rows], 50), "cpu_p99": pct([r["cpu_ms"] for r in rows], 99),
            "evals_p50": pct([r["evals"] for r in rows], 50)}
     if model_dir is not None:
         out["trained"] = trained_rows(model_dir, fab, sts, ks, rows)
@@ -91,16 +92,17 @@ def bench_cluster(name: str, trays: int, states: int, seed: int, ks: list[int], 
 
 
 def timed_selects(d: Dispatcher, sts: list, ks: list[int]):
-    """Yields ``(state label, state, k, ms, selection)`` for every k that fits each state, after one
-    warm-up select (stage-1 tables, unit index) - the same calls for every model compared."""
+    """Yields ``(state label, state, k, wall ms, CPU ms, selection)`` for every k that fits each
+    state, after one warm-up select (stage-1 tables, unit index) - the same calls for every model
+    compared. CPU time is what the search costs; wall time is that plus this machine's sharing."""
     d.select(8, sts[0][1])
     for label, st in sts:
         for k in ks:
             if k > st.n_free:
                 continue
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             sel = d.select(k, st)
-            yield label, st, k, (time.perf_counter() - t) * 1e3, sel
+            yield label, st, k, (time.perf_counter() - t) * 1e3, (time.process_time() - c) * 1e3, sel
 
 
 def _rss_gb() -> float:
@@ -127,11 +129,13 @@ def trained_rows(model_dir: str, fab, sts: list, ks: list[int], ref: list[dict])
         raise SystemExit(f"--model {model_dir} was trained for {sur.spec.name!r}, not {fab.spec.name!r}")
     t_load, rss_model = time.perf_counter() - t0, _rss_gb() - rss0
     rows = []
-    for i, (label, st, k, ms, sel) in enumerate(timed_selects(Dispatcher(sur), sts, ks)):
+    for i, (label, st, k, ms, cpu, sel) in enumerate(timed_selects(Dispatcher(sur), sts, ks)):
         mine, emu = ContentionPredictor(fab, st).predict(np.stack([sel.mask, ref[i]["mask"]])).value
-        rows.append({"state": label, "k": k, "ms": ms, "evals": sel.evaluations, "ratio": mine / emu if emu > 0 else 1.0})
+        rows.append({"state": label, "k": k, "ms": ms, "cpu_ms": cpu, "evals": sel.evaluations, "ratio": mine / emu if emu > 0 else 1.0})
     ms, ratio = [r["ms"] for r in rows], np.array([r["ratio"] for r in rows])
+    cpu = [r["cpu_ms"] for r in rows]
     return {"rows": rows, "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms), "load_s": t_load,
+            "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99),
             "model_gb": rss_model, "evals_p50": pct([r["evals"] for r in rows], 50),
             "evals_max": max(r["evals"] for r in rows), "ratio_mean": float(ratio.mean()), "ratio_min": float(ratio.min())}
 
@@ -273,12 +277,15 @@ def main() -> None:
                   f"| {t50:g} ms {ok50} / {t99:g} ms {ok99} |")
             slow = sorted(r["rows"], key=lambda x: -x["ms"])[:3]
             print("slowest: " + "; ".join(f"k={x['k']} {x['state']} {x['ms']:.0f} ms ({x['evals']} evals)" for x in slow))
+            print(f"CPU time per select (the process's own: sharing the cores inflates wall time far more): p50 {r['cpu_p50']:.1f} ms, "
+                  f"p99 {r['cpu_p99']:.1f} ms, max {max(x['cpu_ms'] for x in r['rows']):.1f} ms")
             if "trained" in r:
                 m = r["trained"]
                 print(f"| trained surrogate: {len(m['rows'])} | {m['p50']:.1f} | {m['p99']:.1f} | {m['max']:.1f} "
                       f"| {m['evals_p50']:.0f} / {m['evals_max']} | {t50:g} / {t99:g} ms |")
                 print(f"trained surrogate: loaded in {m['load_s']:.1f} s (+{m['model_gb']:.2f} GB RSS); true bandwidth of its "
-                      f"picks / the emulator-guided picks: mean {m['ratio_mean']:.2%}, min {m['ratio_min']:.2%}")
+                      f"picks / the emulator-guided picks: mean {m['ratio_mean']:.2%}, min {m['ratio_min']:.2%}; "
+                      f"CPU per select p50 {m['cpu_p50']:.1f} ms, p99 {m['cpu_p99']:.1f} ms")
             if args.detail:
                 for x in r["rows"]:
                     print(f"  {x['state']:>9} k={x['k']:>5} {x['ms']:8.1f} ms {x['evals']:5d} evals {x['gbps']:.1f} GB/s jobs={x['jobs']}")

@@ -57,7 +57,7 @@ def run(name: str, busy: int, seed: int) -> list[dict]:
     out = []
     for label, st in _states(spec, fab, rng, busy, 0):
         truth = ContentionPredictor(fab, st)
-        fb = bounder.state(st.free, truth.host_exposure)
+        fb = bounder.state(st.free, truth.host_exposure, truth)
         for tp, pp, dp in SHAPES:
             shp = Shape.parse({"tp": tp, "pp": pp, "dp": dp})
             if shp.k > st.n_free:
@@ -105,7 +105,7 @@ def exact_small(n: int, ks: tuple[int, ...] = (4, 6)) -> None:
         for seed in range(n):
             st = small_state(fab, seed)
             truth = ContentionPredictor(fab, st)
-            fb = bounder.state(st.free, truth.host_exposure)
+            fb = bounder.state(st.free, truth.host_exposure, truth)
             free = [spec.parse_gpu(g, "free") for g in spec.from_mask(st.free)]
             for tp, pp, dp in SMALL_SHAPES[k]:
                 shp = Shape.parse({"tp": tp, "pp": pp, "dp": dp})

@@ -27,9 +27,12 @@ placement can gain over blind. Every step below is an inequality the truth satis
   in-unit group of another axis, too) exceeds the free GPUs of any unit, the groups meeting it
   span; for two orthogonal all-spanning axes, the most ``a``-groups one host carries (``X_a``)
   caps every ``b``-group's GPUs per host (see :func:`_status_time`).
-* **Tenants**: when the job has more ranks than the free GPUs of hosts no
-  contending tenant touches, an all-spanning axis has a group on a touched host: its demand has
-  the least such exposure in it.
+* **Tenants** and **racks** (:mod:`benchmarks.shape_lemmas`, given the tenants: ``state(...,
+  truth)``): ranks beyond the clean hosts' free GPUs sit on exposed hosts, where their spanning
+  groups pay the tenants' demand against a bound on the tenants' super allocations (the lemma the
+  first version had here took the best free-GPU row as that capacity, which a super allocation,
+  holding the tenant's GPUs too, can exceed: removed); axes whose groups must cross racks pay the
+  cross-rack rows.
 
 The bound is the min over status assignments of ``compute + sum_a bytes_a / bw_a``. Finer count
 constraints (imbalance, the free GPUs per host of a whole placement, tenants' super allocations)
@@ -47,6 +50,8 @@ import numpy as np
 from bandpilot.dispatch.search.shape import group_ranks
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import popcount
+from benchmarks.shape_lemmas import (IN, MIX, SPAN, cross_sets, exposed_sets, tenant_bound,  # noqa: F401
+                                     tenant_hosts)
 
 
 @dataclass
@@ -59,6 +64,10 @@ class FabricBounds:
     host_units: bool  # units are hosts (the sibling lemmas count per host, as the truth does)
     clean_free: int = 0  # free GPUs on hosts no contending tenant touches
     exposure: float = 0.0  # least tenant demand on a host with free GPUs that one touches (GB/s)
+    rack: np.ndarray | None = None  # the network's rack per unit (None: no rack lemma)
+    #: per exposed host with free GPUs: (free GPUs, summed tenant demand, least tenant capacity
+    #: bound): see :func:`benchmarks.shape_lemmas.tenant_hosts`; None: no tenant lemma
+    tenant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def _s1max(fab) -> np.ndarray:
@@ -87,6 +96,14 @@ class Bounder:
         # emulator's network): below it, a network value is the pure scale-out term
         self.nvl = {c: self._nvl_term(c) for c in range(2, self._unit_cap() + 1)} if self.multi else {}
         self.nvl_min = min(self.nvl.values()) if self.nvl else np.inf
+        # the racks the emulator's network sees (its cross-domain factor), per unit; the rack lemma
+        # needs units = hosts, >= 2 racks and hosts alike (a cross-rack row's value then depends
+        # only on its counts: see :meth:`_Span.best_cross`)
+        dom = np.asarray(getattr(fab, "_domain", np.zeros(self.spec.n_hosts, dtype=np.int64)))
+        alike = (len(set(self.spec.gpus_per_host.tolist())) == 1 and len(fab.spec.gpu_types) == 1
+                 and np.unique(getattr(fab, "_rails", [0])).size == 1)
+        self.rack = dom[[int(hs[0]) for hs in self.hosts_of]] if not self.multi else None
+        self.rack_lemma = bool(self.rack is not None and np.unique(self.rack).size > 1 and alike)
 
     def _nvl_term(self, c: int) -> float:
         """The NVLink term of ``c`` GPUs of domain 0 spread over its trays (one per tray first)."""
@@ -128,9 +145,10 @@ class Bounder:
             net = np.inf
         return min(net, self._unit_best(min(counts)))
 
-    def state(self, free: np.ndarray, exposure: np.ndarray | None = None) -> FabricBounds:
+    def state(self, free: np.ndarray, exposure: np.ndarray | None = None, truth=None) -> FabricBounds:
         """Bounds for the free GPUs ``free``; ``exposure``: per host, the summed demand of the
-        contending (cross-unit, demand > 0) tenants touching it (``ContentionPredictor.host_exposure``)."""
+        contending (cross-unit, demand > 0) tenants touching it (``ContentionPredictor.host_exposure``);
+        ``truth`` (that ContentionPredictor): the tenants themselves, for the per-host tenant lemma."""
         free_u = np.bincount(self.unit, weights=popcount(free), minlength=self.U).astype(np.int64)
         F = int(free_u.max())
         b_in = {g: self._b_in(free, g) for g in range(2, F + 1)}
@@ -139,7 +157,9 @@ class Bounder:
         clean = int(pf[e <= 0].sum())
         hit = (e > 0) & (pf > 0)
         return FabricBounds(b_in, _Span(self, F, free_u), free_u, not self.multi, clean,
-                            float(e[hit].min()) if hit.any() else 0.0)
+                            float(e[hit].min()) if hit.any() else 0.0,
+                            self.rack if self.rack_lemma else None,
+                            tenant_hosts(self, free, truth) if truth is not None and not self.multi else None)
 
     def _b_in(self, free: np.ndarray, g: int) -> float:
         tab = self.fab.stage1
@@ -204,6 +224,43 @@ class _Span:
             self._best[key] = out
         return self._best[key]
 
+    def best_cross(self, g: int, m_min: int = 2, c_hi: int | None = None) -> float:
+        """:meth:`best` over rows that cross racks: each ``(m, c)`` row on the hosts in rack order,
+        its last on the second rack if the first has room for the others (room ignored: an upper bound). Hosts are alike (``Bounder.rack_lemma``), so the
+        network sees only the counts, the host count and that racks are crossed; racks 0 and 1 share
+        a pod whenever pods hold >= 2 racks, so no pod penalty is added that a row could avoid."""
+        c_hi = self.F if c_hi is None else min(c_hi, self.F)
+        key = (g, m_min, c_hi, -1)
+        if key not in self._best:
+            out = 0.0
+            for m in range(max(2, m_min), min(g, self.units) + 1):
+                for c in range(1, min(c_hi, g // m) + 1):
+                    rest = g - c
+                    if rest > (m - 1) * c_hi or rest < (m - 1) * c:
+                        continue
+                    q, r = divmod(rest, m - 1)
+                    counts = [c] + [q + 1] * r + [q] * (m - 1 - r)
+                    out = max(out, self.b._span_row(counts, self._cross_units(m)))
+            self._best[key] = out
+        return self._best[key]
+
+    def cap_cross(self, m_min: int = 2) -> float:
+        """:meth:`cap` over rows that cross racks (balanced rows placed as :meth:`best_cross`)."""
+        key = -max(2, m_min)
+        if key not in self._cap:
+            self._cap[key] = max((self.b._span_row([c] * m, self._cross_units(m))
+                                  for m in range(max(2, m_min), self.units + 1) for c in range(1, self.F + 1)),
+                                 default=0.0)
+        return self._cap[key]
+
+    def _cross_units(self, m: int) -> list[int]:
+        """``m`` hosts in rack order (the fewest racks and pods), the last on the second rack when
+        the first has room for the others: a row crossing racks as cheaply as any can."""
+        rk = self.b.rack
+        order = np.argsort(rk, kind="stable")
+        first = int((rk == rk.min()).sum())
+        return order[:m - 1].tolist() + [int(order[first])] if m - 1 < first else order[:m].tolist()
+
     def cap(self, m_min: int = 2) -> float:
         if m_min not in self._cap:
             self._cap[m_min] = max((self._row([c] * m) for m in range(max(2, m_min), self.units + 1)
@@ -261,20 +318,28 @@ class _Structure:
             n = max(1, int(self.meets[a].sum(axis=0).min()))
         return n, m_min, c_hi
 
-    def in_group(self, a: str, b: str) -> int:
+    def in_group(self, a: str, b: str, spans: bool = False) -> int:
         """Siblings of axis ``a`` on the unit of an in-unit ``b``-group ``K``: every ``a``-group
-        meeting ``K`` whose closure with ``K`` exceeds ``F`` spans; the least over the ``K``."""
+        meeting ``K`` whose closure with ``K`` exceeds ``F`` spans (with ``spans``, every ``a``-group
+        spans: all that meet ``K``); the least over the ``K``."""
         meet = (self.inc[a].astype(np.int32) @ self.inc[b].T.astype(np.int32)) > 0  # (n_a, n_b)
+        if spans:
+            return max(1, int(meet.sum(axis=0).min()))
         union = self.meets[a][:, None, :] | self.meets[b][None, :, :]
         over = (union @ self.size) > self.F  # (n_a, n_b)
         forced = np.where((~meet | over).all(axis=0), meet.sum(axis=0), 1)
         return max(1, int(forced.min()))
 
+    def same_hosts(self, a: str) -> int:
+        """Fewest ``a``-groups meeting exactly the same ``in``-components as one another: such
+        groups lie on exactly the same hosts (a component is whole in one host, a group has a rank
+        in each it meets), so they share every host and their unions there are one row."""
+        return int(np.unique(self.meets[a], axis=0, return_counts=True)[1].min())
+
     def orthogonal(self, a: str, b: str) -> bool:
         return bool(((self.inc[a].astype(np.int32) @ self.inc[b].T.astype(np.int32)) <= 1).all())
 
 
-IN, MIX, SPAN = "in", "mix", "span"
 
 
 def lower_bound(b: Bounder, fb: FabricBounds, shape: Shape) -> tuple[float, str]:
@@ -286,6 +351,7 @@ def lower_bound(b: Bounder, fb: FabricBounds, shape: Shape) -> tuple[float, str]
     F = int(fb.unit_free.max())
     best, arg = np.inf, ""
     structs: dict[tuple[str, ...], _Structure] = {}
+    comps: dict[tuple[str, ...], np.ndarray] = {}
     for status in itertools.product((IN, MIX, SPAN), repeat=len(axes)):
         st = dict(zip(axes, status))
         S = tuple(a for a in axes if st[a] == IN)
@@ -296,14 +362,18 @@ def lower_bound(b: Bounder, fb: FabricBounds, shape: Shape) -> tuple[float, str]
             continue
         if any(fb.b_in.get(groups[a].shape[1], 0.0) <= 0 or x.closure[a].min() > F for a in axes if st[a] != SPAN):
             continue
-        t = _status_time(fb, x, st, groups, vol)
-        if compute + t < best:
-            best, arg = compute + t, ",".join(f"{a}:{st[a]}" for a in axes)
+        for cross in cross_sets(fb, x, st, groups, shape.k, comps, _components):
+            for ex, split in exposed_sets(fb, st, shape.k):
+                t = _status_time(fb, x, st, groups, vol, cross, ex, split)
+                if compute + t < best:
+                    best, arg = compute + t, ",".join(
+                        f"{a}:{st[a]}" + ("+x" if a in cross else "") + ("+e" if a in ex else "") for a in axes)
     return best, arg
 
 
 def _status_time(fb: FabricBounds, x: _Structure, st: dict[str, str], groups: dict[str, np.ndarray],
-                 vol: dict[str, float]) -> float:
+                 vol: dict[str, float], cross: frozenset[str] = frozenset(), ex: frozenset[str] = frozenset(),
+                 split: tuple[int, int] | None = None) -> float:
     """Least communication time (ms) of one status assignment: fixed bounds per axis, then (units
     = hosts), for the all-spanning axes, a min over ``X_a``, the most ``a``-groups any host
     carries: the slowest ``a``-group gets at most ``cap / X_a`` (the sibling lemma on that host),
@@ -321,14 +391,22 @@ def _status_time(fb: FabricBounds, x: _Structure, st: dict[str, str], groups: di
         if st[a] == MIX and n > 1:  # every group spans: not a mix
             return np.inf
         for b in groups:
-            if b != a and st[b] != SPAN:
-                n = max(n, x.in_group(a, b))
+            if b != a and st[b] != SPAN:  # some b-group lies in one unit
+                n = max(n, x.in_group(a, b, st[a] == SPAN))
         if not fb.host_units:  # siblings share a HOST (tray) in the truth, a unit has many: no lemma
             n = 1
         cap_of[a] = fb.span.cap(m_min)
-        fixed[a] = min(fb.span.best(size, m_min, c_hi), cap_of[a] / n)
-        if st[a] == SPAN and k > fb.clean_free and fb.exposure > 0:
-            fixed[a] = min(fixed[a], _tenant_cap(fixed[a], cap_of[a], fb.exposure))
+        solo = fb.span.best(size, m_min, c_hi)  # every spanning a-group's standalone value <= solo
+        fixed[a] = min(solo, cap_of[a] / n)
+        if a in cross:  # a group crosses racks (rack lemma): so do the ``same_hosts`` groups on its
+            # hosts, whose capacity is one cross-rack row of the siblings' union: the slowest of
+            # them gets at most that row / their number (min <= mean, as the sibling lemma)
+            fixed[a] = min(fixed[a], fb.span.best_cross(size, m_min, c_hi),
+                           fb.span.cap_cross(m_min) / (x.same_hosts(a) if fb.host_units else 1))
+        # the tenant lemmas take a bound on the standalone value (they increase with it), not fixed[a]
+        fixed[a] = min(fixed[a], tenant_bound(fb, x, st, groups, a, solo, cap_of[a], ex, split))
+        if fixed[a] <= 0:
+            return np.inf
         shape_of[a], n_of[a] = (size, m_min, c_hi), n
         if st[a] == SPAN:
             span.append(a)
@@ -351,12 +429,3 @@ def _status_time(fb: FabricBounds, x: _Structure, st: dict[str, str], groups: di
             comm += vol[a] / (bw * 1e9) * 1e3 if bw > 0 else np.inf
         best = min(best, comm)
     return t + best
-
-
-def _tenant_cap(solo: float, cap: float, d: float) -> float:
-    """The most a spanning group of standalone value <= ``solo`` gets beside tenants of demand
-    >= ``d`` and capacity <= ``cap``: ``s`` while ``s + d <= cap``, else ``s * cap / (s + d)``
-    (increasing in ``s``). When the job has more ranks than the clean hosts' free GPUs, some rank
-    sits on a host a tenant touches, and on an all-spanning axis its group spans."""
-    shared = solo * cap / (solo + d)
-    return max(shared, min(solo, cap - d)) if solo + d <= cap else shared

@@ -79,6 +79,11 @@ def test_sparse_jobs_match_dense_definition(fab):
     assert np.array_equal(pred.job_masks, np.array([j.mask for j in want]))
     exposure = (np.array([j.mask for j in want]) != 0).T @ np.array([j.demand_gbps for j in want])
     np.testing.assert_allclose(pred.host_exposure, exposure)
+    dense = np.array([j.mask for j in want])
+    cols = np.sort(np.random.default_rng(3).choice(fab.spec.n_hosts, size=60, replace=False))
+    assert np.array_equal(pred.jobs_on(cols), dense[:, cols])
+    for h in np.flatnonzero(dense.any(axis=0))[:40]:
+        assert np.array_equal(pred.masks_at(int(h)), np.unique(dense[:, h][dense[:, h] != 0]))
 
 
 def _part_reference(ctx, units, u: int, t: int) -> np.ndarray:

@@ -578,7 +578,7 @@ def test_fuzz_rebalance_keeps_invariants(tmp_path_factory, ops):
                 n += 1
             elif op == "rebalance":
                 at = [j for j in running if rnd.random() < 0.7]
-                rebalance(s, d, at_boundary=at, blind=rnd.random() < 0.3)
+                rebalance(s, d, at_boundary=at, blind=rnd.random() < 0.3, relocate=rnd.random() < 0.5)
             elif op == "release" and running:
                 q.release(s, rnd.choice(running))
             elif op == "report" and running:

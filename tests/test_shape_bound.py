@@ -8,6 +8,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.dispatcher import Dispatcher
@@ -73,3 +75,42 @@ def test_bound_is_attained_where_one_domain_holds_the_job():
     score(truth, shp, [blind])
     assert at == "tp:in,dp:in"
     assert lb == pytest.approx(blind.step_ms, rel=1e-9)
+
+
+def _racked() -> "object":
+    """The emulated 4 x 8 H100 cluster in 2 racks of 2 hosts: the rack lemma's smallest case."""
+    import yaml
+
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.topology.cluster import spec_from_dict
+
+    doc = yaml.safe_load(open("params/clusters/h100.yaml"))
+    doc["name"], doc["host_groups"][0]["domain_size"] = "h100-racked", 2
+    return make_fabric(spec_from_dict(doc, source="h100-racked"))
+
+
+RACKED = _racked()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), sh=st.sampled_from([(2, 1, 2), (2, 2, 1), (1, 2, 2), (4, 1, 1)]),
+       racked=st.booleans())
+@example(seed=185, sh=(4, 1, 1), racked=False)  # a lone spanning group's tenant capacity is not a free-GPU row
+def test_rack_and_tenant_lemmas_stay_below_every_placement(seed, sh, racked):
+    """The rack lemma (2 racks: axes whose groups must cross) and the per-host tenant lemma (the
+    tenants themselves, ``truth``) on random small states: never above the exact optimum."""
+    fab = RACKED if racked else H100
+    b = Bounder(fab)
+    assert b.rack_lemma == racked
+    state = small_state(fab, seed)
+    truth = ContentionPredictor(fab, state)
+    fb = b.state(state.free, truth.host_exposure, truth)
+    spec = fab.spec
+    free = [spec.parse_gpu(g, "free") for g in spec.from_mask(state.free)]
+    tp, pp, dp = sh
+    shp = Shape.parse({"tp": tp, "pp": pp, "dp": dp})
+    cands = [Placement(np.array([h for h, _ in p]), np.array([i for _, i in p]))
+             for p in itertools.permutations(free, shp.k)]
+    score(truth, shp, cands)
+    lb, _ = lower_bound(b, fb, shp)
+    assert lb <= min(c.step_ms for c in cands) * (1 + 1e-9), (seed, str(shp))

@@ -275,6 +275,7 @@ def rebalance_cmd(
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
+    relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. A resize may move the job onto a fresh placement, priced like a growth."),
     admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -291,7 +292,8 @@ def rebalance_cmd(
     uri = model or f"models:/bandpilot-{st.spec.name}@champion"
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
-                    policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing)
+                    policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing,
+                    relocate=relocate)
     doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting,
            "suspended": rep.suspended}
     if as_json:
@@ -418,7 +420,7 @@ def dispatch_cmd(
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill)."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected: one reservation goes first to the longest-waiting request (oldest, Slurm's age order) or to the largest projected JCT (wait + estimate, once past 30 h), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),

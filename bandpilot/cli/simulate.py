@@ -34,7 +34,7 @@ def simulate_cmd(
     reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative: how many blocked gangs, in policy order, get a reservation (Maui's RESERVATIONDEPTH)."),
     locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="How BandPilot values a placement: now (against the jobs running now) | lifetime (over its estimated run time: co-tenants that end, later cross-host jobs on its hosts from the arrival mix, the slowdown it imposes on co-tenants) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation."),
+    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill)."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected: one reservation goes first to the longest-waiting request (oldest, Slurm's age order) or to the largest projected JCT (wait + estimate, once past 30 h), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
@@ -43,6 +43,7 @@ def simulate_cmd(
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
     admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline) | srpt (by estimated remaining work: a newcomer claims half its k, only jobs with more remaining work yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
+    relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. Elastic: a resize may move the job onto a fresh placement (a growth onto an idle host; a job on several hosts onto one), priced like a growth."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
@@ -74,7 +75,8 @@ def simulate_cmd(
     cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
-                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot)
+                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot,
+                    relocate=relocate)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)

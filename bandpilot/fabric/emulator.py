@@ -21,6 +21,7 @@ from bandpilot.config import SOURCE_ROOT
 
 from bandpilot.topology.cluster import ClusterSpec, Topology, load_cluster, popcount
 from bandpilot.errors import SpecError
+from bandpilot.fabric import unit_delta
 from bandpilot.fabric.base import Fabric
 from bandpilot.fabric.rings import emulated_stage1, ring_efficiency
 from bandpilot.fabric.trace import TraceFabric
@@ -224,6 +225,10 @@ class EmulatorFabric(Fabric):
             return super().predict_columns(masks, cols)
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         cols = np.asarray(cols, dtype=np.int64)
+        if masks.shape[0] >= unit_delta.DELTA_FROM:
+            got = unit_delta.predict_columns_delta(self, masks, cols)
+            if got is not None:
+                return got
         counts = popcount(masks)
         used = counts > 0
         n_used = used.sum(axis=1)
@@ -265,11 +270,12 @@ class EmulatorFabric(Fabric):
         if order is not None:
             counts = counts[:, order]
         hcols = slice(None) if gcols is None else gcols
-        rails, rail_gbps = self._rails[hcols], self._rail_gbps[hcols]
-        used = counts > 0
-        ucount = np.add.reduceat(counts, starts, axis=1)
-        urails = np.add.reduceat(np.minimum(counts, rails[None, :]) * rail_gbps[None, :], starts, axis=1)
-        utrays = np.add.reduceat(used.astype(np.int64), starts, axis=1)
+        return self._network_units(*unit_delta.unit_sums(counts, self._rails[hcols], self._rail_gbps[hcols], starts), seg_unit)
+
+    def _network_units(self, ucount: np.ndarray, urails: np.ndarray, utrays: np.ndarray, railmin: np.ndarray,
+                       seg_unit: np.ndarray) -> np.ndarray:
+        """:meth:`_network_nvl` from per-unit sums ``(n, units)`` (:func:`unit_delta.unit_sums`) of
+        the units ``seg_unit``: GPUs, NIC line rate, trays used, slowest rail of a used tray."""
         uused = ucount > 0
         n_u = uused.sum(axis=1)
         # NVLink term per domain spanned over >= 2 trays: its own rank count's ring efficiency
@@ -285,7 +291,7 @@ class EmulatorFabric(Fabric):
             nic = np.where(uu, ur, np.inf).min(axis=1)
             big = np.iinfo(np.int64).max
             min_count = np.maximum(np.where(uu, uc, big).min(axis=1), 1)
-            rail_unit = np.where(used[cross], rail_gbps[None, :], np.inf).min(axis=1)
+            rail_unit = railmin[cross].min(axis=1)
             net = self.net
             nu = n_u[cross]
             cap = rail_unit * (net["switch_base"] + net["switch_peer"] / np.maximum(nu - 1, 1))

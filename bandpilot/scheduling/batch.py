@@ -42,6 +42,7 @@ from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
 from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
+from bandpilot.scheduling.overrun_preempt import OverrunPreemptPostFilter
 from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
@@ -100,7 +101,7 @@ class _Plan:
 
 
 #: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).
-PREEMPTORS = {"on": PreemptPostFilter, "leader": LeaderPreemptPostFilter}
+PREEMPTORS = {"on": PreemptPostFilter, "leader": LeaderPreemptPostFilter, "overrun": OverrunPreemptPostFilter}
 
 
 def run_batch(

@@ -63,6 +63,16 @@ _RUNNING = (
 )
 
 
+#: Resizes may relocate (README issue 22): measured better on held-out seeds on mean JCT, p95 and
+#: makespan than growing around the old GPUs only (``rebalance(relocate=False)``, ``--no-relocate``).
+DEFAULT_RELOCATE = True
+
+
+def _relocating(relocate: bool | None, blind: bool) -> bool:
+    """The blind baseline places by GPU id: it never relocates."""
+    return not blind and (DEFAULT_RELOCATE if relocate is None else bool(relocate))
+
+
 @dataclass
 class RebalanceReport:
     quotas: dict[str, int] = field(default_factory=dict)
@@ -76,14 +86,16 @@ def rebalance(
     store: Store, dispatcher: Any, *, at_boundary: Iterable[str] | None = None, blind: bool = False,
     algorithm: str = "bandpilot", demand: str = DEFAULT_DEMAND, epochs: dict[str, int] | None = None,
     policy: str = "utility", pricing: str = DEFAULT_PRICING, admission: str = DEFAULT_ADMISSION,
-    scaling: str = DEFAULT_SCALING_MODE,
+    scaling: str = DEFAULT_SCALING_MODE, relocate: bool | None = None,
 ) -> RebalanceReport:
     """One epoch-boundary round: quotas over the running elastic jobs in ``at_boundary`` (all
     running elastic jobs when None) and the pending queue (in ``policy`` order); shrinks, grows and
     admissions in one transaction, growths and admission sizes priced by ``pricing``
     (:data:`~bandpilot.scheduling.elastic_pricing.PRICERS`), pending requests admitted by
     ``admission`` (:data:`ADMISSIONS`), each job's compute priced by its declared ``scaling``
-    efficiency or as perfect (``scaling``: :data:`SCALING_MODES`). Jobs not at a boundary keep their GPUs."""
+    efficiency or as perfect (``scaling``: :data:`SCALING_MODES`); ``relocate``: a growth may also move
+    the job onto a fresh placement of the grown size (:func:`_relocations`; None: :data:`DEFAULT_RELOCATE`;
+    never when ``blind``). Jobs not at a boundary keep their GPUs."""
     if pricing not in PRICERS:
         raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
     if admission not in ADMISSIONS:
@@ -135,7 +147,7 @@ def rebalance(
             state = store.load_state(conn, spec)
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
                      PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k),
-                     etas, scaling == "declared")
+                     etas, scaling == "declared", _placer(dispatcher, algorithm) if _relocating(relocate, blind) else None)
         _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
@@ -166,6 +178,7 @@ class _Round:
     best_gbps: Callable[[int], float] | None = None  # best idle-cluster bandwidth of a size (growth bounds)
     etas: dict[str, float | None] = field(default_factory=dict)  # each job's declared scaling (None: not declared)
     declared: bool = True  # price compute by the declared scaling; False: every job as perfect (before)
+    place: Callable[[State, int], np.ndarray | None] | None = None  # relocate: a fresh k-GPU placement
 
     def f(self, jid: str) -> float:
         f = self.fracs.get(jid)
@@ -217,10 +230,53 @@ def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
         # the best for the job and the one on fewest hosts (the candidate that imposes least)
         for i in dict.fromkeys([int(order[0]), int(np.lexsort((np.arange(len(rows)), -value, n_hosts))[0])]):
             grown.append((k, rows[i].copy(), float(value[i])))
+    if rnd.place is not None:
+        room = int(popcount(others.free).max()) if others.free.size else 0
+        sizes = set(_growth_sizes(c, cur, target, 0)) | ({_snap(c, min(target, room))} if cur < room else set())
+        grown += _relocations(rnd, others, jid, cur, b0, sorted(x for x in sizes if cur < x <= target))
     pick = rnd.pricer.growth(rnd.context(others, jid, mask), cur, b0, grown)
     if pick is None:
         return mask, None, cur
     return pick[1], pick[2], pick[0]
+
+
+def _placer(dispatcher: Any, algorithm: str) -> Callable[[State, int], np.ndarray | None]:
+    def place(state: State, k: int) -> np.ndarray | None:
+        try:
+            return state.spec.to_mask(list(dispatcher.select(k, state, algorithm).gpus))
+        except Exception as exc:  # noqa: BLE001 - no placement of k: no relocation candidate
+            if type(exc).__name__ != "PlacementError":
+                raise
+            return None
+    return place
+
+
+def _relocations(rnd: _Round, others: State, jid: str, cur: int, b0: float, sizes: list[int]) -> list[Grown]:
+    """``relocate``: a resize is a checkpoint-restart (``resize_s``), so the grown generation need
+    not keep the old GPUs. Seed 001 realises each epoch's quotas on concrete nodes afresh; a job
+    that may only grow around its old set stays where it started - at the tail a job at 4 GPUs on
+    a shared host cannot take an idle host (growth across the NICs is slower and refused). The
+    candidates: a fresh placement (the job's own GPUs counted free) at the growth sizes and at the
+    roomiest host's free GPUs (a job on several hosts whose quota is unchanged: its own size,
+    :func:`_move_priced`); the pricer takes one of them or none."""
+    out: list[Grown] = []
+    for k in sizes:
+        if cur > 1 and grow_ratio(rnd.f(jid), cur, b0, k, rnd.best(k), rnd.eta(jid)) >= 1.0 - GROW_GAIN:
+            continue
+        m = rnd.place(others, k)
+        if m is not None:
+            out.append((k, m, _predict(rnd.model, others, m) if k > 1 else 0.0))
+    return out
+
+
+def _move_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: int) -> tuple[np.ndarray, float | None]:
+    """``relocate``, a job whose quota is unchanged but which spans several hosts: the fresh
+    placement of its size if the pricer takes it (a move onto one host frees its NICs)."""
+    if cur < 2 or int((mask != 0).sum()) < 2:
+        return mask, None
+    b0 = _predict(rnd.model, others, mask)
+    pick = rnd.pricer.growth(rnd.context(others, jid, mask), cur, b0, _relocations(rnd, others, jid, cur, b0, [cur]))
+    return (mask, None) if pick is None else (pick[1], pick[2])
 
 
 def _resize_all(conn, rep, state, held, rnd: _Round) -> None:
@@ -232,10 +288,14 @@ def _resize_all(conn, rep, state, held, rnd: _Round) -> None:
     for jid in order:
         cur = len(jobs[jid].gpus)
         target = rep.quotas[jid]
-        if target == cur:
+        if target == cur and rnd.place is None:
             continue
         others = state.without_job(jid)
-        if target < cur:
+        if target == cur:
+            mask, value = _move_priced(rnd, others, jid, held[jid], cur)
+            if value is None or np.array_equal(mask, held[jid]):
+                continue
+        elif target < cur:
             mask, value = shrink_gpus(rnd.model, others, held[jid], cur - target, blind=rnd.blind)
         elif rnd.blind:
             mask, value = grow_gpus(rnd.model, others, held[jid], target - cur, blind=True)

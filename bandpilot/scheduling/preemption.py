@@ -47,7 +47,7 @@ from bandpilot.scheduling.requeue import requeue_running
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
 
-PREEMPT_MODES = ("off", "on", "leader")  # leader: bandpilot.scheduling.leader_preempt
+PREEMPT_MODES = ("off", "on", "leader", "overrun")  # leader / overrun: bandpilot.scheduling.leader_preempt / overrun_preempt
 #: A gang that has waited this long may evict preemptible jobs of equal priority.
 STARVE_S = 4 * 3600.0
 #: Plans whose cost is within this share of the cheapest are ranked by predicted bandwidth.

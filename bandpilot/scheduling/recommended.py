@@ -46,7 +46,12 @@ is reserved first, in place of hrrn's second slot) meets every target on the 24-
 -35 % / -29 %, p95 -28 % / -23 %, max -9 % / -4 % vs Slurm-like) without costing this default's
 mean, but it loses the ``full`` mean and p95 to this default on the held-out seeds 8-15 and the mean
 and p95 under both models on seeds 24-31 (seed 26: whole-cluster gangs take the slot in turn and
-drain the cluster; README, "Sixth round"): a flag, not the default.
+drain the cluster; README, "Sixth round"): a flag, not the default. With ``--preempt overrun``
+(:mod:`bandpilot.scheduling.overrun_preempt`: the first blocked gang, past 12 h, evicts preemptible
+jobs past their time limit) the pair meets every target on seeds 0-7 and on the held-out seeds
+32-47 under ``full`` (max -20 % vs Slurm-like) but loses the ``comm`` mean and p95 to this default
+there by 2-3 % and misses the ``comm`` p95 target; on seeds 24-31 it keeps the slot's seed-26
+collapse (mean +26 % / +33 % vs this default; README, "Seventh round"): flags, not the default.
 
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)

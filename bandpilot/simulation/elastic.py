@@ -119,7 +119,7 @@ class ElasticSim(_Sim):
         self._flush()
         rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
-                        admission=self.cfg.admission, scaling=self.cfg.scaling_pricing,
+                        admission=self.cfg.admission, scaling=self.cfg.scaling_pricing, relocate=self.cfg.relocate,
                         epochs={jid: int(max(0.0, self.running[jid].progress) * self._epochs(jid)) for jid in at})
         self.batches += 1
         for jid in at:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
+from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -71,6 +72,8 @@ class Units:
         self.size = np.bincount(self.unit, weights=ctx.spec.gpus_per_host, minlength=self.U).astype(np.int64)
         self.exposed_free = np.bincount(self.unit, weights=ctx.fcount * ctx.exposed, minlength=self.U).astype(np.int64)
         self._parts: dict[tuple[int, int], np.ndarray] = {}
+        self._sparse: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._orders: dict = {}  # per unit its fill order; per (unit, count) the remainder's
         self._sigs: dict[tuple[int, bool], tuple] = {}
         self.ctx = ctx
 
@@ -101,73 +104,73 @@ class Units:
         first, the remainder on the best-fitting tray (fewest GPUs stranded)."""
         key = (u, t)
         got = self._parts.get(key)
+        if got is None:
+            hosts, counts = self.part_hosts(u, t)
+            got = np.zeros(self.ctx.H, dtype=np.int64)
+            got[hosts] = counts
+            self._parts[key] = got
+        return got
+
+    def part_hosts(self, u: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`part` as ``(hosts, counts)`` (fill order): no row over every host (the local search
+        builds thousands of parts per request on 2,502-25,002 trays)."""
+        key = (u, t)
+        got = self._sparse.get(key)
         if got is not None:
             return got
-        ctx = self.ctx
-        hs = self.members[u]
-        hs = hs[ctx.fcount[hs] > 0]
-        f = ctx.fcount[hs]
-        top = ctx.best_val[hs, f]
-        order = hs[np.lexsort((hs, -top, -f, ctx.exposed[hs]))]
-        counts = np.zeros(ctx.H, dtype=np.int64)
-        # whole trays in order until some tray left fits the remainder (prefix sums / suffix maxima:
-        # the first step i where the GPUs still needed are 0 or fit one of trays i..)
-        f_ord = ctx.fcount[order]
-        zero = np.zeros(1, dtype=np.int64)
-        need = t - np.concatenate([zero, np.cumsum(f_ord)])
-        fits_after = np.concatenate([np.maximum.accumulate(f_ord[::-1])[::-1], zero])
-        stop = np.flatnonzero((need[:-1] == 0) | (fits_after[:-1] >= need[:-1]))
-        i = int(stop[0]) if stop.size else order.size
-        if not stop.size and need[-1] != 0:
+        order, f_ord, cum, fits_after = self._tray_order(u)
+        # whole trays in order until some tray left fits the remainder: the first step i where the
+        # GPUs still needed are 0 or fit one of trays i.. (prefix sums / suffix maxima; plain Python
+        # over a domain's <= 18 trays - numpy's per-call cost dominated at this size)
+        m = len(cum) - 1
+        i = next((s for s in range(m) if t == cum[s] or fits_after[s] >= t - cum[s]), m)
+        left = t - cum[i]
+        if i == m and left:
             raise ValueError(f"unit {u} cannot hold {t} GPUs")
-        counts[order[:i]] = f_ord[:i]
-        left = int(need[i])
         if left:
-            # the remainder on the best-fitting tray: unexposed, fewest free, best stage-1, then order
-            cand = order[i:][f_ord[i:] >= left]
-            j = np.lexsort((np.arange(cand.size), -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))[0]
-            counts[cand[j]] = left
-        self._parts[key] = counts
-        return counts
+            # the remainder on the best-fitting tray at or after step i
+            p = next(p for p in self._remainder_order(u, left) if p >= i)
+            hosts, counts = np.empty(i + 1, dtype=np.int64), np.empty(i + 1, dtype=np.int64)
+            hosts[:i], counts[:i], hosts[i], counts[i] = order[:i], f_ord[:i], order[p], left
+        else:
+            hosts, counts = order[:i], f_ord[:i]
+        got = (hosts, counts)
+        self._sparse[key] = got
+        return got
 
-    def rows(self, D: np.ndarray) -> np.ndarray:
-        """Per-unit count rows ``(n, U)`` -> per-host count rows ``(n, H)``."""
-        r, idx, h_of, c_of = self._scatter(D)
-        out = np.zeros((D.shape[0], self.ctx.H), dtype=np.int64)
-        out[r, h_of[idx]] = c_of[idx]
-        return out
+    def _tray_order(self, u: int) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+        """Unit ``u``'s free trays in fill order (unexposed, fullest, best stage-1 value, host) with
+        their free counts, prefix sums and suffix maxima - shared by every count ``t``."""
+        got = self._orders.get(u)
+        if got is None:
+            ctx = self.ctx
+            hs = self.members[u]
+            hs = hs[ctx.fcount[hs] > 0]
+            f = ctx.fcount[hs]
+            order = hs[np.lexsort((hs, -ctx.best_val[hs, f], -f, ctx.exposed[hs]))]
+            f_ord = ctx.fcount[order]
+            got = (order, f_ord, [0, *np.cumsum(f_ord).tolist()],
+                   [*np.maximum.accumulate(f_ord[::-1])[::-1].tolist(), 0])
+            self._orders[u] = got
+        return got
+
+    def _remainder_order(self, u: int, left: int) -> list[int]:
+        """Steps of unit ``u``'s fill order whose tray can take ``left`` GPUs, best fit first:
+        unexposed, fewest free, best stage-1 value for ``left`` GPUs, then the step."""
+        got = self._orders.get((u, left))
+        if got is None:
+            ctx = self.ctx
+            order, f_ord = self._tray_order(u)[:2]
+            p = np.flatnonzero(f_ord >= left)
+            cand = order[p]
+            got = p[np.lexsort((p, -ctx.best_val[cand, left], ctx.fcount[cand], ctx.exposed[cand]))].tolist()
+            self._orders[(u, left)] = got
+        return got
 
     def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per-unit count rows ``(n, U)`` -> the best mask rows for them on the hosts they touch:
-        ``(masks (n, len(cols)), cols)`` (``masks_from_counts(rows(D))[:, cols]``)."""
-        r, idx, h_of, c_of = self._scatter(D)
-        cols = np.unique(h_of)
-        m_of = self.ctx.best_mask[h_of, c_of]  # per (unit, count) part: few entries
-        out = np.zeros((D.shape[0], cols.size), dtype=np.int64)
-        out[r, np.searchsorted(cols, h_of)[idx]] = m_of[idx]
-        return out, cols
-
-    def _scatter(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every nonzero per-host count of the rows of ``D``: ``(row, idx, host, count)`` with the
-        distinct (unit, count) parts' hosts and counts in ``host``/``count`` and ``idx`` into them."""
-        ri, ui = np.nonzero(D)
-        width = int(D.max(initial=0)) + 1
-        keys = ui * width + D[ri, ui]
-        uniq, inv = np.unique(keys, return_inverse=True)
-        # units hold disjoint hosts: scatter each unit's (sparse) part into its rows
-        hs, cs = [], []
-        for key in uniq.tolist():
-            part = self.part(key // width, key % width)
-            h = self.members[key // width]
-            h = h[part[h] > 0]
-            hs.append(h)
-            cs.append(part[h])
-        h_of, c_of = np.concatenate(hs), np.concatenate(cs)
-        ptr = np.r_[0, np.cumsum([h.size for h in hs])]
-        inv = inv.ravel()
-        lens = ptr[inv + 1] - ptr[inv]
-        idx = np.repeat(ptr[inv] - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
-        return np.repeat(ri, lens), idx, h_of, c_of
+        ``(masks (n, len(cols)), cols)`` (each unit's part from :meth:`part`)."""
+        return unit_rows.mask_rows(self, D)
 
 
 def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarray, tie: float = DOMAIN_TIE,
@@ -193,8 +196,12 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
         fcount = ctx.fcount
     else:  # per-unit sums over the columns' units only (the others are 0 in every row)
         seg_u, seg = np.unique(units.unit[cols], return_inverse=True)
-        ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
-        np.add.at(ucount.T, seg.ravel(), c.T)
+        seg = seg.ravel()
+        if seg.size and np.all(seg[1:] >= seg[:-1]):  # columns grouped by unit (host order): segmented sums
+            ucount = np.add.reduceat(c, np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]]), axis=1)
+        else:
+            ucount = np.zeros((c.shape[0], seg_u.size), dtype=np.int64)
+            np.add.at(ucount.T, seg, c.T)
         ufree = units.free[seg_u]
         fcount = ctx.fcount[cols]
     uused = ucount > 0
@@ -301,24 +308,23 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     present, first = np.unique(u_of[by_unit], return_index=True)
     trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
     ok_ordered = ok[:, order]
-    for i in range(pats.shape[0]):
+    fill = unit_rows.pattern_fill(ctx, trays_of)
+    for i, row in enumerate(pats.tolist()):
         if per_unit:
             us = order[ok_ordered[i]].tolist()
         else:
             j = int(np.argmax(ok_ordered[i]))
             us = [int(order[j])] if ok_ordered[i, j] else []
         for u in us:
-            hs = trays_of[u]
-            taken = np.zeros(ctx.H, dtype=bool)
-            for c in pats[i][pats[i] > 0]:
-                # best fit, then the best model value for c GPUs (constant over trays holding c
-                # when trays are symmetric: the order is then the value-blind one)
-                fit = hs[~taken[hs] & (ctx.fcount[hs] >= c)]
-                h = int(fit[np.lexsort((fit, ctx.exposure[fit], -np.round(ctx.best_val[fit, c], 9), ctx.fcount[fit], ctx.exposed[fit]))[0]])
-                taken[h] = True
+            taken: set[int] = set()
+            for c in row:
+                if c <= 0:
+                    continue
+                h = next(x for x in fill(u, c) if x not in taken)
+                taken.add(h)
                 r_of.append(len(where))
                 h_of.append(h)
-                c_of.append(int(c))
+                c_of.append(c)
             where.append(u)
     if not where:
         return empty
@@ -332,10 +338,9 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
 def balanced(cap: np.ndarray, k: int, seg: int) -> np.ndarray:
     """Water-filling split of ``k`` (in multiples of ``seg``) over units with capacities ``cap``."""
     c = cap // seg
-    q = 0
-    for cand in range(int(c.max()) + 1):
-        if np.minimum(c, cand).sum() <= k // seg:
-            q = cand
+    # the largest level q whose capped sum fits (the sums grow with q): all levels in one pass
+    sums = np.minimum(c[None, :], np.arange(int(c.max()) + 1)[:, None]).sum(axis=1)
+    q = int(np.flatnonzero(sums <= k // seg).max(initial=0))
     base = np.minimum(c, q)
     extra = k // seg - int(base.sum())
     elig = np.flatnonzero(c > q)
@@ -403,15 +408,15 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
     at = np.arange(a_.size)
     R[at, np.searchsorted(cols, a_)] -= t_
     R[at, np.searchsorted(cols, b_)] += t_
-    R = np.unique(R, axis=0)  # the order np.unique gives the full rows (other columns are equal)
+    R = unit_rows.unique_sorted(R)  # np.unique's order gives the full rows' (other columns are equal)
     # interchangeable unused targets: keep one per sequence of (unit signature, count)
     sig_id: dict[tuple, int] = {}
     sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)
     code = np.where(R > 0, sid[None, :] * (int(R.max()) + 1) + R, 0)
     seq = np.take_along_axis(code, np.argsort(code == 0, axis=1, kind="stable"), axis=1)
-    _, first = np.unique(seq, axis=0, return_index=True)
+    first = unit_rows.first_rows(seq)
     out = np.tile(d, (first.size, 1))
-    out[:, cols] = R[np.sort(first)]
+    out[:, cols] = R[first]
     return out
 
 
