@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, pressure_factor
 from bandpilot.dispatch.state import State
-from bandpilot.errors import RequestError
+from bandpilot.errors import PlacementError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.queue.generations import Resize, _apply
 from bandpilot.queue.requests import Request
@@ -244,9 +244,7 @@ def _placer(dispatcher: Any, algorithm: str) -> Callable[[State, int], np.ndarra
     def place(state: State, k: int) -> np.ndarray | None:
         try:
             return state.spec.to_mask(list(dispatcher.select(k, state, algorithm).gpus))
-        except Exception as exc:  # noqa: BLE001 - no placement of k: no relocation candidate
-            if type(exc).__name__ != "PlacementError":
-                raise
+        except PlacementError:  # no placement of k: no relocation candidate
             return None
     return place
 
