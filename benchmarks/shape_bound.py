@@ -207,21 +207,24 @@ class _Span:
             self._rows[key] = out
         return self._rows[key]
 
+    def _spreads(self, g: int, m_min: int, c_hi: int, c_lo: int):
+        """Each ``(m, counts)``: ``g`` GPUs on ``m`` hosts, the smallest count ``c <= c_lo`` first, the
+        rest balanced with none above ``c_hi`` (the rows :meth:`best` and :meth:`best_cross` bound by)."""
+        for m in range(max(2, m_min), min(g, self.units) + 1):
+            for c in range(1, min(c_lo, g // m) + 1):
+                rest = g - c
+                if rest > (m - 1) * c_hi or rest < (m - 1) * c:
+                    continue
+                q, r = divmod(rest, m - 1)
+                yield m, [c] + [q + 1] * r + [q] * (m - 1 - r)
+
     def best(self, g: int, m_min: int = 2, c_hi: int | None = None, c_lo: int | None = None) -> float:
         """... and with ``c_lo``, the smallest count at most ``c_lo``."""
         c_hi = self.F if c_hi is None else min(c_hi, self.F)
         c_lo = c_hi if c_lo is None else min(c_lo, c_hi)
         key = (g, m_min, c_hi, c_lo)
         if key not in self._best:
-            out = 0.0
-            for m in range(max(2, m_min), min(g, self.units) + 1):
-                for c in range(1, min(c_lo, g // m) + 1):
-                    rest = g - c
-                    if rest > (m - 1) * c_hi or rest < (m - 1) * c:
-                        continue
-                    q, r = divmod(rest, m - 1)
-                    out = max(out, self._row([c] + [q + 1] * r + [q] * (m - 1 - r)))
-            self._best[key] = out
+            self._best[key] = max([0.0, *(self._row(counts) for _, counts in self._spreads(g, m_min, c_hi, c_lo))])
         return self._best[key]
 
     def best_cross(self, g: int, m_min: int = 2, c_hi: int | None = None) -> float:
@@ -232,16 +235,8 @@ class _Span:
         c_hi = self.F if c_hi is None else min(c_hi, self.F)
         key = (g, m_min, c_hi, -1)
         if key not in self._best:
-            out = 0.0
-            for m in range(max(2, m_min), min(g, self.units) + 1):
-                for c in range(1, min(c_hi, g // m) + 1):
-                    rest = g - c
-                    if rest > (m - 1) * c_hi or rest < (m - 1) * c:
-                        continue
-                    q, r = divmod(rest, m - 1)
-                    counts = [c] + [q + 1] * r + [q] * (m - 1 - r)
-                    out = max(out, self.b._span_row(counts, self._cross_units(m)))
-            self._best[key] = out
+            self._best[key] = max([0.0, *(self.b._span_row(counts, self._cross_units(m))
+                                          for m, counts in self._spreads(g, m_min, c_hi, c_hi))])
         return self._best[key]
 
     def cap_cross(self, m_min: int = 2) -> float:

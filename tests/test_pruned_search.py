@@ -107,17 +107,7 @@ def test_lead_contender_bound_prunes_under_contention_and_keeps_every_near_tie()
     pruned_some = 0
     spec = fab.spec
     for _ in range(3):
-        # every host in a cross-host job of 1-3 GPUs per host with a random partner host
-        perm = rng.permutation(spec.n_hosts)
-        jobs, free = [], spec.full_masks.copy()
-        for i in range(0, spec.n_hosts, 2):
-            mask = np.zeros(spec.n_hosts, dtype=np.int64)
-            for h in perm[i : i + 2]:
-                mask[h] = (1 << int(rng.integers(1, 4))) - 1
-            free &= ~mask
-            bw = float(fab.bandwidth_masks(mask[None, :])[0])
-            jobs.append({"id": f"j{i}", "gpus": spec.from_mask(mask), "demand_gbps": bw * float(rng.uniform(0.3, 1.0))})
-        st = State.from_dict(spec, {"free": spec.from_mask(free), "jobs": jobs})
+        st = _busy128(fab, rng)
         for k in (12, 20):
             ctx = SearchContext(fab, st, st.free, k)
             rank, allowed = ctx.host_rank(), np.zeros(ctx.H, dtype=bool)
