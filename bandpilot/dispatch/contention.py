@@ -42,6 +42,7 @@ import numpy as np
 from bandpilot.dispatch.model import BandwidthModel
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.units import UnitIndex, unit_index
+from bandpilot.topology.cluster import ranges
 
 #: Candidates per ``predict_masks`` call when a caller hands over a very large batch (Exact).
 MAX_BATCH_ROWS = 262_144
@@ -188,7 +189,7 @@ class ContentionPredictor:
         """Incidence entries of the exposed hosts ``rows`` (indices into them, entries per row)."""
         lo, hi = self._inc_ptr[rows], self._inc_ptr[rows + 1]
         lens = hi - lo
-        return np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum())), lens
+        return ranges(lo, lens), lens
 
     def masks_at(self, h: int) -> np.ndarray:
         """Distinct nonzero masks the contending jobs hold on host ``h``."""

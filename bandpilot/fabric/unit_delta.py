@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.topology.cluster import popcount
+from bandpilot.topology.cluster import popcount, ranges
 
 #: Rows from which the per-unit delta path is used (below it the dense one is as fast).
 DELTA_FROM = 32
@@ -62,7 +62,7 @@ def predict_columns_delta(fab: Any, masks: np.ndarray, cols: np.ndarray) -> np.n
         # the changed blocks' trays, block after block, as one row segmented by block
         lo = starts[s]
         lens = np.r_[starts[1:], c][s] - lo
-        idx = np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+        idx = ranges(lo, lens)
         sub = masks[np.repeat(r, lens), idx][None, :]
         for whole, part in zip(sums, _block_sums(fab, sub, cols[idx], np.r_[0, np.cumsum(lens)[:-1]])):
             whole[r, s] = part[0]

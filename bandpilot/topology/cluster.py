@@ -258,6 +258,12 @@ def _bits(m: int) -> tuple[int, ...]:
     return tuple(i for i in range(m.bit_length()) if m >> i & 1)
 
 
+def ranges(lo: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, a + n) for a, n in zip(lo, lens)])`` without a Python loop: the
+    entries of many CSR rows (or column segments) at once."""
+    return np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+
+
 def popcount(masks: np.ndarray) -> np.ndarray:
     """Per-element number of set bits (GPU counts per host)."""
     return np.bitwise_count(np.asarray(masks, dtype=np.int64)).astype(np.int64)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bandpilot.dispatch.contention import unique_rows
+from bandpilot.topology.cluster import ranges
 
 
 def mask_rows(units: Any, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +61,7 @@ def _put(out: np.ndarray, r: np.ndarray, u: np.ndarray, t: np.ndarray, keys: np.
         return
     j = np.searchsorted(keys, u * width + t)
     lo, lens = ptr[j], ptr[j + 1] - ptr[j]
-    idx = np.repeat(lo - np.cumsum(np.r_[0, lens[:-1]]), lens) + np.arange(int(lens.sum()))
+    idx = ranges(lo, lens)
     out[np.repeat(r, lens), col_of[idx]] = m_of[idx] if write else 0
 
 
