@@ -71,7 +71,7 @@ class DomainView:
     def _units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """(n, U) per-unit GPU count, trays used, rails driven, in-domain value (0: one GPU);
         ``cols``: the rows are given on those host columns only."""
-        lu, z = self._live_units(masks, cols)
+        lu, z = self.live_units(masks, cols)
         n = z["cnt"].shape[0]
         out = {}
         for key, x in z.items():
@@ -80,7 +80,7 @@ class DomainView:
             out[key] = full
         return out
 
-    def _live_units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def live_units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """:meth:`_units` on the units some row touches only: ``(those units, (n, L) features)``.
 
         A local-search batch is thousands of rows that differ from its first row in two or three
@@ -165,7 +165,7 @@ class DomainView:
         share one (the net reads nothing else: no positional encoding, domains compared only for
         equality), so a search's many tray choices of one per-domain pattern are one forward row.
         ``cols``: the rows are given on those host columns only."""
-        lu, z = self._live_units(masks, cols)  # the keys are order-free: untouched units add nothing
+        lu, z = self.live_units(masks, cols)  # the keys are order-free: untouched units add nothing
         used = z["cnt"] > 0
         n, u = used.shape
         feats = np.stack([z["cnt"], z["trays"], z["rails"], z["intra"], np.where(used, z["speed"], 0.0),
@@ -176,7 +176,10 @@ class DomainView:
     def tokens(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``;
         ``cols``: the rows are given on those host columns only."""
-        lu, z = self._live_units(masks, cols)
+        return self.pack(*self.live_units(masks, cols))
+
+    def pack(self, lu: np.ndarray, z: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Padded tokens from per-unit features ``z`` ((n, L) arrays over the units ``lu``)."""
         used = z["cnt"] > 0
         rows, live = np.nonzero(used)
         us = lu[live]  # units ascending, as over every unit

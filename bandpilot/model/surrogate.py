@@ -26,6 +26,7 @@ from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
+from bandpilot.model.prior_proxy import PriorProxy
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
@@ -102,6 +103,7 @@ class Surrogate:
         #: stage 1.5 of a 'domain' model: in-domain values by count pattern (its net sees domain tokens)
         self.patterns = patterns
         self._view: DomainView | None = None
+        self._screen: PriorProxy | None = None  # screening_model(), built on first use
         #: the prediction memo (off: every cross-host row goes through the net - the reference path)
         self.memo_enabled = True
         #: rows the net was actually run on since construction (memo misses; informational)
@@ -311,6 +313,16 @@ class Surrogate:
                 out[idx] = torch.exp(self.net(t)).double().numpy()
                 s += rows
         return out
+
+    def screening_model(self) -> Any:
+        """A cheap stand-in of this model that a search may rank big candidate batches with (its
+        own physics prior: :class:`~bandpilot.model.prior_proxy.PriorProxy`), or None: only a
+        'domain' model offers one (its batches are thousands of wide rows)."""
+        if self.kind != "domain" or not hasattr(self.net, "prior_log"):
+            return None
+        if self._screen is None:
+            self._screen = PriorProxy(self)
+        return self._screen
 
     def _token_counts(self, masks: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
         """Tokens the net reads per row: units used ('domain'), else hosts used."""

@@ -33,6 +33,7 @@ import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
+from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -433,6 +434,12 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if best is None:
         return None
     evaluated = best.evaluated
+    screen = screen_for(ctx, units, UNIT_EVAL_BUDGET)  # the whole batch at once for a fabric
+
+    def price(D: np.ndarray) -> Found | None:
+        masks, cols = units.mask_rows(D)
+        return _best(ctx, units, masks, 0.0, cols)
+
     for _ in range(UNIT_LOCAL_ITERS):
         if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
             break
@@ -440,9 +447,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        masks, cols = units.mask_rows(moves)
-        got = _best(ctx, units, masks, 0.0, cols)
-        evaluated += 0 if got is None else got.evaluated
+        got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
+        evaluated += n
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
         best = got
@@ -484,7 +490,8 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
         sig = units.signature(int(u), coarse=True)
         if sig not in seen:
             seen.add(sig)
-            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True), tie)
+            cols = units.members[int(u)]  # a unit's candidates on its own trays (not 2,502-wide rows)
+            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True)[:, cols], tie, cols)
             if got is not None:
                 found.append(got)
     return found

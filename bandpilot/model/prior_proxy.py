@@ -1,0 +1,72 @@
+"""What is a cheap stand-in for a domain surrogate when a search has a thousand candidates to rank?
+Its own physics prior on unit-level rows: :class:`PriorProxy`.
+
+A unit-level local-search batch on 10,008 GPUs holds ~1,000 candidate moves of 2,048-4,096 GPUs,
+each ~1,000-2,000 trays wide (2,000-10,000 model rows with the contending jobs' super allocations).
+The prior (:meth:`~bandpilot.model.networks.HierarchicalNet.prior_log`: NIC bottleneck over
+domains, switch cap by domains, ``min`` with the in-domain values, the constants this model fitted
+to its data) reads only the domain tokens, and a candidate of the unit-level search is a row of
+per-unit counts whose every unit share is one fixed *part* (the trays a search fills for ``t`` GPUs
+in unit ``u``): the tokens are the parts' tokens, each computed once per batch, so a row costs its
+units, not its trays, and no net runs. Standalone values: the search
+(:mod:`bandpilot.dispatch.search.screen`) sends the best-ranked candidates to the surrogate, which
+prices them with contention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from bandpilot.model.tokens import to_torch
+from bandpilot.topology.cluster import dense_unique
+
+#: ``part(u, t) -> (hosts, masks)``: the trays (sorted or not) and GPU masks unit ``u``'s share of
+#: ``t`` GPUs takes.
+Part = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+class PriorProxy:
+    """A 'domain' :class:`~bandpilot.model.surrogate.Surrogate`'s prior, on per-unit count rows."""
+
+    def __init__(self, sur: Any) -> None:
+        self.sur = sur
+        self.view = sur.domain_view
+
+    def predict_units(self, D: np.ndarray, part: Part) -> np.ndarray:
+        """Prior bandwidth of rows of per-unit GPU counts ``D`` (n, U), unit ``u``'s share of ``t``
+        GPUs placed as ``part(u, t)``."""
+        D = np.atleast_2d(np.asarray(D, dtype=np.int64))
+        r, u = np.nonzero(D)
+        width = int(D.max(initial=0)) + 1
+        keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
+        feats = self._part_features(keys // width, keys % width, part)
+        lu, col = dense_unique(u, D.shape[1])
+        z = {}
+        for name, f in feats.items():
+            x = np.zeros((D.shape[0], lu.size), dtype=f.dtype)
+            x[r, col] = f[inv]
+            z[name] = x
+        # the prior reads every token alike, padding masked: the live units are the token axis as
+        # they are (no packing of each row's units to the front)
+        used = z["cnt"] > 0
+        n = D.shape[0]
+        t = {**{k: x.astype(np.float64) for k, x in z.items()}, "pad": ~used, "rail": np.broadcast_to(self.view.u_rail[lu], used.shape),
+             "xdom": (used.sum(axis=1) > 1).astype(np.float64)}
+        with torch.inference_mode():
+            return torch.exp(self.sur.net.prior_log(to_torch(t))).double().numpy().reshape(n)
+
+    def _part_features(self, units: np.ndarray, counts: np.ndarray, part: Part) -> dict[str, np.ndarray]:
+        """Domain-token features of each part (one row per part: its unit's features)."""
+        hs, ms = zip(*(part(int(a), int(b)) for a, b in zip(units, counts)))
+        h_all = np.concatenate(hs)
+        cols = np.unique(h_all)
+        rows = np.zeros((units.size, cols.size), dtype=np.int64)
+        rows[np.repeat(np.arange(units.size), [h.size for h in hs]), np.searchsorted(cols, h_all)] = np.concatenate(ms)
+        lu, z = self.view.live_units(rows, cols)
+        j = np.searchsorted(lu, units)
+        at = np.arange(units.size)
+        return {name: x[at, j] for name, x in z.items()}
+
