@@ -20,12 +20,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bandpilot.model.tokens import to_torch
 from bandpilot.topology.cluster import dense_unique
 
 #: ``part(u, t) -> (hosts, masks)``: the trays (sorted or not) and GPU masks unit ``u``'s share of
 #: ``t`` GPUs takes.
 Part = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+
+#: Token features the prior reads (:meth:`HierarchicalNet._terms`; ``rail``, ``pad``, ``xdom`` aside).
+PRIOR_FEATURES = ("cnt", "rails", "intra", "speed")
 
 
 class PriorProxy:
@@ -44,19 +47,19 @@ class PriorProxy:
         keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
         feats = self._part_features(keys // width, keys % width, part)
         lu, col = dense_unique(u, D.shape[1])
-        z = {}
-        for name, f in feats.items():
-            x = np.zeros((D.shape[0], lu.size), dtype=f.dtype)
-            x[r, col] = f[inv]
-            z[name] = x
+        # the prior's token features, float32 as the net reads them, scattered once for all four
+        F = np.stack([feats[k] for k in PRIOR_FEATURES], axis=1).astype(np.float32)
+        X = np.zeros((D.shape[0], lu.size, len(PRIOR_FEATURES)), dtype=np.float32)
+        X[r, col] = F[inv]
+        used = X[..., 0] > 0
         # the prior reads every token alike, padding masked: the live units are the token axis as
         # they are (no packing of each row's units to the front)
-        used = z["cnt"] > 0
-        n = D.shape[0]
-        t = {**{k: x.astype(np.float64) for k, x in z.items()}, "pad": ~used, "rail": np.broadcast_to(self.view.u_rail[lu], used.shape),
-             "xdom": (used.sum(axis=1) > 1).astype(np.float64)}
+        t = {k: torch.from_numpy(X[..., i]) for i, k in enumerate(PRIOR_FEATURES)}
+        t["pad"] = torch.from_numpy(~used)
+        t["rail"] = torch.from_numpy(self.view.u_rail[lu].astype(np.float32)).expand(used.shape)
+        t["xdom"] = torch.from_numpy((used.sum(axis=1) > 1).astype(np.float32))
         with torch.inference_mode():
-            return torch.exp(self.sur.net.prior_log(to_torch(t))).double().numpy().reshape(n)
+            return torch.exp(self.sur.net.prior_log(t)).double().numpy().reshape(D.shape[0])
 
     def _part_features(self, units: np.ndarray, counts: np.ndarray, part: Part) -> dict[str, np.ndarray]:
         """Domain-token features of each part (one row per part: its unit's features)."""
