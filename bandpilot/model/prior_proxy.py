@@ -38,17 +38,16 @@ class PriorProxy:
         self.sur = sur
         self.view = sur.domain_view
 
-    def predict_units(self, D: np.ndarray, part: Part) -> np.ndarray:
+    def predict_units(self, D: np.ndarray, part: Part, cache: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Prior bandwidth of rows of per-unit GPU counts ``D`` (n, U), unit ``u``'s share of ``t``
-        GPUs placed as ``part(u, t)``."""
+        GPUs placed as ``part(u, t)``. ``cache``: part features already computed for the same
+        ``part`` (one search's batches share most parts), filled in here."""
         D = np.atleast_2d(np.asarray(D, dtype=np.int64))
         r, u = np.nonzero(D)
         width = int(D.max(initial=0)) + 1
         keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
-        feats = self._part_features(keys // width, keys % width, part)
+        F = self._cached_features(keys // width, keys % width, part, {} if cache is None else cache)
         lu, col = dense_unique(u, D.shape[1])
-        # the prior's token features, float32 as the net reads them, scattered once for all four
-        F = np.stack([feats[k] for k in PRIOR_FEATURES], axis=1).astype(np.float32)
         X = np.zeros((D.shape[0], lu.size, len(PRIOR_FEATURES)), dtype=np.float32)
         X[r, col] = F[inv]
         used = X[..., 0] > 0
@@ -60,6 +59,17 @@ class PriorProxy:
         t["xdom"] = torch.from_numpy((used.sum(axis=1) > 1).astype(np.float32))
         with torch.inference_mode():
             return torch.exp(self.sur.net.prior_log(t)).double().numpy().reshape(D.shape[0])
+
+    def _cached_features(self, units: np.ndarray, counts: np.ndarray, part: Part, cache: dict[int, np.ndarray]) -> np.ndarray:
+        """(parts, PRIOR_FEATURES) float32, from ``cache`` where there (keyed ``unit << 20 | count``)."""
+        codes = (units << 20 | counts).tolist()
+        miss = [i for i, c in enumerate(codes) if c not in cache]
+        if miss:
+            feats = self._part_features(units[miss], counts[miss], part)
+            got = np.stack([feats[k] for k in PRIOR_FEATURES], axis=1).astype(np.float32)
+            for i, row in zip(miss, got):
+                cache[codes[i]] = row
+        return np.stack([cache[c] for c in codes]) if codes else np.zeros((0, len(PRIOR_FEATURES)), np.float32)
 
     def _part_features(self, units: np.ndarray, counts: np.ndarray, part: Part) -> dict[str, np.ndarray]:
         """Domain-token features of each part (one row per part: its unit's features)."""

@@ -55,10 +55,12 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
         hosts, counts = units.part_hosts(u, t)
         return hosts, ctx.best_mask[hosts, counts]
 
+    feats: dict = {}  # part features, shared by the search's batches
+
     def screen(D: np.ndarray, price: Callable[[np.ndarray], Any], bar: float) -> tuple[Any, int]:
         if D.shape[0] <= first:
             return _whole(D, price, bar)
-        solo = proxy.predict_units(D, part)
+        solo = proxy.predict_units(D, part, feats)
         order = np.argsort(-_shared(ctx.pred, D, solo, units), kind="stable")
         got, evaluated, pos, step = None, 0, 0, first
         while pos < order.size:
