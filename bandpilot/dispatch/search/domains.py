@@ -235,15 +235,17 @@ def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols:
 
 
 def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
-    """Candidate masks for the whole gang inside unit ``u``."""
+    """Candidate masks for the whole gang inside unit ``u`` (``coarse``: on its trays' columns only)."""
     allowed = units.allowed(u)
     if exact:
         return ctx.enumerate(allowed, coarse=True)
-    greedy = ctx.masks_from_counts(units.part(u, ctx.k))
     if coarse:
+        cols = units.members[u]
+        greedy = ctx.masks_from_counts(units.part(u, ctx.k))[:, cols]
         if ctx.count_vectors(allowed, coarse=True) <= PER_DOMAIN_LIMIT:
-            return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True)])
+            return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True, cols=cols)])
         return greedy
+    greedy = ctx.masks_from_counts(units.part(u, ctx.k))
     if ctx.count_vectors(allowed) <= PER_DOMAIN_LIMIT:
         pareto = ctx.count_vectors(allowed, pareto=True) <= PER_DOMAIN_LIMIT
         return ctx.enumerate(allowed, pareto=pareto)
@@ -435,7 +437,6 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         return None
     evaluated = best.evaluated
     screen = screen_for(ctx, units, UNIT_EVAL_BUDGET)  # the whole batch at once for a fabric
-
     def price(D: np.ndarray) -> Found | None:
         masks, cols = units.mask_rows(D)
         return _best(ctx, units, masks, 0.0, cols)
@@ -490,8 +491,8 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
         sig = units.signature(int(u), coarse=True)
         if sig not in seen:
             seen.add(sig)
-            cols = units.members[int(u)]  # a unit's candidates on its own trays (not 2,502-wide rows)
-            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True)[:, cols], tie, cols)
+            cols = units.members[int(u)]
+            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True), tie, cols)
             if got is not None:
                 found.append(got)
     return found
