@@ -34,6 +34,7 @@ import numpy as np
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.screen import screen_for
+from bandpilot.dispatch.search.unit_batch import best_each
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -485,15 +486,12 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     if pats is not None:
         got = _best(ctx, units, pats[0], tie, pats[2])
         return [] if got is None else [got]
-    found: list[Found] = []
-    seen: set[tuple] = set()
-    for u in fits[np.lexsort((fits, units.free[fits]))]:
-        sig = units.signature(int(u), coarse=True)
+    groups, seen = [], set()
+    for u in fits[np.lexsort((fits, units.free[fits]))].tolist():
+        sig = units.signature(u, coarse=True)
         if sig not in seen:
             seen.add(sig)
-            cols = units.members[int(u)]
-            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True), tie, cols)
-            if got is not None:
-                found.append(got)
-    return found
+            groups.append((in_unit(ctx, units, u, coarse=True), units.members[u]))
+    got = best_each(ctx, groups, lambda m, c: _best(ctx, units, m, tie, c))
+    return [f for f in got if f is not None]
 
