@@ -119,3 +119,33 @@ def test_small_batches_pick_as_without_the_screen(sur, monkeypatch):
     monkeypatch.setattr(screen_mod, "SCREEN_TOP", 10**9)
     again = [Dispatcher(sur).select(k, st).mask for k in (20, 40, 72)]
     assert all(np.array_equal(a, b) for a, b in zip(picks, again))
+
+
+def test_lone_candidates_priced_together_as_one_by_one(sur):
+    from bandpilot.dispatch.search import unit_batch
+    from bandpilot.dispatch.search.domains import _best
+
+    from tests.test_domain_search import random_state
+
+    st = random_state(sur.spec, make_fabric(sur.spec), np.random.default_rng(5), busy_frac=0.4)
+    ctx = SearchContext(sur, st, st.free, 3)
+    units = Units(ctx)
+    groups = []
+    for u in np.flatnonzero(units.free >= 3).tolist():
+        cols = units.members[u]
+        groups.append((ctx.masks_from_counts(units.part(u, 3))[:, cols], cols))
+    assert len(groups) >= 3
+    groups.append((groups[0][0][:0], groups[0][1]))  # a domain without candidates
+    seen = []
+
+    def best(m, c):
+        seen.append(m.shape[0])
+        return _best(ctx, units, m, 0.0, c)
+
+    got = unit_batch.best_each(ctx, groups, best)
+    assert seen == []  # every lone candidate went through the shared call
+    want = [_best(ctx, units, m, 0.0, c) if m.shape[0] else None for m, c in groups]
+    assert got[-1] is None and want[-1] is None
+    for g, w in zip(got[:-1], want[:-1]):
+        assert np.array_equal(g.mask, w.mask) and g.value == w.value and g.standalone == w.standalone
+    assert len({g.value for g in got[:-1]}) > 1  # the domains' free trays differ: not one value copied
