@@ -36,6 +36,8 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.shape_exposure import (balance_stages, counts_least_demand, host_tenants,
+                                                      unit_tenants)
 from bandpilot.dispatch.search.shape_units import count_vectors, counts_greedy
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import ClusterSpec, popcount
@@ -46,6 +48,9 @@ ROW_BUDGET = 1500
 SAMPLE = 16
 #: Candidates scored in full after screening.
 FINALISTS = 2
+#: Spanning TP groups of the clean orders from the units with the least tenant demand first (else:
+#: clean units first, then any exposed one; the pairing of halves: fullest pools first).
+LEAST_COST = True
 
 
 @dataclass
@@ -257,7 +262,7 @@ def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
 
 def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: np.ndarray, shape: Shape,
           n_groups: np.ndarray, exposed: np.ndarray | None = None,
-          rack: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
+          rack: np.ndarray | None = None, cost: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
     """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
     the leftover GPUs (locality order) until there are ``pp * dp``; with ``rack`` (rack per unit),
     spanning groups are first two halves on two units of one rack (a 4+4 TP group in a rack runs at
@@ -277,7 +282,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         left[int(u)] = g[n * tp:]
         n_left += len(g) - n * tp
     if len(groups) < G and rack is not None:
-        groups += _paired(left, rack, G - len(groups), tp)
+        groups += _paired(left, rack, G - len(groups), tp, cost)
     if len(groups) < G:
         rest = [x for u in left for x in left[u]]
         extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
@@ -303,9 +308,13 @@ def _host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]
     return whole + rest
 
 
-def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int) -> list[list[tuple[int, int]]]:
+def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
+            cost: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
     """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
-    rack first, then across racks; takes the GPUs it uses out of ``left``."""
+    rack first, then across racks; takes the GPUs it uses out of ``left``. With ``cost`` (per unit:
+    the tenant demand a spanning group there pays) see :func:`_paired_cost`."""
+    if cost is not None:
+        return _paired_cost(left, rack, need, tp, cost)
     half, out = tp // 2, []
     for same_rack in (True, False):
         while len(out) < need:
@@ -318,6 +327,53 @@ def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int,
             out.append(left[pair[0]][:half] + left[pair[1]][:half])
             for u in pair:
                 left[u] = left[u][half:]
+    return out
+
+
+def _paired_cost(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
+                 cost: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Halves for ``need`` spanning TP groups, the cheapest first (tenant-free, then least tenant
+    demand, fuller pools on ties), paired so that the worst group pays least: the TP axis is its
+    slowest group, and a half beside a tenant caps its group at that tenant's share (~20 GB/s on
+    the H100 fabric, a clean 4+4 across racks runs at 70). Each costly half gets a clean partner
+    (same rack first), then clean halves pair (same rack first), then costly halves, the cheapest
+    with the dearest."""
+    half = tp // 2
+    halves = sorted((float(cost[u]), -len(left[u]), u) for u in left for _ in range(len(left[u]) // half))
+    take = [u for _, _, u in halves[:2 * need]]
+    clean = [u for u in take if cost[u] <= 0]
+    dear = sorted((u for u in take if cost[u] > 0), key=lambda u: -cost[u])
+    pairs: list[tuple[int, int]] = []
+
+    def partner(a: int, pool: list[int]) -> int | None:
+        at = next((i for i, b in enumerate(pool) if b != a and rack[b] == rack[a]), None)
+        at = next((i for i, b in enumerate(pool) if b != a), None) if at is None else at
+        return None if at is None else pool.pop(at)
+
+    rest: list[int] = []
+    for a in dear:
+        b = partner(a, clean)
+        if b is None:
+            rest.append(a)
+        else:
+            pairs.append((a, b))
+    while len(clean) >= 2:
+        a = clean.pop(0)
+        b = partner(a, clean)
+        if b is None:
+            break
+        pairs.append((a, b))
+    rest.sort(key=lambda u: cost[u])
+    while len(rest) >= 2:
+        a = rest.pop(0)
+        b = next((rest.pop(i) for i in range(len(rest) - 1, -1, -1) if rest[i] != a), None)
+        if b is None:
+            break
+        pairs.append((a, b))
+    out = []
+    for a, b in pairs[:need]:
+        out.append(left[a][:half] + left[b][:half])
+        left[a], left[b] = left[a][half:], left[b][half:]
     return out
 
 
@@ -347,12 +403,19 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
         return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
 
     free_u = np.bincount(unit, weights=popcount(free), minlength=U)
-    counts = count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
-                            rack_of_unit, shape, free_u)
+    clean1 = cap_of(np.where(pred.exposed, 0, free))
+    counts = count_vectors(cap_of(free), clean1, unit, pred.exposed, rack_of_unit, shape, free_u)
+    touch_h = host_tenants(pred) if pred.n_jobs else None
+    least = None if touch_h is None else counts_least_demand(
+        cap_of(free), np.minimum(clean1, cap_of(free)), unit_tenants(touch_h, unit, U), pred.job_demand, G)
+    if least is not None:  # (clean room short of the job: which exposed units, and which stages)
+        counts["clean-least-demand"] = least
     out: list[Placement] = []
     seen: set[bytes] = set()
     done: set[tuple[bytes, bool]] = set()
     exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
+    expo_u = np.bincount(unit, weights=pred.host_exposure, minlength=U)  # tenant demand per unit
+    least_cost = LEAST_COST
 
     def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
         clean = label.startswith("clean")
@@ -362,10 +425,15 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
         used = np.flatnonzero(n)
         rest = np.flatnonzero(n == 0)  # locality order, unused last
         if clean:  # spanning groups' leftovers from the least exposed, fullest units first
-            rest = rest[np.lexsort((rest, -free_u[rest], exposed_u[rest]))]
+            rest = rest[np.lexsort((rest, -free_u[rest], expo_u[rest] if least_cost else exposed_u[rest]))]
         groups = _take(spec, fr, units, np.concatenate([used, rest]), shape, n, pred.exposed if clean else None,
-                       rack_of_unit if paired else None)
-        for p in _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []:
+                       rack_of_unit if paired else None, expo_u if least_cost and clean else None)
+        lays = _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []
+        spread = None if touch_h is None or not groups or not clean else \
+            balance_stages(groups, touch_h, pred.job_demand, shape)
+        if spread is not None:
+            lays.append(_layouts(spread, shape, label + "+stages")[0])
+        for p in lays:
             key = np.stack([p.hosts, p.idx]).tobytes()
             if key not in seen:
                 seen.add(key)

@@ -1,0 +1,141 @@
+"""Exposure-aware shape candidates: which tenants a job's spanning groups meet, and how to pay fewest.
+
+Under the contention rule a spanning group pays the demand of every distinct cross-host tenant on
+its hosts. With TP groups inside hosts, each DP group of a stage has a rank on every host of that
+stage, so the DP axis (the slowest of its groups) pays the tenants of the worst stage's exposed
+hosts. When the clean hosts cannot hold the job (large jobs on busy clusters) two choices decide
+the DP axis: which exposed units take the rest (:func:`counts_least_demand`: those adding the least
+demand not already paid) and how those units' TP groups are dealt to the stages
+(:func:`balance_stages`: spread so that the worst stage meets the least demand).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.shape_units import counts_greedy
+from bandpilot.dispatch.shape import Shape
+
+
+def host_tenants(pred: ContentionPredictor) -> np.ndarray:
+    """``(n_hosts, n_jobs)``: which contending tenants touch each host."""
+    return (pred.jobs_on(np.arange(pred.spec.n_hosts)) != 0).T
+
+
+def unit_tenants(touch_h: np.ndarray, unit: np.ndarray, n_units: int) -> np.ndarray:
+    """``(n_units, n_jobs)``: which contending tenants touch any host of each unit."""
+    out = np.zeros((n_units, touch_h.shape[1]), dtype=bool)
+    h, j = np.nonzero(touch_h)
+    out[unit[h], j] = True
+    return out
+
+
+def counts_least_demand(cap: np.ndarray, clean: np.ndarray, touch: np.ndarray, demand: np.ndarray,
+                        G: int) -> np.ndarray | None:
+    """TP groups per unit: the clean room first (fullest units), then, one unit at a time, the
+    exposed unit whose tenants add the least demand not yet paid (``touch``: ``(U, n_jobs)``), the
+    most room on ties - a unit whose tenants are already paid costs the DP axis nothing more.
+    Short of ``G`` when the aligned room runs out (the rest are spanning groups); None when the
+    clean room holds the job (the clean orders cover that)."""
+    if int(clean.sum()) >= G:
+        return None
+    loc = np.arange(cap.size)
+    n = counts_greedy(clean, np.lexsort((loc, -clean)), G)
+    need = G - int(n.sum())
+    paid = np.zeros(touch.shape[1], dtype=bool)
+    while need > 0:
+        room = cap - n
+        ok = np.flatnonzero(room > 0)
+        if not ok.size:  # no aligned room left: the rest span, from the cheapest leftovers
+            return n
+        new = (touch[ok] & ~paid).astype(float) @ demand
+        u = int(ok[np.lexsort((ok, -room[ok], new))[0]])
+        take = min(int(room[u]), need)
+        n[u] += take
+        need -= take
+        paid |= touch[u]
+    return n
+
+
+def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, demand: np.ndarray,
+                   shape: Shape) -> list[list[tuple[int, int]]] | None:
+    """The TP groups reordered so that, laid out DP-inner (stage ``p`` = groups ``p*dp ..``), the
+    stage meeting the most tenant demand meets as little as a greedy deal finds. Groups move in
+    *blocks* (the consecutive groups cut from one host): a host whose groups serve two stages makes
+    every DP group of both stages a sibling of the others there, which costs more than the balance
+    gains. Exposed blocks, heaviest first, go each to the stage with room whose demand grows least,
+    then single moves improve the worst stage; clean blocks fill the rest, largest first into the
+    stage with the most room (split only when no stage has room for a whole block). None when
+    fewer than two stages or fewer than two exposed blocks (nothing to balance)."""
+    P, D = shape.pp, shape.dp
+    if P < 2 or len(groups) != P * D:
+        return None
+    first = np.array([g[0][0] for g in groups])
+    starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
+    blocks = np.split(np.arange(len(groups)), starts[1:])
+    own = np.array([touch_h[sorted({h for i in b for h, _ in groups[i]})].any(axis=0) for b in blocks])
+    size = np.array([b.size for b in blocks])
+    exp = np.flatnonzero(own.any(axis=1))
+    if exp.size < 2:
+        return None
+    at = np.full(len(blocks), -1)
+    load = np.zeros(P, dtype=np.int64)
+    stage_t = np.zeros((P, own.shape[1]), dtype=bool)
+    for b in exp[np.lexsort((exp, -(own[exp].astype(float) @ demand)))]:
+        ok = np.flatnonzero(load + size[b] <= D)
+        if not ok.size:
+            return None
+        grow = (stage_t[ok] | own[b]).astype(float) @ demand
+        s = int(ok[np.lexsort((ok, load[ok], grow))[0]])
+        at[b], stage_t[s] = s, stage_t[s] | own[b]
+        load[s] += size[b]
+    _improve(at, exp, own, size, demand, P, D)
+    load = np.bincount(at[exp], weights=size[exp], minlength=P).astype(np.int64)
+    out: list[list[int]] = [[] for _ in range(P)]
+    for b in np.flatnonzero(at >= 0):
+        out[at[b]] += blocks[b].tolist()
+    for b in sorted(np.flatnonzero(at < 0).tolist(), key=lambda b: -size[b]):
+        fit = np.flatnonzero(load + size[b] <= D)
+        if fit.size:  # the stage with the most room that holds the whole block
+            s = int(fit[np.argmin(load[fit])])
+            out[s] += blocks[b].tolist()
+            load[s] += size[b]
+            continue
+        for i in blocks[b].tolist():  # no stage holds it whole: split
+            s = int(np.argmin(load))
+            out[s].append(i)
+            load[s] += 1
+    if any(len(o) != D for o in out):
+        return None
+    return [groups[i] for o in out for i in sorted(o)]
+
+
+def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
+             P: int, D: int, rounds: int = 50) -> None:
+    """Move single exposed blocks between stages (``at``, in place, within each stage's ``D``
+    groups) while the worst stage's demand, then the sum of squares of the stages' demands, falls
+    (the greedy deal is order-dependent)."""
+
+    ow = own[exp].astype(np.float64)
+
+    def cost(a: np.ndarray) -> tuple[float, float]:
+        onehot = (a[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
+        d = ((onehot @ ow) > 0) @ demand  # each stage's distinct tenants' demand
+        return float(d.max()), float((d * d).sum())
+
+    best = cost(at)
+    for _ in range(rounds):
+        moved = False
+        for b in exp:
+            for s in range(P):
+                if s == at[b] or int(size[exp[at[exp] == s]].sum()) + int(size[b]) > D:
+                    continue
+                old, at[b] = at[b], s
+                c = cost(at)
+                if c < best:
+                    best, moved = c, True
+                else:
+                    at[b] = old
+        if not moved:
+            break
