@@ -332,37 +332,45 @@ def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int,
 
 def _paired_cost(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
                  cost: np.ndarray) -> list[list[tuple[int, int]]]:
-    """Halves for ``need`` spanning TP groups, the cheapest first (tenant-free, then least tenant
-    demand, fuller pools on ties), paired so that the worst group pays least: the TP axis is its
-    slowest group, and a half beside a tenant caps its group at that tenant's share (~20 GB/s on
-    the H100 fabric, a clean 4+4 across racks runs at 70). Each costly half gets a clean partner
-    (same rack first), then clean halves pair (same rack first), then costly halves, the cheapest
-    with the dearest."""
+    """Halves for ``need`` spanning TP groups, paired so that the worst group pays least: the TP axis
+    is its slowest group, and a half beside a tenant caps its group near that tenant's share (~20
+    GB/s on the H100 fabric; a clean 4+4 in a rack runs at 139, across racks at 70, and beside a
+    tenant a group across racks falls further). Tenant-free halves all go in (fuller pools first);
+    each tenant half needed gets a tenant-free partner in its rack (cheapest tenant halves that
+    have one first), then anywhere; then tenant-free halves pair (same rack first), then tenant
+    halves, the cheapest with the dearest."""
     half = tp // 2
     halves = sorted((float(cost[u]), -len(left[u]), u) for u in left for _ in range(len(left[u]) // half))
-    take = [u for _, _, u in halves[:2 * need]]
-    clean = [u for u in take if cost[u] <= 0]
-    dear = sorted((u for u in take if cost[u] > 0), key=lambda u: -cost[u])
+    clean = [u for c, _, u in halves if c <= 0]
+    dear = [u for c, _, u in halves if c > 0]
+    clean = clean[:2 * need]
+    n_dear = max(2 * need - len(clean), 0)  # tenant halves the job cannot do without
     pairs: list[tuple[int, int]] = []
 
-    def partner(a: int, pool: list[int]) -> int | None:
+    def partner(a: int, pool: list[int], same: bool) -> int | None:
         at = next((i for i, b in enumerate(pool) if b != a and rack[b] == rack[a]), None)
-        at = next((i for i, b in enumerate(pool) if b != a), None) if at is None else at
+        at = next((i for i, b in enumerate(pool) if b != a), None) if at is None and not same else at
         return None if at is None else pool.pop(at)
 
-    rest: list[int] = []
-    for a in dear:
-        b = partner(a, clean)
-        if b is None:
-            rest.append(a)
-        else:
-            pairs.append((a, b))
+    used: list[int] = []
+    for same in (True, False):  # a tenant half with a clean partner in its rack, then anywhere
+        for i, a in enumerate(dear):
+            if len(used) >= n_dear or not clean:
+                break
+            if a < 0:
+                continue
+            b = partner(a, clean, same)
+            if b is not None:
+                pairs.append((a, b))
+                used.append(a)
+                dear[i] = -1
     while len(clean) >= 2:
         a = clean.pop(0)
-        b = partner(a, clean)
+        b = partner(a, clean, False)
         if b is None:
             break
         pairs.append((a, b))
+    rest = [a for a in dear if a >= 0][:max(2 * (need - len(pairs)), 0)]
     rest.sort(key=lambda u: cost[u])
     while len(rest) >= 2:
         a = rest.pop(0)
@@ -371,8 +379,9 @@ def _paired_cost(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need:
             break
         pairs.append((a, b))
     out = []
-    for a, b in pairs[:need]:
-        out.append(left[a][:half] + left[b][:half])
+    for j, (a, b) in enumerate(pairs[:need]):
+        a, b = (a, b) if j % 2 == 0 else (b, a)  # tenant halves alternate between the DP groups of
+        out.append(left[a][:half] + left[b][:half])  # the low and the high TP ranks
         left[a], left[b] = left[a][half:], left[b][half:]
     return out
 

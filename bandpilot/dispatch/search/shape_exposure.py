@@ -74,19 +74,22 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     first = np.array([g[0][0] for g in groups])
     starts = np.flatnonzero(np.r_[True, first[1:] != first[:-1]])
     blocks = np.split(np.arange(len(groups)), starts[1:])
-    own = np.array([touch_h[sorted({h for i in b for h, _ in groups[i]})].any(axis=0) for b in blocks])
+    # per block and TP rank: the tenants on that rank's hosts (DP group (stage, t) meets rank t of
+    # every group of its stage: halves of a spanning group serve different DP groups)
+    hosts = np.array([[h for h, _ in g] for g in groups])  # (G, tp)
+    own = np.stack([touch_h[hosts[b]].any(axis=0) for b in blocks])  # (blocks, tp, n_jobs)
     size = np.array([b.size for b in blocks])
-    exp = np.flatnonzero(own.any(axis=1))
+    exp = np.flatnonzero(own.any(axis=(1, 2)))
     if exp.size < 2:
         return None
     at = np.full(len(blocks), -1)
     load = np.zeros(P, dtype=np.int64)
-    stage_t = np.zeros((P, own.shape[1]), dtype=bool)
-    for b in exp[np.lexsort((exp, -(own[exp].astype(float) @ demand)))]:
+    stage_t = np.zeros((P,) + own.shape[1:], dtype=bool)
+    for b in exp[np.lexsort((exp, -(own[exp].astype(float) @ demand).max(axis=1)))]:
         ok = np.flatnonzero(load + size[b] <= D)
         if not ok.size:
             return None
-        grow = (stage_t[ok] | own[b]).astype(float) @ demand
+        grow = ((stage_t[ok] | own[b]).astype(float) @ demand).max(axis=1)
         s = int(ok[np.lexsort((ok, load[ok], grow))[0]])
         at[b], stage_t[s] = s, stage_t[s] | own[b]
         load[s] += size[b]
@@ -114,14 +117,15 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
 def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
              P: int, D: int, rounds: int = 50) -> None:
     """Move single exposed blocks between stages (``at``, in place, within each stage's ``D``
-    groups) while the worst stage's demand, then the sum of squares of the stages' demands, falls
+    groups) while the worst DP group's demand, then the sum of squares of their demands, falls
     (the greedy deal is order-dependent)."""
 
-    ow = own[exp].astype(np.float64)
+    E, T, J = own[exp].shape
+    ow = own[exp].reshape(E, T * J).astype(np.float64)
 
     def cost(a: np.ndarray) -> tuple[float, float]:
         onehot = (a[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
-        d = ((onehot @ ow) > 0) @ demand  # each stage's distinct tenants' demand
+        d = ((onehot @ ow) > 0).reshape(P, T, J) @ demand  # each DP group's distinct tenants' demand
         return float(d.max()), float((d * d).sum())
 
     best = cost(at)
