@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.search.shape_exposure import (balance_stages, counts_least_demand, host_tenants,
+from bandpilot.dispatch.search.shape_exposure import (balance_stages, counts_least_demand, host_tenants, paired,
                                                       unit_tenants)
 from bandpilot.dispatch.search.shape_units import count_vectors, counts_greedy
 from bandpilot.dispatch.shape import Shape
@@ -266,7 +266,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
     """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
     the leftover GPUs (locality order) until there are ``pp * dp``; with ``rack`` (rack per unit),
     spanning groups are first two halves on two units of one rack (a 4+4 TP group in a rack runs at
-    3.5x a 7+1 one on the H100 fabric), see :func:`_paired`."""
+    3.5x a 7+1 one on the H100 fabric), see :func:`shape_exposure.paired`."""
     tp, G = shape.tp, shape.pp * shape.dp
     groups: list[list[tuple[int, int]]] = []
     left: dict[int, list[tuple[int, int]]] = {}
@@ -282,7 +282,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         left[int(u)] = g[n * tp:]
         n_left += len(g) - n * tp
     if len(groups) < G and rack is not None:
-        groups += _paired(left, rack, G - len(groups), tp, cost)
+        groups += paired(left, rack, G - len(groups), tp, cost)
     if len(groups) < G:
         rest = [x for u in left for x in left[u]]
         extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
@@ -306,84 +306,6 @@ def _host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]
         rest += gpus[cut:j]
         i = j
     return whole + rest
-
-
-def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
-            cost: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
-    """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
-    rack first, then across racks; takes the GPUs it uses out of ``left``. With ``cost`` (per unit:
-    the tenant demand a spanning group there pays) see :func:`_paired_cost`."""
-    if cost is not None:
-        return _paired_cost(left, rack, need, tp, cost)
-    half, out = tp // 2, []
-    for same_rack in (True, False):
-        while len(out) < need:
-            pools = [u for u in left if len(left[u]) >= half]
-            pools.sort(key=lambda u: -len(left[u]))
-            pair = next(((a, b) for i, a in enumerate(pools) for b in pools[i + 1:]
-                         if not same_rack or rack[a] == rack[b]), None)
-            if pair is None:
-                break
-            out.append(left[pair[0]][:half] + left[pair[1]][:half])
-            for u in pair:
-                left[u] = left[u][half:]
-    return out
-
-
-def _paired_cost(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
-                 cost: np.ndarray) -> list[list[tuple[int, int]]]:
-    """Halves for ``need`` spanning TP groups, paired so that the worst group pays least: the TP axis
-    is its slowest group, and a half beside a tenant caps its group near that tenant's share (~20
-    GB/s on the H100 fabric; a clean 4+4 in a rack runs at 139, across racks at 70, and beside a
-    tenant a group across racks falls further). Tenant-free halves all go in (fuller pools first);
-    each tenant half needed gets a tenant-free partner in its rack (cheapest tenant halves that
-    have one first), then anywhere; then tenant-free halves pair (same rack first), then tenant
-    halves, the cheapest with the dearest."""
-    half = tp // 2
-    halves = sorted((float(cost[u]), -len(left[u]), u) for u in left for _ in range(len(left[u]) // half))
-    clean = [u for c, _, u in halves if c <= 0]
-    dear = [u for c, _, u in halves if c > 0]
-    clean = clean[:2 * need]
-    n_dear = max(2 * need - len(clean), 0)  # tenant halves the job cannot do without
-    pairs: list[tuple[int, int]] = []
-
-    def partner(a: int, pool: list[int], same: bool) -> int | None:
-        at = next((i for i, b in enumerate(pool) if b != a and rack[b] == rack[a]), None)
-        at = next((i for i, b in enumerate(pool) if b != a), None) if at is None and not same else at
-        return None if at is None else pool.pop(at)
-
-    used: list[int] = []
-    for same in (True, False):  # a tenant half with a clean partner in its rack, then anywhere
-        for i, a in enumerate(dear):
-            if len(used) >= n_dear or not clean:
-                break
-            if a < 0:
-                continue
-            b = partner(a, clean, same)
-            if b is not None:
-                pairs.append((a, b))
-                used.append(a)
-                dear[i] = -1
-    while len(clean) >= 2:
-        a = clean.pop(0)
-        b = partner(a, clean, False)
-        if b is None:
-            break
-        pairs.append((a, b))
-    rest = [a for a in dear if a >= 0][:max(2 * (need - len(pairs)), 0)]
-    rest.sort(key=lambda u: cost[u])
-    while len(rest) >= 2:
-        a = rest.pop(0)
-        b = next((rest.pop(i) for i in range(len(rest) - 1, -1, -1) if rest[i] != a), None)
-        if b is None:
-            break
-        pairs.append((a, b))
-    out = []
-    for j, (a, b) in enumerate(pairs[:need]):
-        a, b = (a, b) if j % 2 == 0 else (b, a)  # tenant halves alternate between the DP groups of
-        out.append(left[a][:half] + left[b][:half])  # the low and the high TP ranks
-        left[a], left[b] = left[a][half:], left[b][half:]
-    return out
 
 
 def _layouts(groups: list[list[tuple[int, int]]], shape: Shape, label: str) -> list[Placement]:

@@ -6,7 +6,9 @@ stage, so the DP axis (the slowest of its groups) pays the tenants of the worst 
 hosts. When the clean hosts cannot hold the job (large jobs on busy clusters) two choices decide
 the DP axis: which exposed units take the rest (:func:`counts_least_demand`: those adding the least
 demand not already paid) and how those units' TP groups are dealt to the stages
-(:func:`balance_stages`: spread so that the worst stage meets the least demand).
+(:func:`balance_stages`: spread so that the worst DP group meets the least demand). Spanning TP
+groups (no host has room for one) are cut from halves on two hosts (:func:`paired`), tenant-free
+halves first and each tenant half beside a clean one.
 """
 
 from __future__ import annotations
@@ -58,6 +60,84 @@ def counts_least_demand(cap: np.ndarray, clean: np.ndarray, touch: np.ndarray, d
     return n
 
 
+def paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
+            cost: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
+    """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
+    rack first, then across racks; takes the GPUs it uses out of ``left``. With ``cost`` (per unit:
+    the tenant demand a spanning group there pays) see :func:`_paired_cost`."""
+    if cost is not None:
+        return _paired_cost(left, rack, need, tp, cost)
+    half, out = tp // 2, []
+    for same_rack in (True, False):
+        while len(out) < need:
+            pools = [u for u in left if len(left[u]) >= half]
+            pools.sort(key=lambda u: -len(left[u]))
+            pair = next(((a, b) for i, a in enumerate(pools) for b in pools[i + 1:]
+                         if not same_rack or rack[a] == rack[b]), None)
+            if pair is None:
+                break
+            out.append(left[pair[0]][:half] + left[pair[1]][:half])
+            for u in pair:
+                left[u] = left[u][half:]
+    return out
+
+
+def _paired_cost(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int,
+                 cost: np.ndarray) -> list[list[tuple[int, int]]]:
+    """Halves for ``need`` spanning TP groups, paired so that the worst group pays least: the TP axis
+    is its slowest group, and a half beside a tenant caps its group near that tenant's share (~20
+    GB/s on the H100 fabric; a clean 4+4 in a rack runs at 139, across racks at 70, and beside a
+    tenant a group across racks falls further). Tenant-free halves all go in (fuller pools first);
+    each tenant half needed gets a tenant-free partner in its rack (cheapest tenant halves that
+    have one first), then anywhere; then tenant-free halves pair (same rack first), then tenant
+    halves, the cheapest with the dearest."""
+    half = tp // 2
+    halves = sorted((float(cost[u]), -len(left[u]), u) for u in left for _ in range(len(left[u]) // half))
+    clean = [u for c, _, u in halves if c <= 0]
+    dear = [u for c, _, u in halves if c > 0]
+    clean = clean[:2 * need]
+    n_dear = max(2 * need - len(clean), 0)  # tenant halves the job cannot do without
+    pairs: list[tuple[int, int]] = []
+
+    def partner(a: int, pool: list[int], same: bool) -> int | None:
+        at = next((i for i, b in enumerate(pool) if b != a and rack[b] == rack[a]), None)
+        at = next((i for i, b in enumerate(pool) if b != a), None) if at is None and not same else at
+        return None if at is None else pool.pop(at)
+
+    used: list[int] = []
+    for same in (True, False):  # a tenant half with a clean partner in its rack, then anywhere
+        for i, a in enumerate(dear):
+            if len(used) >= n_dear or not clean:
+                break
+            if a < 0:
+                continue
+            b = partner(a, clean, same)
+            if b is not None:
+                pairs.append((a, b))
+                used.append(a)
+                dear[i] = -1
+    while len(clean) >= 2:
+        a = clean.pop(0)
+        b = partner(a, clean, False)
+        if b is None:
+            break
+        pairs.append((a, b))
+    rest = [a for a in dear if a >= 0][:max(2 * (need - len(pairs)), 0)]
+    rest.sort(key=lambda u: cost[u])
+    while len(rest) >= 2:
+        a = rest.pop(0)
+        b = next((rest.pop(i) for i in range(len(rest) - 1, -1, -1) if rest[i] != a), None)
+        if b is None:
+            break
+        pairs.append((a, b))
+    out = []
+    for j, (a, b) in enumerate(pairs[:need]):
+        a, b = (a, b) if j % 2 == 0 else (b, a)  # tenant halves alternate between the DP groups of
+        out.append(left[a][:half] + left[b][:half])  # the low and the high TP ranks
+        left[a], left[b] = left[a][half:], left[b][half:]
+    return out
+
+
 def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, demand: np.ndarray,
                    shape: Shape) -> list[list[tuple[int, int]]] | None:
     """The TP groups reordered so that, laid out DP-inner (stage ``p`` = groups ``p*dp ..``), the
@@ -67,7 +147,8 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     gains. Exposed blocks, heaviest first, go each to the stage with room whose demand grows least,
     then single moves improve the worst stage; clean blocks fill the rest, largest first into the
     stage with the most room (split only when no stage has room for a whole block). None when
-    fewer than two stages or fewer than two exposed blocks (nothing to balance)."""
+    fewer than two stages or fewer than two exposed blocks (nothing to balance), or when the deal
+    is no better than the given order (:func:`worst_dp_demand`)."""
     P, D = shape.pp, shape.dp
     if P < 2 or len(groups) != P * D:
         return None
@@ -111,7 +192,19 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
             load[s] += 1
     if any(len(o) != D for o in out):
         return None
-    return [groups[i] for o in out for i in sorted(o)]
+    spread = [groups[i] for o in out for i in sorted(o)]
+    # kept only when its worst DP group meets less demand than the given order's
+    return spread if worst_dp_demand(spread, touch_h, demand, shape) < worst_dp_demand(groups, touch_h, demand, shape) \
+        else None
+
+
+def worst_dp_demand(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, demand: np.ndarray,
+                    shape: Shape) -> float:
+    """The most tenant demand one DP group (stage, TP rank) meets when ``groups`` (TP groups in
+    order) are laid out DP-inner: the distinct tenants on the hosts of its ``dp`` ranks."""
+    hosts = np.array([[h for h, _ in g] for g in groups]).reshape(shape.pp, shape.dp, shape.tp)
+    meet = touch_h[hosts].any(axis=1)  # (pp, tp, n_jobs)
+    return float((meet.astype(float) @ demand).max()) if meet.size else 0.0
 
 
 def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
