@@ -98,7 +98,10 @@ def count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, expose
                 n[by_clean[:m]] = _balanced(use[by_clean[:m]] // block, G // block) * block
                 if n.sum() == G:
                     counts[name + tag] = n
-    for name, room in (("rack-stages", np.minimum(clean1, cap1)), ("rack-stages-any", cap1)):
+    clean = np.minimum(clean1, cap1)
+    # (whole hosts only: a stage's DP groups then meet every host with the same count, the most)
+    whole = np.where(clean == clean.max(initial=0), clean, 0)
+    for name, room in (("rack-stages", clean), ("rack-stages-whole", whole), ("rack-stages-any", cap1)):
         n = counts_rack_stages(room, rack_of_unit, shape)
         if n is not None:
             counts[name] = n
