@@ -19,7 +19,9 @@ call (de-duplicated).
 Search: a TP group fits a *unit* (the host, or the NVLink domain on rack-scale clusters) when the
 unit has ``tp`` free GPUs. Candidate GPU sets are built from several unit orders (fullest first,
 best fit, least exposed to cross-host tenants, rack-compact, the segment baseline's block cut, and
-the sets the compact baseline and, optionally, the bandwidth-only search chose); each set is cut into TP groups unit by unit (leftovers form spanning
+the sets the compact baseline and, optionally, the bandwidth-only search chose; on busy clusters the
+exposure-aware orders of :mod:`bandpilot.dispatch.search.shape_exposure` and whole stages per rack,
+also with consecutive stages in different racks); each set is cut into TP groups unit by unit (leftovers form spanning
 groups only when the aligned room runs out), and the groups are laid out two ways: DP-inner (a
 unit's groups are DP replicas of one stage, PP crosses units) and PP-inner (a unit's groups are
 consecutive stages, DP crosses). Units are visited in locality order, so PP stages land on
