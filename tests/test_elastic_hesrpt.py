@@ -88,3 +88,23 @@ def test_current_share_falls_back_to_the_declared_one():
     assert current_share(0.3, 8, 200.0, 1, 0.0) == 0.3
     assert current_share(0.3, 8, float("inf"), 4, 100.0) == 0.3
     assert math.isclose(current_share(0.3, 8, 200.0, 8, 200.0), 0.3)  # at its requested size on b_ref
+
+
+def test_current_share_lets_a_large_job_on_one_host_grow_back_across_the_nics(fab):
+    """Seed 001's J1 (k = 16, share 0.45 across the NICs) shrunk to 8 GPUs on one host, the other
+    hosts idle: from its share now (far less than 0.45 over NVLink) 16 GPUs are faster and the growth is
+    taken; the declared share read as the share now prices it slower and refuses it."""
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.dispatch.state import State
+    from bandpilot.scheduling.elastic import _best_gbps, _grow_priced, _placer, _Round
+    from bandpilot.scheduling.elastic_pricing import PRICERS
+
+    spec, d = fab.spec, Dispatcher(fab, seed=0)
+    mine = spec.to_mask([f"{spec.hosts[0].name}:{i}" for i in range(8)])
+    got = {}
+    for now in (True, False):
+        rnd = _Round(fab, False, "full", {}, {"x": Candidate("x", 8, 4, 32, 1, 1.0, True)}, {"x": 0.45},
+                     PRICERS["welfare"], "srpt-suspend", lambda k: _best_gbps(d, k), {"x": 0.9}, True,
+                     _placer(d, "bandpilot"), {"x": 16}, now)
+        got[now] = _grow_priced(rnd, State.idle(spec), "x", mine, 8, 16)[2]
+    assert got == {True: 16, False: 8}
