@@ -35,6 +35,7 @@ from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each
+from bandpilot.dispatch.search.unit_setup import coarse_counts, greedy_on_cols
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -77,6 +78,7 @@ class Units:
         self._sparse: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._orders: dict = {}  # per unit its fill order; per (unit, count) the remainder's
         self._sigs: dict[tuple[int, bool], tuple] = {}
+        self.setup: dict = {}  # per-request tables shared by every unit (unit_setup)
         self.ctx = ctx
 
     def allowed(self, u: int) -> np.ndarray:
@@ -240,10 +242,10 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
     allowed = units.allowed(u)
     if exact:
         return ctx.enumerate(allowed, coarse=True)
-    if coarse:
+    if coarse:  # the per-unit tables of all units at once (unit_setup)
         cols = units.members[u]
-        greedy = ctx.masks_from_counts(units.part(u, ctx.k))[:, cols]
-        if ctx.count_vectors(allowed, coarse=True) <= PER_DOMAIN_LIMIT:
+        greedy = greedy_on_cols(units, u, cols)
+        if coarse_counts(units)[u] <= PER_DOMAIN_LIMIT:
             return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True, cols=cols)])
         return greedy
     greedy = ctx.masks_from_counts(units.part(u, ctx.k))
