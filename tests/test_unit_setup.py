@@ -1,5 +1,6 @@
 """The per-select unit setup done for all units at once (``search/unit_setup.py``) equals the per-unit
-code it replaces: the coarse count-vector count of every unit, the greedy fill row, and the picks."""
+code it replaces: the coarse count-vector count of every unit, its enumerated rows (order included),
+the greedy fill row, and the picks."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ def test_greedy_on_cols_equals_the_dense_greedy_row(fab):
             cols = units.members[u]
             want = ctx.masks_from_counts(units.part(u, k))[:, cols]
             assert np.array_equal(unit_setup.greedy_on_cols(units, u, cols), want)
+
+
+def test_enumerate_coarse_equals_enumerate_per_unit(fab):
+    rows = 0
+    for st, k in _cases(fab):
+        ctx = SearchContext(fab, st, st.free, k)
+        units = Units(ctx)
+        counts = unit_setup.coarse_counts(units)
+        for u in np.flatnonzero(counts <= domains.PER_DOMAIN_LIMIT).tolist():
+            cols = units.members[u]
+            want = ctx.enumerate(units.allowed(u), coarse=True, cols=cols)
+            got = unit_setup.enumerate_coarse(units, u, cols)
+            assert got.shape == want.shape and np.array_equal(got, want)  # same rows, same order
+            rows += want.shape[0]
+    assert rows > 100
 
 
 def _old_in_unit(ctx, units, u, exact=False, coarse=False):

@@ -35,7 +35,7 @@ from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each
-from bandpilot.dispatch.search.unit_setup import coarse_counts, greedy_on_cols
+from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -239,15 +239,15 @@ def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols:
 
 def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
     """Candidate masks for the whole gang inside unit ``u`` (``coarse``: on its trays' columns only)."""
-    allowed = units.allowed(u)
-    if exact:
-        return ctx.enumerate(allowed, coarse=True)
-    if coarse:  # the per-unit tables of all units at once (unit_setup)
+    if coarse and not exact:  # the per-unit tables of all units at once (unit_setup)
         cols = units.members[u]
         greedy = greedy_on_cols(units, u, cols)
         if coarse_counts(units)[u] <= PER_DOMAIN_LIMIT:
-            return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True, cols=cols)])
+            return np.concatenate([greedy, enumerate_coarse(units, u, cols)])
         return greedy
+    allowed = units.allowed(u)
+    if exact:
+        return ctx.enumerate(allowed, coarse=True)
     greedy = ctx.masks_from_counts(units.part(u, ctx.k))
     if ctx.count_vectors(allowed) <= PER_DOMAIN_LIMIT:
         pareto = ctx.count_vectors(allowed, pareto=True) <= PER_DOMAIN_LIMIT

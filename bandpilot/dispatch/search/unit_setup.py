@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.search.partitions import partition_counts
+from bandpilot.dispatch.search.partitions import partition_counts, partitions
 
 #: ``units``: a :class:`bandpilot.dispatch.search.domains.Units` (not imported: domains imports this)
 Units = Any
@@ -29,6 +29,9 @@ Units = Any
 #: states repeat the same structures)
 _COUNTS: dict[tuple[int, tuple[tuple[int, int], ...]], float] = {}
 _COUNTS_MAX = 65_536
+#: (k, G, structure) -> count-vector codes (None: none sums to k)
+_CODES: dict[tuple, np.ndarray | None] = {}
+_CODES_MAX = 4_096
 
 
 def _poly_count(k: int, structure: tuple[tuple[int, int], ...]) -> float:
@@ -45,30 +48,105 @@ def _poly_count(k: int, structure: tuple[tuple[int, int], ...]) -> float:
     return got
 
 
+def _layout(units: Units) -> tuple[np.ndarray, list[int], list[int], list[int], np.ndarray]:
+    """Every unit's coarse classes from one sort: free hosts ordered as
+    :meth:`SearchContext.classes` orders one unit's (``coarse``: class label, then least exposed,
+    then host), grouped by unit. Returns ``(hosts, class sizes, class free counts, class starts of
+    each unit (+ end), unit of each unit start)``."""
+    got = units.setup.get("layout")
+    if got is None:
+        ctx = units.ctx
+        h = np.flatnonzero(ctx.ccls >= 0)
+        u, lab = units.unit[h], ctx.ccls[h]
+        o = np.lexsort((h, ctx.exposure[h], lab, u))  # a class restricted to a unit: (unit, label)
+        h, u, lab = h[o], u[o], lab[o]
+        cut = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (lab[1:] != lab[:-1])]) if h.size else np.zeros(0, np.int64)
+        size = np.diff(np.r_[cut, h.size]).tolist()
+        f = ctx.fcount[h[cut]].tolist()
+        cu = u[cut]
+        ustart = np.flatnonzero(np.r_[True, cu[1:] != cu[:-1]]).tolist() if cu.size else []
+        got = (h, size, f, [*ustart, cu.size], cu[ustart] if cu.size else cu)
+        units.setup["layout"] = got
+    return got
+
+
+def _structures(units: Units) -> dict[int, tuple[int, tuple[tuple[int, int], ...]]]:
+    """Unit -> (offset of its first host in the layout, its classes' (size, free GPUs))."""
+    got = units.setup.get("structures")
+    if got is None:
+        h, size, f, ustart, uid = _layout(units)
+        got, off = {}, 0
+        for i, u in enumerate(uid.tolist()):
+            a, b = ustart[i], ustart[i + 1]
+            got[u] = (off, tuple(zip(size[a:b], f[a:b])))
+            off += sum(size[a:b])
+        units.setup["structures"] = got
+    return got
+
+
 def coarse_counts(units: Units) -> np.ndarray:
     """Per unit ``u``: ``ctx.count_vectors(units.allowed(u), coarse=True)`` for ``k = ctx.k``, all
     units at once (cached on ``units``: one request)."""
     got = units.setup.get("coarse_counts")
-    if got is not None:
-        return got
+    if got is None:
+        k = units.ctx.k
+        got = np.full(units.U, 1.0 if k == 0 else 0.0)  # no classes: poly[k] of the empty product
+        for u, (_, structure) in _structures(units).items():
+            got[u] = _poly_count(k, structure)
+        units.setup["coarse_counts"] = got
+    return got
+
+
+def _codes(k: int, G: int, structure: tuple[tuple[int, int], ...]) -> np.ndarray | None:
+    """:meth:`SearchContext.enumerate`'s dynamic programme for unexposed classes (coarse): the
+    per-member counts of every count vector with sum ``k``, in its row order (cached per structure:
+    it depends on nothing else)."""
+    key = (k, G, structure)
+    if key in _CODES:
+        return _CODES[key]
+    code_t = np.int16 if G <= 8 else np.int32
+    caps = [min(n * f, k) for n, f in structure]
+    rest = np.r_[np.cumsum(caps[::-1])[::-1][1:], 0]
+    acc: dict[int, np.ndarray] = {0: np.zeros((1, 0), dtype=code_t)}
+    for i, (n, f) in enumerate(structure):
+        new: dict[int, list[np.ndarray]] = {}
+        for s_, A in acc.items():
+            for t in range(caps[i] + 1):
+                s2 = s_ + t
+                if s2 > k:
+                    break
+                if s2 + rest[i] < k:
+                    continue
+                R = partitions(t, n, f).astype(code_t)
+                if R.shape[0] == 0:
+                    continue
+                if A.shape[0] == 1:
+                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), R], axis=1)
+                else:
+                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), np.tile(R, (A.shape[0], 1))], axis=1)
+                new.setdefault(s2, []).append(block)
+        acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
+    got = acc.get(k)
+    if len(_CODES) >= _CODES_MAX:
+        _CODES.clear()
+    _CODES[key] = got
+    return got
+
+
+def enumerate_coarse(units: Units, u: int, cols: np.ndarray) -> np.ndarray:
+    """``ctx.enumerate(units.allowed(u), coarse=True, cols=cols)``: the same rows in the same order,
+    the count-vector codes shared by every unit with the same class structure."""
     ctx = units.ctx
-    out = np.zeros(units.U)
-    hosts = np.flatnonzero(ctx.ccls >= 0)
-    if hosts.size:
-        # a class restricted to a unit is a (unit, label) pair; labels ascending inside a unit
-        u, lab = units.unit[hosts], ctx.ccls[hosts]
-        o = np.lexsort((lab, u))
-        u, lab, h = u[o], lab[o], hosts[o]
-        cut = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (lab[1:] != lab[:-1])])
-        size = np.diff(np.r_[cut, u.size]).tolist()
-        f = ctx.fcount[h[cut]].tolist()
-        cu = u[cut]
-        ustart = np.flatnonzero(np.r_[True, cu[1:] != cu[:-1]]).tolist()
-        for a, b in zip(ustart, [*ustart[1:], cu.size]):
-            out[cu[a]] = _poly_count(ctx.k, tuple(zip(size[a:b], f[a:b])))
-    if ctx.k == 0:
-        out[:] = 1.0  # the empty vector (poly[0] of no classes)
-    units.setup["coarse_counts"] = out
+    st = _structures(units).get(u)
+    if st is None:
+        return np.zeros((0, cols.size), dtype=np.int64)
+    off, structure = st
+    codes = _codes(ctx.k, ctx.G, structure)
+    if codes is None:
+        return np.zeros((0, cols.size), dtype=np.int64)
+    hosts = _layout(units)[0][off : off + codes.shape[1]]
+    out = np.zeros((codes.shape[0], cols.size), dtype=np.int64)
+    out[:, np.searchsorted(cols, hosts)] = ctx.best_mask[hosts[None, :], codes]
     return out
 
 
