@@ -91,3 +91,32 @@ def test_selections_equal_the_per_unit_setup(fab, monkeypatch):
     old = [(s.mask, s.predicted_gbps) for s in (Dispatcher(fab).select(k, st) for st, k in _cases(fab))]
     assert len(new) > 30
     assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(new, old))
+
+
+def test_groups_of_several_candidates_priced_together_as_one_by_one(fab, monkeypatch):
+    from bandpilot.dispatch.search import unit_batch
+    from bandpilot.dispatch.search.domains import _best
+
+    shared = 0
+    for st, k in _cases(fab):
+        ctx = SearchContext(fab, st, st.free, k)
+        units = Units(ctx)
+        groups = []
+        for u in np.flatnonzero(units.free >= k).tolist():
+            c = units.members[u]
+            groups.append((np.concatenate([unit_setup.greedy_on_cols(units, u, c), unit_setup.enumerate_coarse(units, u, c)]), c))
+        calls = []
+
+        def best(m, c, p=None):
+            calls.append(p is not None)
+            return _best(ctx, units, m, 0.0, c, p)
+
+        monkeypatch.setattr(unit_batch, "SEVERAL_CELLS", 10**9)  # every group in one call
+        got = unit_batch.best_each(ctx, groups, best)
+        want = [_best(ctx, units, m, 0.0, c) if m.shape[0] else None for m, c in groups]
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None)
+            if g is not None:
+                assert np.array_equal(g.mask, w.mask) and g.value == w.value and g.standalone == w.standalone
+        shared += sum(calls)
+    assert shared > 20  # groups were priced in shared calls

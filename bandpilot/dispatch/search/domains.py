@@ -222,12 +222,12 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
     return int(near[np.lexsort((near, -value[near], n_trays, tray_left, unit_left, hits_top, n_units))[0]])
 
 
-def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols: np.ndarray | None = None) -> Found | None:
-    """Best of candidate rows (``cols``: given on those host columns; the result is a full row)."""
+def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols: np.ndarray | None = None, p=None) -> Found | None:
+    """Best of candidate rows (``cols``: given on those host columns; the result is a full row; ``p``: their prediction)."""
     masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
     if masks.shape[0] == 0:
         return None
-    p = ctx.evaluate(masks, cols)
+    p = ctx.evaluate(masks, cols) if p is None else p
     i = choose(ctx, units, masks, p.value, tie, cols)
     if cols is None:
         mask = masks[i].copy()
@@ -494,6 +494,6 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
         if sig not in seen:
             seen.add(sig)
             groups.append((in_unit(ctx, units, u, coarse=True), units.members[u]))
-    got = best_each(ctx, groups, lambda m, c: _best(ctx, units, m, tie, c))
+    got = best_each(ctx, groups, lambda m, c, p=None: _best(ctx, units, m, tie, c, p))
     return [f for f in got if f is not None]
 
