@@ -154,7 +154,53 @@ def greedy_on_cols(units: Units, u: int, cols: np.ndarray) -> np.ndarray:
     """The greedy fill of the whole gang in unit ``u`` (:meth:`Units.part`) as one mask row on the
     sorted columns ``cols`` (which hold the unit's hosts) - no row over every host."""
     ctx = units.ctx
-    hosts, counts = units.part_hosts(u, ctx.k)
+    hosts, counts = _greedy_all(units).get(u) or units.part_hosts(u, ctx.k)
     row = np.zeros((1, cols.size), dtype=np.int64)
     row[0, np.searchsorted(cols, hosts)] = ctx.best_mask[hosts, counts]
     return row
+
+
+def _greedy_all(units: Units) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """:meth:`Units.part_hosts` ``(u, k)`` of every unit that holds ``k``, from one sort of all free
+    trays (the per-unit fill orders were two sorts per unit: most of the setup left in a median
+    select). Same rule: whole trays in fill order (unexposed, fullest, best stage-1 value, host)
+    until a later tray fits the rest, the rest on the best-fitting tray at or after that step
+    (unexposed, fewest free, best stage-1 value for the rest, step)."""
+    got = units.setup.get("greedy")
+    if got is not None:
+        return got
+    ctx, k = units.ctx, units.ctx.k
+    got = {}
+    h = np.flatnonzero((ctx.fcount > 0) & (units.free >= k)[units.unit])
+    if h.size:
+        f = ctx.fcount[h]
+        o = np.lexsort((h, -ctx.best_val[h, f], -f, ctx.exposed[h], units.unit[h]))
+        h, f, u = h[o], f[o], units.unit[h[o]]
+        seg = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])
+        seg_of = np.repeat(np.arange(seg.size), np.diff(np.r_[seg, h.size]))
+        step = np.arange(h.size) - seg[seg_of]
+        excl = np.cumsum(f) - f
+        cum = excl - excl[seg][seg_of]  # GPUs in the unit's trays before this step
+        ok = (cum == k) | (_seg_suffix_max(f, seg, seg_of) >= k - cum)
+        first = np.minimum.reduceat(np.where(ok, step, h.size), seg)  # every unit here holds k: found
+        left = k - cum[seg + first]  # GPUs still needed after the unit's whole trays
+        cand = (step >= first[seg_of]) & (f >= left[seg_of])
+        bv = ctx.best_val[h, np.clip(left[seg_of], 0, ctx.G)]
+        r = np.lexsort((step, -bv, f, ctx.exposed[h], ~cand, seg_of))
+        best_r = r[np.r_[0, np.flatnonzero(np.diff(seg_of[r])) + 1]]  # the best candidate of each unit
+        for j, (a, i) in enumerate(zip(seg.tolist(), first.tolist())):
+            hosts, counts = h[a : a + i], f[a : a + i]
+            if left[j] > 0:
+                p = best_r[j]
+                hosts, counts = np.r_[hosts, h[p]], np.r_[counts, left[j]]
+            got[int(u[a])] = (hosts, counts)
+    units.setup["greedy"] = got
+    return got
+
+
+def _seg_suffix_max(x: np.ndarray, seg: np.ndarray, seg_of: np.ndarray) -> np.ndarray:
+    """Per position the maximum of ``x`` from it to the end of its segment."""
+    # offsets falling with the segment id: a later segment's values never reach an earlier one's
+    span = int(x.max()) + 1
+    y = (x + (seg.size - 1 - seg_of) * span)[::-1]
+    return np.maximum.accumulate(y)[::-1] - (seg.size - 1 - seg_of) * span
