@@ -22,8 +22,11 @@ import numpy as np
 from bandpilot.dispatch.contention import Prediction
 from bandpilot.dispatch.search.context import Found, SearchContext
 
-#: Row x column cells of one batched call (int64: 16 MB).
-BATCH_CELLS = 2_000_000
+#: Row x column cells of one batched call. The block rows' cells grow with the square of the
+#: domains in a call (139 lone rows x 2,502 trays at 2,000,000); seed 0 (tuning), k = 1-72 on the
+#: bench's 4 states: CPU 551-579 ms at 2,000,000, 499-543 at 40,000; seed 1 (held out): 472-518 ->
+#: 454-468. Values are the same at any size (in-domain rows never contend).
+BATCH_CELLS = 40_000
 #: Row x column cells of a call shared by domains with several candidates each.
 SEVERAL_CELLS = 20_000
 
