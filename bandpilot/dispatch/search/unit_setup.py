@@ -29,9 +29,10 @@ Units = Any
 #: states repeat the same structures)
 _COUNTS: dict[tuple[int, tuple[tuple[int, int], ...]], float] = {}
 _COUNTS_MAX = 65_536
-#: (k, G, structure) -> count-vector codes (None: none sums to k)
+#: (k, G, structure) -> count-vector codes (None: none sums to k); an entry holds at most
+#: PER_DOMAIN_LIMIT (2,000) rows x one int16 per tray (72 KB at 18 trays): <= ~37 MB in all
 _CODES: dict[tuple, np.ndarray | None] = {}
-_CODES_MAX = 4_096
+_CODES_MAX = 512
 
 
 def _poly_count(k: int, structure: tuple[tuple[int, int], ...]) -> float:
