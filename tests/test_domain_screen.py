@@ -149,3 +149,78 @@ def test_lone_candidates_priced_together_as_one_by_one(sur):
     for g, w in zip(got[:-1], want[:-1]):
         assert np.array_equal(g.mask, w.mask) and g.value == w.value and g.standalone == w.standalone
     assert len({g.value for g in got[:-1]}) > 1  # the domains' free trays differ: not one value copied
+
+
+@pytest.fixture(scope="module")
+def asym_sur(sur):
+    """``sur`` with a noisy stage 1 (each tray's row scaled by 0.9-1.0, like a measured one): trays
+    no longer interchangeable, so a gang that fits a domain is searched in every domain."""
+    import copy
+
+    out = copy.copy(sur)
+    out.stage1 = sur.stage1 * np.random.default_rng(3).uniform(0.9, 1.0, (sur.stage1.shape[0], 1))
+    out._view, out._screen, out._memo = None, None, None
+    return out
+
+
+def test_inside_bound_bounds_every_in_domain_row(asym_sur):
+    """``Surrogate.inside_bound`` is >= the model's value of every row of k GPUs over >= 2 trays of a
+    domain (random rows of every domain), and the search's per-unit bound (with stage 1 for one tray)
+    >= every candidate it would price there."""
+    from bandpilot.dispatch.search.domains import in_unit
+    from bandpilot.dispatch.search.unit_batch import unit_bounds
+    from tests.test_domain_search import random_state
+
+    sur = asym_sur
+    spec, rng = sur.spec, np.random.default_rng(7)
+    units = np.unique(spec.units[0])
+    for k in (2, 3, 4, 5, 8):
+        b = sur.inside_bound(units, k)
+        for u in units.tolist():
+            hosts = np.flatnonzero(spec.units[0] == u)
+            rows = np.zeros((200, spec.n_hosts), dtype=np.int64)
+            for r in range(200):  # k GPUs over >= 2 trays of domain u
+                gpus = rng.choice(hosts.size * 4, k, replace=False)
+                if np.unique(gpus // 4).size < 2:
+                    gpus[0] = (gpus[1] // 4 + 1) % hosts.size * 4 + (gpus[0] % 4)
+                    gpus = np.unique(gpus)
+                for g in gpus:
+                    rows[r, hosts[g // 4]] |= 1 << (g % 4)
+            rows = rows[(np.bitwise_count(rows).sum(axis=1) == k) & ((rows != 0).sum(axis=1) >= 2)]
+            assert rows.shape[0] > 50 and np.all(sur.predict_masks(rows) <= b[u])
+    fab = make_fabric(spec)
+    tight = 0
+    for _ in range(6):
+        st = random_state(spec, fab, rng, busy_frac=0.4)
+        for k in (1, 2, 3, 4):
+            ctx = SearchContext(sur, st, st.free, k)
+            u_ = Units(ctx)
+            us = np.flatnonzero(u_.free >= k).tolist()
+            if len(us) < 2:
+                continue
+            bound = unit_bounds(ctx, u_, us)
+            for i, u in enumerate(us):
+                m = in_unit(ctx, u_, u, coarse=True)
+                v = ctx.evaluate(m, u_.members[u]).value
+                assert v.max() <= bound[i]
+                tight += bool(v.max() == bound[i])
+    assert tight > 0  # the bound is reached somewhere: not a loose constant
+
+
+def test_bounded_domain_search_picks_as_without_bound(asym_sur, monkeypatch):
+    from bandpilot.dispatch.search import unit_batch
+    from tests.test_domain_search import random_state
+
+    sur = asym_sur
+    fab, rng = make_fabric(sur.spec), np.random.default_rng(11)
+    cases = [(random_state(sur.spec, fab, rng), k) for _ in range(10) for k in (1, 2, 3, 4)]
+    calls = []
+    real = unit_batch.unit_bounds
+    monkeypatch.setattr(unit_batch, "unit_bounds", lambda *a: calls.append(1) or real(*a))
+    new = [Dispatcher(sur).select(k, st) for st, k in cases if k <= st.n_free]
+    assert calls
+    monkeypatch.setattr(unit_batch, "unit_bounds", lambda *a: None)
+    old = [Dispatcher(sur).select(k, st) for st, k in cases if k <= st.n_free]
+    assert len(new) > 30
+    assert all(np.array_equal(a.mask, b.mask) and a.predicted_gbps == b.predicted_gbps for a, b in zip(new, old))
+    assert sum(a.evaluations for a in new) < sum(b.evaluations for b in old)  # domains were skipped

@@ -160,6 +160,24 @@ class DomainView:
         cls = self.u_cls[self.ix.unit[hosts[np.argmax(counts > 0, axis=1)]]]
         return np.minimum(self.patterns.part_values(cls, hist), cap)
 
+    def inside_bound(self, units: np.ndarray, k: int) -> np.ndarray:
+        """Per unit an upper bound on :meth:`inside_values` of any row of ``k`` GPUs over >= 2 trays
+        of it: the best uncapped part value of every multiset of >= 2 tray counts summing to ``k``
+        (feasible on the unit or not; the cap only lowers a value); ``inf`` where the net, not
+        stage 1.5, predicts such rows (no domain class), ``-inf`` where no such row exists."""
+        units = np.asarray(units, dtype=np.int64)
+        G = self.max_gpus
+        hists = [np.bincount(p, minlength=G + 1)[1:] for p in _multi_parts(k, G)]
+        out = np.full(units.size, -np.inf)
+        cls = self.u_cls[units]
+        out[cls < 0] = np.inf
+        if not hists:
+            return out
+        H = np.array(hists, dtype=np.int64)
+        for c in np.unique(cls[cls >= 0]).tolist():
+            out[cls == c] = float(self.patterns.part_values(np.full(H.shape[0], c), H).max())
+        return out
+
     def keys(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """(n,) 16-byte memo keys of rows over >= 2 units: rows whose domain tokens agree up to order
         share one (the net reads nothing else: no positional encoding, domains compared only for
@@ -198,3 +216,21 @@ class DomainView:
         out["pad"][rows, slot] = False
         out["xdom"] = (n_used > 1).astype(np.float64)
         return out
+
+
+def _multi_parts(k: int, G: int) -> list[list[int]]:
+    """Partitions of ``k`` into >= 2 parts of at most ``G`` (descending parts)."""
+    out: list[list[int]] = []
+
+    def rec(left: int, top: int, acc: list[int]) -> None:
+        if left == 0:
+            if len(acc) >= 2:
+                out.append(acc.copy())
+            return
+        for c in range(min(top, left), 0, -1):
+            acc.append(c)
+            rec(left - c, c, acc)
+            acc.pop()
+
+    rec(k, G, [])
+    return out

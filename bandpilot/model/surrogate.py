@@ -314,6 +314,14 @@ class Surrogate:
                 s += rows
         return out
 
+    def inside_bound(self, units: np.ndarray, k: int) -> np.ndarray | None:
+        """Per unit an upper bound on this model's value of any ``k``-GPU row over >= 2 trays of it
+        ('domain' models: stage 1.5, see :meth:`DomainView.inside_bound`), or None; rows on one
+        tray are its stage-1 value. A search may skip units whose bound cannot win."""
+        if self.kind != "domain":
+            return None
+        return self.domain_view.inside_bound(units, k)
+
     def screening_model(self) -> Any:
         """A cheap stand-in of this model that a search may rank big candidate batches with (its
         own physics prior: :class:`~bandpilot.model.prior_proxy.PriorProxy`), or None: only a

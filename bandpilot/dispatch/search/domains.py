@@ -34,7 +34,7 @@ import numpy as np
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.screen import screen_for
-from bandpilot.dispatch.search.unit_batch import best_each
+from bandpilot.dispatch.search.unit_batch import best_each_bounded
 from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
@@ -488,12 +488,12 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     if pats is not None:
         got = _best(ctx, units, pats[0], tie, pats[2])
         return [] if got is None else [got]
-    groups, seen = [], set()
+    us, seen = [], set()
     for u in fits[np.lexsort((fits, units.free[fits]))].tolist():
-        sig = units.signature(u, coarse=True)
-        if sig not in seen:
+        if (sig := units.signature(u, coarse=True)) not in seen:
             seen.add(sig)
-            groups.append((in_unit(ctx, units, u, coarse=True), units.members[u]))
-    got = best_each(ctx, groups, lambda m, c, p=None: _best(ctx, units, m, tie, c, p))
+            us.append(u)
+    got = best_each_bounded(ctx, units, us, lambda u: (in_unit(ctx, units, u, coarse=True), units.members[u]),
+                            lambda m, c, p=None: _best(ctx, units, m, tie, c, p), max(tie, ctx.locality))
     return [f for f in got if f is not None]
 
