@@ -145,8 +145,8 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     *blocks* (the consecutive groups cut from one host): a host whose groups serve two stages makes
     every DP group of both stages a sibling of the others there, which costs more than the balance
     gains. Exposed blocks, heaviest first, go each to a stage with room (three greedy keys,
-    :func:`_deal`), then moves of single blocks and of blocks sharing a tenant improve the worst
-    stage (:func:`_improve`), the best of the three kept; clean blocks fill the rest, largest first into the
+    :func:`_deal`; the best deal kept), then moves of single blocks and of blocks sharing a tenant
+    improve the worst stage (:func:`_improve`); clean blocks fill the rest, largest first into the
     stage with the most room (split only when no stage has room for a whole block). None when
     fewer than two stages or fewer than two exposed blocks (nothing to balance), or when the deal
     is no better than the given order (:func:`worst_dp_demand`)."""
@@ -164,12 +164,13 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     exp = np.flatnonzero(own.any(axis=(1, 2)))
     if exp.size < 2:
         return None
-    # three greedy deals (the new stage total, or the demand it adds, first) each improved; the best
-    # kept: one key alone misses splits such as {A, B} / {C, D} when A's hosts also carry B
+    # three greedy deals (the new stage total, or the demand it adds, first), the best one improved:
+    # one key alone misses splits such as {A, B} / {C, D} when A's hosts also carry B
     deals = [d for d in (_deal(exp, own, size, demand, P, D, key) for key in range(3)) if d is not None]
     if not deals:
         return None
-    at = min(deals, key=lambda a: _improve(a, exp, own, size, demand, P, D))
+    at = min(deals, key=lambda a: _cost(a, exp, own, demand, P))
+    _improve(at, exp, own, size, demand, P, D)
     load = np.bincount(at[exp], weights=size[exp], minlength=P).astype(np.int64)
     out: list[list[int]] = [[] for _ in range(P)]
     for b in np.flatnonzero(at >= 0):
@@ -224,6 +225,17 @@ def _deal(exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray
     return at
 
 
+def _cost(at: np.ndarray, exp: np.ndarray, own: np.ndarray, demand: np.ndarray, P: int,
+          ow: np.ndarray | None = None) -> tuple[float, float]:
+    """(worst, sum of squares) of the DP groups' demands when exposed block ``exp[i]`` is in stage
+    ``at[exp[i]]`` (``ow``: ``own[exp]`` flattened, when the caller has it)."""
+    E, T, J = own[exp].shape
+    ow = own[exp].reshape(E, T * J).astype(np.float64) if ow is None else ow
+    onehot = (at[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
+    d = ((onehot @ ow) > 0).reshape(P, T, J) @ demand  # each DP group's distinct tenants' demand
+    return float(d.max()), float((d * d).sum())
+
+
 def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
              P: int, D: int, rounds: int = 50) -> tuple[float, float]:
     """Move exposed blocks between stages (``at``, in place, within each stage's ``D`` groups) while
@@ -231,15 +243,12 @@ def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray,
     and every block sharing a tenant with one (a single move cannot take a tenant out of a stage
     when it is on two of the stage's blocks). Returns the final (worst, sum of squares)."""
 
-    E, T, J = own[exp].shape
-    ow = own[exp].reshape(E, T * J).astype(np.float64)
     anyt = own[exp].any(axis=1)  # (E, J): the tenants each exposed block meets
-    kin = [exp[(anyt & anyt[i]).any(axis=1)] for i in range(E)]
+    kin = [exp[(anyt & anyt[i]).any(axis=1)] for i in range(exp.size)]
+    ow = own[exp].reshape(exp.size, -1).astype(np.float64)
 
     def cost(a: np.ndarray) -> tuple[float, float]:
-        onehot = (a[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
-        d = ((onehot @ ow) > 0).reshape(P, T, J) @ demand  # each DP group's distinct tenants' demand
-        return float(d.max()), float((d * d).sum())
+        return _cost(a, exp, own, demand, P, ow)
 
     best = cost(at)
     for _ in range(rounds):
