@@ -112,3 +112,17 @@ def test_rack_stages_puts_whole_stages_in_racks(room, pd):
         return
     assert n.sum() == pp * dp and (n <= room).all()
     assert (np.bincount(rack, weights=n) % dp == 0).all()
+
+
+def test_rack_stages_tail_spreads_a_lone_group():
+    # tp=2,pp=2,dp=32: rack 0 holds one stage on 8 full hosts; rack 1's fullest-first cut ends 4x7 + 3
+    # + 1 (each DP group one rank on the last host); spread: 4x6 + 3 + 3 + 2
+    shp = Shape.parse({"tp": 2, "pp": 2, "dp": 32})
+    room = np.array([4] * 8 + [4] * 7 + [3, 3, 2, 1])
+    rack = np.array([0] * 8 + [1] * 11)
+    plain = counts_rack_stages(room, rack, shp)
+    tail = counts_rack_stages(room, rack, shp, tail=True)
+    assert plain[8:].tolist() == [4] * 7 + [3, 1, 0, 0]
+    assert tail[8:].tolist() == [4] * 6 + [0, 3, 3, 2, 0]
+    assert np.array_equal(tail[:8], plain[:8]) and (tail <= room).all()
+    assert counts_rack_stages(np.array([4] * 16), np.array([0] * 8 + [1] * 8), shp, tail=True).tolist() == [4] * 16
