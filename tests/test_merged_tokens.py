@@ -98,3 +98,25 @@ def test_merged_tokens_keep_rows_apart_that_group_racks_differently(fab128):
     ref, got = _both(sur, a)
     np.testing.assert_allclose(got, ref, rtol=RTOL)
     assert abs(got[0] / got[1] - 1) > 1e-4
+
+
+@pytest.mark.slow
+def test_simulation_with_merged_tokens_places_like_one_token_per_host(fab128):
+    """A trained model in the simulator (fifo + greedy on the 128-host cluster): every job starts and
+    ends at the same time on the same GPUs with merged tokens as with one token per host."""
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.model.train import train
+    from bandpilot.simulation.engine import SimConfig, simulate
+    from bandpilot.simulation.workloads import public_trace_workload
+
+    tiny = {"epochs": 3, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 20, "n_train": 80, "threads": 1,
+            "split": "random", "replay_size": 16}
+    sur = train(fabric_dataset(fab128, n_cross=120, seed=1), tiny, plots=False).surrogate
+    jobs = public_trace_workload("helios", 80, n_gpus=fab128.spec.n_gpus, load=0.9, seed=0)
+    cfg = SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0)
+    out = {}
+    for merge in (False, True):
+        sur.merge_tokens, sur._memo = merge, None
+        out[merge] = [(j.id, j.status, j.start_s, j.end_s, j.gpus) for j in simulate(jobs, Dispatcher(sur), fab128, cfg).jobs]
+    assert out[True] == out[False]
