@@ -215,7 +215,10 @@ class Surrogate:
         keys = self._memo_keys(rows) if keys is None else keys
         if keys is None:
             return self._predict_uncached(masks)
-        token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
+        params = getattr(self, "_params", None)  # listing a module's parameters walks it: once per net
+        if params is None or params[0] is not self.net:
+            params = self._params = (self.net, list(self.net.parameters()))
+        token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in params[1]))
         memo = getattr(self, "_memo", None)
         if memo is None or memo[0] != token:
             memo = self._memo = (token, {})
