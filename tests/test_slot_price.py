@@ -44,3 +44,37 @@ def test_the_priced_age_slot_is_the_projected_one_when_the_drain_is_cheap(store,
     with use_clock(clock):
         mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="priced")
     assert [r["request_id"] for r in mid.reservations] == ["G"]
+
+
+@pytest.mark.parametrize("slack, idle_gpu_h", [
+    (1.0, 8 * 5_000 / 3600),  # the plan: A (past its 10,000 s limit at 5 h) ends 5,000 s from now
+    (3.0, 8 * 12_000 / 3600),  # priced at 3x its limit: 30,000 s, so host 3 idles 12,000 s for G
+])
+def test_a_drain_behind_a_job_past_its_estimate_is_priced_at_the_estimate_error(store, fab, monkeypatch, slack, idle_gpu_h):
+    from bandpilot import queue as q
+    from bandpilot import scheduling as sched
+    from bandpilot.dispatch.dispatcher import Dispatcher
+
+    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)
+    monkeypatch.setattr(slot_price, "OVERDUE_SLACK", slack)
+    seen: dict[tuple[str, float], float] = {}
+    real = slot_price.idle_gpu_hours
+
+    def spy(book, r):
+        seen[r.request_id, book.now] = out = real(book, r)
+        return out
+
+    monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    clock = Clock()
+    with use_clock(clock):
+        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 10_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot="priced")
+        clock.t = 10.0
+        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        clock.t = 18_000.0
+        rep = sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot="priced")
+    assert [r["request_id"] for r in rep.reservations] == ["G"]  # 640 GPU-h of work: cheap either way
+    assert rep.reservations[0]["start_at"] == pytest.approx(23_000.0)  # the plan itself is unchanged
+    assert seen["G", 18_000.0] == pytest.approx(idle_gpu_h, rel=1e-6)
