@@ -78,3 +78,31 @@ def test_a_drain_behind_a_job_past_its_estimate_is_priced_at_the_estimate_error(
     assert [r["request_id"] for r in rep.reservations] == ["G"]  # 640 GPU-h of work: cheap either way
     assert rep.reservations[0]["start_at"] == pytest.approx(23_000.0)  # the plan itself is unchanged
     assert seen["G", 18_000.0] == pytest.approx(idle_gpu_h, rel=1e-6)
+
+
+@pytest.mark.parametrize("smaller, reserved", [(True, ["S"]), (False, ["G2"])])
+def test_a_priced_out_gang_passes_the_slot_only_to_a_smaller_one(store, fab, monkeypatch, smaller, reserved):
+    """At 9 h G (32 GPUs, 20 h) is priced out (150 idle GPU-h > 0.2 x 640); G2 (32 GPUs, 25 h, fresh)
+    would drain the same GPUs and passes the price on its longer estimate (0.2 x 800 = 160): with
+    FALLBACK_SMALLER it may not take the slot, which goes to the 16-GPU S (nothing idles for it)."""
+    from bandpilot import queue as q
+    from bandpilot import scheduling as sched
+    from bandpilot.dispatch.dispatcher import Dispatcher
+
+    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)
+    monkeypatch.setattr(slot_price, "DRAIN_PRICE", 0.2)
+    monkeypatch.setattr(slot_price, "FALLBACK_SMALLER", smaller)
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    clock = Clock()
+    with use_clock(clock):
+        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+        sched.run_batch(store, d, policy="hrrn", backfill="easy")
+        clock.t = 10.0
+        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        clock.t = 9 * 3600.0
+        q.submit(store, [{"id": "G2", "k": 32, "time_limit_s": 90_000, "submitted": clock.t},
+                         {"id": "S", "k": 16, "time_limit_s": 600, "submitted": clock.t - 700}])
+        rep = sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot="priced")
+    assert [r["request_id"] for r in rep.reservations] == reserved
+    assert q.check_invariants(store) == []

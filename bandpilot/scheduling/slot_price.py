@@ -11,8 +11,8 @@ the moment it is expected to free (now if free, else its running job's expected 
 reservation starts; an upper bound, backfill may use some - against the work the gang brings
 (``k`` x its estimated run time) times :data:`DRAIN_PRICE`. A drain that idles more GPU-hours than
 the gang will use is a bad trade for the queue: the slot then goes to the next request by projected
-JCT whose drain is cheap (usually a smaller gang, whose reservation holds only its own GPUs), among
-the first :data:`MAX_TRIES` past the threshold. A rejected gang keeps the policy's slots (hrrn's
+JCT whose drain is cheap and that is smaller (:data:`FALLBACK_SMALLER`: its reservation holds fewer
+GPUs), among the first :data:`MAX_TRIES` past the threshold. A rejected gang keeps the policy's slots (hrrn's
 order) and is priced again next batch: its drain gets cheaper as running jobs end.
 """
 
@@ -32,6 +32,10 @@ DRAIN_PRICE = 1.0
 #: stated error, "time limits off by up to 3x"; ``reservations.DRAIN_ESTIMATE_SLACK`` uses the same
 #: bound). 1 = the plan's own end (measured: never prices out seed 26's receding drains).
 OVERDUE_SLACK = 3.0
+#: After a gang is priced out, the slot passes only to a smaller one: a same-size gang would drain the
+#: same GPUs (seed 26: a priced-out 32-GPU gang's slot went to the next 32-GPU gang, whose longer
+#: estimate made the same drain look cheap). False: to the next cheap one of any size.
+FALLBACK_SMALLER = True
 #: Requests past the threshold priced per batch, by projected JCT (each costs one reservation plan).
 MAX_TRIES = 4
 
@@ -73,7 +77,10 @@ def reserve_priced(book: Book, pending: Iterable[Pending], key: Callable[[Pendin
     """Reserve, in ``key`` order (largest first, past ``after_s``), the first request whose drain is
     cheap; a priced-out reservation is withdrawn before the next is tried."""
     cands = sorted((p for p in pending if key(p) >= after_s), key=lambda p: (-key(p), p.seq))[:MAX_TRIES]
+    below = None  # FALLBACK_SMALLER: after a gang is priced out, only smaller gangs may take the slot
     for p in cands:
+        if below is not None and p.req.k >= below:
+            continue
         if any(x.request_id == p.req.id for x in book.reservations):
             return None  # a drain target already holds it
         r = book.reserve(p.req, from_now=True)
@@ -82,5 +89,7 @@ def reserve_priced(book: Book, pending: Iterable[Pending], key: Callable[[Pendin
         if drain_is_cheap(book, r):
             return r
         book.reservations.remove(r)
+        if FALLBACK_SMALLER:
+            below = p.req.k if below is None else min(below, p.req.k)
     return None
 
