@@ -11,8 +11,9 @@ queue prices growth by it (``--scaling-pricing perfect``: the row priced as befo
 Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing, resizes may relocate) and the variants as flags
 (``idle``: seed 001's admission as written, into the GPUs idle now; ``srpt``: by estimated remaining
 work, only longer jobs yield; ``srpt-suspend``: shortest remaining work first at 2 x min_k each, the
-others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension; ``no relocation``:
-resizes grow around the old GPUs only, the default before).
+others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension; ``hesrpt-suspend``:
+heSRPT shares by rank in remaining work; ``no relocation``: resizes grow around the old GPUs only, the default
+before; ``current-share``: growths priced from the collective share at the job's current size, a flag).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
@@ -62,6 +63,12 @@ CONFIGS = {
     # shortest remaining work first, 2 x min_k each; suspension to 0 GPUs at a boundary, or not
     "elastic, srpt-suspend admission": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
     "elastic, srpt-host admission (no suspension)": SimConfig(policy="utility", elastic=True, admission="srpt-host"),
+    # heSRPT shares by rank in remaining work (the mean-JCT optimum for a speedup k^p), suspension below min_k
+    "elastic, hesrpt-suspend admission": SimConfig(policy="utility", elastic=True, admission="hesrpt-suspend"),
+    # growths priced from the collective share at the current size (a flag), not the declared one
+    "elastic + utility, current-share pricing": SimConfig(policy="utility", elastic=True, current_share=True),
+    "elastic, srpt-suspend admission, current-share pricing": SimConfig(policy="utility", elastic=True,
+                                                                      admission="srpt-suspend", current_share=True),
     "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
                                                                           admission="min-k", pricing="self"),
     "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
@@ -110,7 +117,8 @@ SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="uti
          "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
          "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
          "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
-         "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False)}
+         "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False),
+         "elastic-current-share": SimConfig(policy="utility", elastic=True, current_share=True)}
 
 
 def main() -> int:

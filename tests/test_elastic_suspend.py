@@ -132,7 +132,7 @@ def test_elastic_simulation_with_suspension_completes_and_keeps_invariants(monke
     from bandpilot.simulation.report import summarize
     from bandpilot.topology.cluster import load_cluster
 
-    from tests.test_elastic import H100, _elastic_jobs
+    from tests.test_elastic_sim import H100, _elastic_jobs
 
     fab = make_fabric(load_cluster(H100))
     orig = sim_el.ElasticSim._batch

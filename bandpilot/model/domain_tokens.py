@@ -25,7 +25,13 @@ from bandpilot.errors import ModelError
 from bandpilot.model.canonical import mix_lanes
 from bandpilot.fabric.units import unit_index
 from bandpilot.model.domain_patterns import DomainPatterns
-from bandpilot.topology.cluster import ClusterSpec
+from bandpilot.topology.cluster import ClusterSpec, ranges
+
+#: Rows from which :meth:`DomainView._units` reduces only the blocks that differ from the first row.
+DELTA_FROM = 32
+#: Share of (row, unit) blocks differing from the first row above which every row is reduced whole
+#: (unrelated rows: the delta path is slower there, as for the emulator's ``unit_delta``).
+DELTA_MAX_CHANGED = 0.25
 
 
 class DomainView:
@@ -46,53 +52,101 @@ class DomainView:
         self.u_rail = np.array([hosts["rail"][m].min() for m in self.ix.members])
         self.u_cls = patterns.classes
 
-    def _live(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Units some row touches, their hosts (unit by unit) and each unit's start among them: a
-        search's rows touch a few of the units (a 4,096-GPU batch: ~60 of 139 domains), and every
-        other unit's features are 0 in every row."""
-        ix = self.ix
-        lu = np.flatnonzero(ix.any(masks.any(axis=0)[None, :])[0])
-        cols = np.concatenate([ix.members[u] for u in lu]) if lu.size else np.zeros(0, dtype=np.int64)
-        return lu, cols, np.r_[0, np.cumsum(ix.n_members[lu])[:-1]].astype(np.int64)
+    def _live(self, masks: np.ndarray, cols: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Units some row touches, the columns of ``masks`` some row uses grouped unit by unit (their
+        positions and hosts) and each unit's start among them. A search's rows touch a few of the
+        units (a 4,096-GPU batch: ~60 of 139 domains) and trays; an unused tray adds nothing to a
+        unit's sums and minima, so only used columns are read. ``cols``: the host of each column
+        (rows given on those columns only; default every host)."""
+        pos = np.flatnonzero(masks.any(axis=0))
+        hosts = pos if cols is None else np.asarray(cols, dtype=np.int64)[pos]
+        u = self.ix.unit[hosts]
+        if u.size and not np.all(u[1:] >= u[:-1]):
+            order = np.argsort(u, kind="stable")
+            pos, hosts, u = pos[order], hosts[order], u[order]
+        starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]]) if u.size else np.zeros(0, dtype=np.int64)
+        return u[starts], pos, hosts, starts
 
-    def _units(self, masks: np.ndarray) -> dict[str, np.ndarray]:
-        """(n, U) per-unit GPU count, trays used, rails driven, in-domain value (0: one GPU)."""
+    def _units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """(n, U) per-unit GPU count, trays used, rails driven, in-domain value (0: one GPU);
+        ``cols``: the rows are given on those host columns only."""
+        lu, z = self.live_units(masks, cols)
+        n = z["cnt"].shape[0]
+        out = {}
+        for key, x in z.items():
+            full = np.full((n, self.ix.U), np.inf if key == "speed" else 0, dtype=x.dtype)
+            full[:, lu] = x
+            out[key] = full
+        return out
+
+    def live_units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """:meth:`_units` on the units some row touches only: ``(those units, (n, L) features)``.
+
+        A local-search batch is thousands of rows that differ from its first row in two or three
+        of the 30-57 domains they span: the first row's per-unit blocks are reduced once and only
+        the blocks where a row differs are reduced again (the same sums in the same order, so the
+        same values as reducing every row; :data:`DELTA_FROM`, :data:`DELTA_MAX_CHANGED`)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        n, U = masks.shape[0], self.ix.U
-        lu, cols, starts = self._live(masks)
-        sub = masks[:, cols]
+        n = masks.shape[0]
+        lu, pos, cols, starts = self._live(masks, cols)
+        sub = masks[:, pos]
+        blocks = None
+        if n >= DELTA_FROM and lu.size:
+            diff = np.logical_or.reduceat(sub != sub[0][None, :], starts, axis=1)
+            if diff.mean() <= DELTA_MAX_CHANGED:
+                blocks = self._delta_blocks(sub, cols, starts, np.nonzero(diff))
+        if blocks is None:
+            blocks = self._block_stats(sub, cols, starts)
+        cnt, trays, rails, cap, speed, hist = blocks
+        intra = np.where(cnt >= 2, cap, 0.0)
+        multi = (trays >= 2) & (self.u_cls[lu][None, :] >= 0)
+        if multi.any():
+            r, b = np.nonzero(multi)
+            intra[r, b] = np.minimum(self.patterns.part_values(self.u_cls[lu[b]], hist[r, b]), cap[r, b])
+        return lu, {"cnt": cnt, "trays": trays, "rails": rails, "intra": intra, "speed": speed}
+
+    def _block_stats(self, sub: np.ndarray, hosts: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per block (columns ``starts[i]:starts[i+1]`` of ``sub``, on ``hosts``): GPUs, trays used,
+        rails driven, smallest stage-1 value of a tray holding >= 2 GPUs, slowest used tray, and
+        the tray histogram (trays holding 1..G GPUs)."""
         counts = np.bitwise_count(sub).astype(np.int64)
         used = counts > 0
+        red = np.add.reduceat
+        s1 = self.stage1[hosts[None, :], sub]
+        return (red(counts, starts, axis=1), red(used.astype(np.int64), starts, axis=1),
+                red(np.minimum(counts, self.rails[hosts][None, :]), starts, axis=1),
+                np.minimum.reduceat(np.where(counts >= 2, s1, np.inf), starts, axis=1),
+                np.minimum.reduceat(np.where(used, self.speed[hosts][None, :], np.inf), starts, axis=1),
+                np.stack([red((counts == c).astype(np.int64), starts, axis=1) for c in range(1, self.max_gpus + 1)], axis=-1))
 
-        def per_unit(x: np.ndarray, how=np.add, fill: float = 0) -> np.ndarray:
-            out = np.full((n, U), fill, dtype=x.dtype)
-            if lu.size:
-                out[:, lu] = how.reduceat(x, starts, axis=1)
-            return out
+    def _delta_blocks(self, sub: np.ndarray, hosts: np.ndarray, starts: np.ndarray,
+                      changed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """:meth:`_block_stats` of every row from the first row's blocks and the ``changed``
+        (row, block) pairs' blocks, reduced as one row segmented block after block."""
+        n = sub.shape[0]
+        out = [np.repeat(x, n, axis=0) for x in self._block_stats(sub[:1], hosts, starts)]
+        r, b = changed
+        if r.size:
+            lo = starts[b]
+            lens = np.r_[starts[1:], sub.shape[1]][b] - lo
+            idx = ranges(lo, lens)
+            part = self._block_stats(sub[np.repeat(r, lens), idx][None, :], hosts[idx], np.r_[0, np.cumsum(lens)[:-1]])
+            for whole, got in zip(out, part):
+                whole[r, b] = got[0]
+        return out
 
-        ucnt = per_unit(counts)
-        trays = per_unit(used.astype(np.int64))
-        urails = per_unit(np.minimum(counts, self.rails[cols][None, :]))
-        s1 = self.stage1[cols[None, :], sub]
-        cap = per_unit(np.where(counts >= 2, s1, np.inf), np.minimum, np.inf)
-        intra = np.where(ucnt >= 2, cap, 0.0)
-        multi = (trays >= 2) & (self.u_cls[None, :] >= 0)
-        if multi.any():
-            r, u = np.nonzero(multi)
-            hist = np.stack([per_unit((counts == c).astype(np.int64))[r, u] for c in range(1, self.max_gpus + 1)], axis=1)
-            intra[r, u] = np.minimum(self.patterns.part_values(self.u_cls[u], hist), cap[r, u])
-        speed = per_unit(np.where(used, self.speed[cols][None, :], np.inf), np.minimum, np.inf)
-        return {"cnt": ucnt, "trays": trays, "rails": urails, "intra": intra, "speed": speed}
-
-    def inside(self, masks: np.ndarray) -> np.ndarray:
-        """Rows on >= 2 trays of one NVLink domain (stage 1.5 predicts them)."""
+    def inside(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+        """Rows on >= 2 trays of one NVLink domain (stage 1.5 predicts them); ``cols``: the rows
+        are given on those host columns only."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
-        on = self.ix.any(masks)
-        one = on.sum(axis=1) == 1
-        u = on.argmax(axis=1)
-        return one & (self.u_cls[u] >= 0) & ((masks != 0).sum(axis=1) >= 2)
+        used = masks != 0
+        u = self.ix.unit if cols is None else self.ix.unit[np.asarray(cols, dtype=np.int64)]
+        lo = np.where(used, u[None, :], self.ix.U).min(axis=1, initial=self.ix.U)
+        one = lo == np.where(used, u[None, :], -1).max(axis=1, initial=-1)
+        return one & (self.u_cls[np.minimum(lo, self.ix.U - 1)] >= 0) & (used.sum(axis=1) >= 2)
 
-    def inside_values(self, masks: np.ndarray) -> np.ndarray:
+    def inside_values(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Values of :meth:`inside` rows: the one domain's in-domain value (row sums, no per-unit
         reductions: a row holds one domain, and a search asks about thousands of such rows)."""
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
@@ -100,28 +154,35 @@ class DomainView:
             return np.zeros(0)
         counts = np.bitwise_count(masks).astype(np.int64)
         hist = np.stack([(counts == c).sum(axis=1) for c in range(1, self.max_gpus + 1)], axis=1)
-        s1 = self.stage1[np.arange(masks.shape[1])[None, :], masks]
+        hosts = np.arange(masks.shape[1]) if cols is None else np.asarray(cols, dtype=np.int64)
+        s1 = self.stage1[hosts[None, :], masks]
         cap = np.where(counts >= 2, s1, np.inf).min(axis=1)
-        cls = self.u_cls[self.ix.unit[np.argmax(counts > 0, axis=1)]]
+        cls = self.u_cls[self.ix.unit[hosts[np.argmax(counts > 0, axis=1)]]]
         return np.minimum(self.patterns.part_values(cls, hist), cap)
 
-    def keys(self, masks: np.ndarray) -> np.ndarray:
+    def keys(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """(n,) 16-byte memo keys of rows over >= 2 units: rows whose domain tokens agree up to order
         share one (the net reads nothing else: no positional encoding, domains compared only for
-        equality), so a search's many tray choices of one per-domain pattern are one forward row."""
-        z = self._units(masks)
+        equality), so a search's many tray choices of one per-domain pattern are one forward row.
+        ``cols``: the rows are given on those host columns only."""
+        lu, z = self.live_units(masks, cols)  # the keys are order-free: untouched units add nothing
         used = z["cnt"] > 0
         n, u = used.shape
         feats = np.stack([z["cnt"], z["trays"], z["rails"], z["intra"], np.where(used, z["speed"], 0.0),
-                          np.broadcast_to(self.u_rail, (n, u)), np.broadcast_to(self.u_gtype.astype(np.float64), (n, u))],
+                          np.broadcast_to(self.u_rail[lu], (n, u)), np.broadcast_to(self.u_gtype[lu].astype(np.float64), (n, u))],
                          axis=-1)
         return mix_lanes(np.ascontiguousarray(feats).view(np.uint64), used)
 
-    def tokens(self, masks: np.ndarray) -> dict[str, np.ndarray]:
-        """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``."""
-        z = self._units(masks)
+    def tokens(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``;
+        ``cols``: the rows are given on those host columns only."""
+        return self.pack(*self.live_units(masks, cols))
+
+    def pack(self, lu: np.ndarray, z: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Padded tokens from per-unit features ``z`` ((n, L) arrays over the units ``lu``)."""
         used = z["cnt"] > 0
-        rows, cols = np.nonzero(used)
+        rows, live = np.nonzero(used)
+        us = lu[live]  # units ascending, as over every unit
         n_used = used.sum(axis=1)
         start = np.concatenate([[0], np.cumsum(n_used)[:-1]])
         slot = np.arange(rows.size) - np.repeat(start, n_used)
@@ -130,10 +191,10 @@ class DomainView:
         out |= {"rail": np.ones((n, t)), "rails": np.ones((n, t)), "pad": np.ones((n, t), dtype=bool),
                 "gtype": np.zeros((n, t), dtype=np.int64), "dom": np.zeros((n, t), dtype=np.int64)}
         for k in ("cnt", "intra", "trays", "rails", "speed"):
-            out[k][rows, slot] = z[k][rows, cols]
-        out["rail"][rows, slot] = self.u_rail[cols]
-        out["gtype"][rows, slot] = self.u_gtype[cols] + 1  # 0 = padding
-        out["dom"][rows, slot] = cols
+            out[k][rows, slot] = z[k][rows, live]
+        out["rail"][rows, slot] = self.u_rail[us]
+        out["gtype"][rows, slot] = self.u_gtype[us] + 1  # 0 = padding
+        out["dom"][rows, slot] = us
         out["pad"][rows, slot] = False
         out["xdom"] = (n_used > 1).astype(np.float64)
         return out

@@ -26,6 +26,7 @@ from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
+from bandpilot.model.prior_proxy import PriorProxy
 from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
@@ -102,6 +103,7 @@ class Surrogate:
         #: stage 1.5 of a 'domain' model: in-domain values by count pattern (its net sees domain tokens)
         self.patterns = patterns
         self._view: DomainView | None = None
+        self._screen: PriorProxy | None = None  # screening_model(), built on first use
         #: the prediction memo (off: every cross-host row goes through the net - the reference path)
         self.memo_enabled = True
         #: rows the net was actually run on since construction (memo misses; informational)
@@ -111,9 +113,12 @@ class Surrogate:
         return f"Surrogate({self.kind}, cluster={self.spec.name!r}, uri={self.uri!r}, version={self.model_version!r})"
 
     # -- features --------------------------------------------------------------------------
-    def tokens(self, masks: np.ndarray) -> dict[str, np.ndarray]:
-        """Raw padded tokens for (cross-host) mask rows, as the net consumes them."""
+    def tokens(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Raw padded tokens for (cross-host) mask rows, as the net consumes them (``cols``: a
+        'domain' model's rows given on those host columns only)."""
         masks = np.asarray(masks, dtype=np.int64)
+        if cols is not None:
+            return self.domain_view.tokens(masks, cols)
         if self.kind == "naive":
             return gpu_tokens(masks, self._hosts, self._max_gpus)
         if self.kind == "domain":
@@ -129,57 +134,76 @@ class Surrogate:
             self._view = DomainView(self.spec, self.stage1, self._hosts, self.patterns)
         return self._view
 
-    def net_rows(self, masks: np.ndarray) -> np.ndarray:
+    def net_rows(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Which cross-host rows the net predicts (a 'domain' model: not those inside one NVLink domain)."""
         if self.kind != "domain":
             return np.ones(masks.shape[0], dtype=bool)
-        return ~self.domain_view.inside(masks)
+        return ~self.domain_view.inside(masks, cols)
 
-    def _check_masks(self, masks: Any) -> np.ndarray:
+    def _check_masks(self, masks: Any, cols: np.ndarray | None = None) -> np.ndarray:
+        """``masks`` as int64 ``(n, n_hosts)`` rows (``cols``: ``(n, len(cols))`` rows on those hosts)."""
         try:
             masks = np.asarray(masks, dtype=np.int64)
         except (TypeError, ValueError, OverflowError):
             raise ModelError("masks must be an integer array of per-host bitmasks") from None
-        if masks.ndim == 1 and masks.size == self.spec.n_hosts:
+        width = self.spec.n_hosts if cols is None else cols.size
+        if masks.ndim == 1 and masks.size == width:
             masks = masks[None, :]
-        if masks.ndim != 2 or masks.shape[1] != self.spec.n_hosts:
-            raise ModelError(f"masks have shape {masks.shape}; the model of {self.spec.name!r} needs (n, {self.spec.n_hosts})")
+        if masks.ndim != 2 or masks.shape[1] != width:
+            raise ModelError(f"masks have shape {masks.shape}; the model of {self.spec.name!r} needs (n, {width})")
         nz = np.flatnonzero(masks.any(axis=0))  # a search's wide rows touch few hosts
+        hosts = nz if cols is None else cols[nz]
         sub = masks[:, nz]
-        bad = (sub < 0) | ((sub & ~self._full[None, nz]) != 0)
+        bad = (sub < 0) | ((sub & ~self._full[None, hosts]) != 0)
         if bad.any():
             r, h = (int(x[0]) for x in np.nonzero(bad))
-            h = int(nz[h])
+            h = int(hosts[h])
             raise ModelError(f"mask row {r} sets GPUs host {self.spec.hosts[h].name!r} does not have ({int(masks[r, h])})")
         return masks
 
     # -- inference -------------------------------------------------------------------------
     def predict_masks(self, masks: np.ndarray) -> np.ndarray:
         """``B̂`` for rows of per-host masks: <= 1 GPU -> 0, one host -> stage 1, else the model."""
-        masks = self._check_masks(masks)
+        return self._predict_rows(self._check_masks(masks), None)
+
+    def predict_columns(self, masks: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """:meth:`predict_masks` of rows given on the sorted host columns ``cols`` only (every other
+        host empty): the same values. A 'domain' model reads only the columns a row uses - a
+        local-search batch on 10,008 GPUs is thousands of rows over ~1,000-2,000 of 2,502 trays,
+        and densifying them cost more than the net; other kinds get the dense rows."""
+        cols = np.asarray(cols, dtype=np.int64)
+        if self.kind != "domain":
+            masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
+            full = np.zeros((masks.shape[0], self.spec.n_hosts), dtype=np.int64)
+            full[:, cols] = masks
+            return self.predict_masks(full)
+        return self._predict_rows(self._check_masks(masks, cols), cols)
+
+    def _predict_rows(self, masks: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
         counts = np.bitwise_count(masks)
         used = counts > 0
         n_used = used.sum(axis=1)
         out = np.zeros(masks.shape[0])
         single = n_used == 1
         if single.any():
-            out[single] = self.stage1[np.arange(self.spec.n_hosts)[None, :], masks[single]].sum(axis=1)
+            hosts = np.arange(self.spec.n_hosts) if cols is None else cols
+            out[single] = self.stage1[hosts[None, :], masks[single]].sum(axis=1)
         cross = np.flatnonzero(n_used >= 2)
         if cross.size:
-            out[cross] = self._predict_cross(masks[cross])
+            out[cross] = self._predict_cross(masks[cross], cols)
         return out
 
-    def _predict_cross(self, masks: np.ndarray) -> np.ndarray:
-        net = self.net_rows(masks)
+    def _predict_cross(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+        net = self.net_rows(masks, cols)
         if not net.all():  # rows inside one NVLink domain: stage 1.5, exactly as measured
             out = np.empty(masks.shape[0])
-            out[~net] = self.domain_view.inside_values(masks[~net])
+            out[~net] = self.domain_view.inside_values(masks[~net], cols)
             if net.any():
-                out[net] = self._predict_cross(masks[net])
+                out[net] = self._predict_cross(masks[net], cols)
             return out
         # a domain model's memo and memory share one key (its domain tokens): computed once
-        keys = self.domain_view.keys(masks) if self.kind == "domain" else None
-        out = self._predict_model(masks, keys)
+        keys = self.domain_view.keys(masks, cols) if self.kind == "domain" else None
+        out = self._predict_model(masks, keys, cols)
         if self.memory is not None and len(self.memory):
             out = out * np.exp(self.memory.correction(self.pattern_keys(masks) if keys is None else keys))
         return out
@@ -200,17 +224,18 @@ class Surrogate:
         resid = np.log(np.asarray(busbw, dtype=np.float64)) - np.log(self._predict_model(masks))
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
-    def _predict_model(self, masks: np.ndarray, keys: np.ndarray | None = None) -> np.ndarray:
+    def _predict_model(self, masks: np.ndarray, keys: np.ndarray | None = None, cols: np.ndarray | None = None) -> np.ndarray:
         """Model output for cross-host rows, remembered while the weights, the stage-1 tables and
         the mode stay the same: a scheduler or a simulation asks about the same inputs decision
         after decision. A token-symmetric net (:mod:`~bandpilot.model.canonical`) is asked once
         per canonical pattern - rows alike up to host order and to which tokens share a domain (each
         token's domain-mate count kept) share one forward row, within a call and across calls;
-        other nets remember exact rows."""
+        other nets remember exact rows. ``cols``: a 'domain' model's rows on those host columns only."""
         if masks.shape[0] == 0 or not self.memo_enabled:
-            return self._predict_uncached(masks)
+            return self._predict_uncached(masks, cols)
         rows = np.ascontiguousarray(masks, dtype=np.int64)
-        keys = self._memo_keys(rows) if keys is None else keys
+        if keys is None:
+            keys = self._memo_keys(rows) if cols is None else self.domain_view.keys(rows, cols)
         if keys is None:
             return self._predict_uncached(masks)
         token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
@@ -229,7 +254,7 @@ class Surrogate:
             else:
                 vals[i] = v
         if miss:
-            got = self._predict_uncached(rows[first[miss]])
+            got = self._predict_uncached(rows[first[miss]], cols)
             vals[miss] = got
             if len(table) + len(miss) > min(MEMO_ENTRIES, MEMO_KEY_BYTES // keys.dtype.itemsize):
                 table.clear()
@@ -250,29 +275,33 @@ class Surrogate:
             return None
         return rows.view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
 
-    def _predict_uncached(self, masks: np.ndarray) -> np.ndarray:
+    def _predict_uncached(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         if self.kind in ("hierarchical", "domain") and masks.shape[0] > 64:
             # Identical (count, intra) rows predict identically: dedupe before the forward pass.
             counts = np.bitwise_count(masks).astype(np.int64)
-            intra = self.stage1[np.arange(self.spec.n_hosts)[None, :], masks]
+            hosts = np.arange(self.spec.n_hosts) if cols is None else cols
+            intra = self.stage1[hosts[None, :], masks]
             key = np.ascontiguousarray(np.concatenate([counts.astype(np.float64), intra], axis=1))
             keyv = key.view(np.dtype((np.void, key.dtype.itemsize * key.shape[1]))).ravel()
             _, first, inverse = np.unique(keyv, return_index=True, return_inverse=True)
             if first.size < masks.shape[0] * 0.8:
-                return self._forward(masks[first])[inverse.ravel()]
-        return self._forward(masks)
+                return self._forward(masks[first], cols=cols)[inverse.ravel()]
+        return self._forward(masks, cols=cols)
 
-    def _forward(self, masks: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    def _forward(self, masks: np.ndarray, chunk: int = 8192, cols: np.ndarray | None = None) -> np.ndarray:
         """Net output for rows, in chunks of at most ``chunk`` rows and :data:`FORWARD_TOKENS`
         squared-token cells: attention and the pairwise domain feature grow with rows x tokens^2,
         and a chunk of 8,192 super allocations over ~100 hosts each held GBs (the simulator's
-        3.4 GB peak). Rows go in ascending token count, so short rows are not padded to long ones."""
+        3.4 GB peak). Rows go in ascending token count, so short rows are not padded to long ones.
+        A 'domain' model's tokens are the units a row uses, not its hosts: counted by hosts, a
+        row over 1,000 trays (~30 domains) went through the net alone (``cols``: rows on those
+        host columns only)."""
         n = masks.shape[0]
         out = np.empty(n)
         self.forward_rows += n
         if n == 0:
             return out
-        n_tok = (masks != 0).sum(axis=1)
+        n_tok = self._token_counts(masks, cols)
         order = np.argsort(n_tok, kind="stable")
         with torch.inference_mode(), _threads_for(n):
             s = 0
@@ -280,10 +309,30 @@ class Surrogate:
                 t_max = int(n_tok[order[min(n, s + chunk) - 1]])
                 rows = max(1, min(chunk, FORWARD_TOKENS // max(1, t_max * t_max)))
                 idx = order[s : s + rows]
-                t = to_torch(self.tokens(masks[idx]))
+                t = to_torch(self.tokens(masks[idx], cols))
                 out[idx] = torch.exp(self.net(t)).double().numpy()
                 s += rows
         return out
+
+    def screening_model(self) -> Any:
+        """A cheap stand-in of this model that a search may rank big candidate batches with (its
+        own physics prior: :class:`~bandpilot.model.prior_proxy.PriorProxy`), or None: only a
+        'domain' model offers one (its batches are thousands of wide rows)."""
+        if self.kind != "domain" or not hasattr(self.net, "prior_log"):
+            return None
+        if self._screen is None:
+            self._screen = PriorProxy(self)
+        return self._screen
+
+    def _token_counts(self, masks: np.ndarray, cols: np.ndarray | None) -> np.ndarray:
+        """Tokens the net reads per row: units used ('domain'), else hosts used."""
+        used = masks != 0
+        if self.kind != "domain":
+            return used.sum(axis=1)
+        unit = self.domain_view.ix.unit if cols is None else self.domain_view.ix.unit[cols]
+        r, c = np.nonzero(used)
+        pairs = np.unique(r * self.domain_view.ix.U + unit[c])
+        return np.bincount(pairs // self.domain_view.ix.U, minlength=masks.shape[0])
 
     def predict(self, allocations: Sequence[Sequence[str]]) -> np.ndarray:
         """``B̂`` for allocations given as GPU-id lists (``"host:idx"``)."""

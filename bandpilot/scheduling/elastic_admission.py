@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from bandpilot.errors import RequestError
+from bandpilot.scheduling.elastic_hesrpt import hesrpt_quotas
 from bandpilot.scheduling.elastic_srpt import srpt_quotas
 
 
@@ -62,7 +63,8 @@ class Admission:
     idle_only: bool = False
     srpt: bool = False  # pending ones in order of remaining work; only jobs with more remaining yield to min_k
     host_srpt: bool = False  # quotas by remaining work, one host's worth each (bandpilot.scheduling.elastic_srpt)
-    suspend: bool = False  # with host_srpt: a running job may get 0 GPUs (suspended at its boundary)
+    suspend: bool = False  # with host_srpt/hesrpt: a running job may get 0 GPUs (suspended at its boundary)
+    hesrpt: bool = False  # quotas by heSRPT shares of the rank in remaining work (bandpilot.scheduling.elastic_hesrpt)
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
@@ -90,6 +92,11 @@ ADMISSIONS = {a.name: a for a in (
     Admission("srpt-suspend", lambda c, n: c.lo, False,
               "by remaining work, each up to one host's GPUs; a running job that gets none is suspended "
               "at its epoch boundary (0 GPUs) and resumes later", srpt=True, host_srpt=True, suspend=True),
+    # the mean-JCT optimum for a concave speedup k^p (heSRPT): every job a share by its rank in
+    # remaining work, the shortest the most; a share below min_k suspends a running job
+    Admission("hesrpt-suspend", lambda c, n: c.lo, False,
+              "heSRPT shares by rank in remaining work, each up to one host's GPUs; a running job whose share "
+              "is below its min_k is suspended at its epoch boundary", srpt=True, suspend=True, hesrpt=True),
 )}
 DEFAULT_ADMISSION = "fit-k"
 
@@ -134,6 +141,8 @@ def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEF
     The ``srpt-host``/``srpt-suspend`` rules share by remaining work, up to ``host`` GPUs each,
     and ``srpt-suspend`` may give a running job 0 (:func:`~bandpilot.scheduling.elastic_srpt.srpt_quotas`)."""
     rule = ADMISSIONS[admission]
+    if rule.hesrpt:
+        return hesrpt_quotas(cands, n_gpus, host)
     if rule.host_srpt:
         return srpt_quotas(cands, n_gpus, host, rule.suspend)
     admitted = _admitted(cands, n_gpus, ADMISSIONS[admission], n_gpus if n_idle is None else n_idle)

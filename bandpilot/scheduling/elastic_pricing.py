@@ -50,6 +50,20 @@ SCALING_MODES = ("declared", "perfect")
 DEFAULT_SCALING_MODE = "declared"
 
 
+def current_share(f: float, k_req: int, b_ref: float, k: int, b: float, eta: float = 1.0) -> float:
+    """The collective share of a job's epoch at ``k`` GPUs on bandwidth ``b``, when it declares the
+    share ``f`` at its requested ``k_req`` on the best idle placement ``b_ref`` (the runtime model:
+    compute ``(1 - f) · (k_req / k) / η^log2(k / k_req)``, collective ``f · r(k) / r(k_req) · b_ref / b``).
+    :func:`grow_ratio` wants the share *now*: a 16-GPU job declaring 0.45 across the NICs spends far
+    less of its epoch in the collective at 8 GPUs on one NVSwitch host, so growing it back across the
+    NICs costs less than the declared share says. ``f`` itself when a size is below 2 or a bandwidth unknown."""
+    if k < 2 or b <= 0 or not math.isfinite(b_ref) or b_ref <= 0:
+        return f
+    comp = (1.0 - f) * k_req / k / eta ** math.log2(k / k_req)
+    comm = f * (2.0 * (k - 1) / k) / (2.0 * (max(k_req, 2) - 1) / max(k_req, 2)) * b_ref / b
+    return comm / (comp + comm)
+
+
 def grow_ratio(f: float, k0: int, b0: float, k1: int, b1: float, eta: float = 1.0) -> float:
     """The scheduler's predicted epoch time at ``k1`` GPUs on bandwidth ``b1`` relative to now
     (``k0`` on ``b0``; ``f`` the job's collective share now):

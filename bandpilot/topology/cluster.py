@@ -258,6 +258,15 @@ def _bits(m: int) -> tuple[int, ...]:
     return tuple(i for i in range(m.bit_length()) if m >> i & 1)
 
 
+def dense_unique(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(codes, return_inverse=True)`` for integer codes in ``[0, size)`` by a table, not a
+    sort (a search batch's tens of thousands of (unit, count) codes)."""
+    seen = np.zeros(size, dtype=bool)
+    seen[codes] = True
+    rank = np.cumsum(seen) - 1
+    return np.flatnonzero(seen), rank[codes]
+
+
 def ranges(lo: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """``concatenate([arange(a, a + n) for a, n in zip(lo, lens)])`` without a Python loop: the
     entries of many CSR rows (or column segments) at once."""

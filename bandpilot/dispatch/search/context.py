@@ -372,8 +372,10 @@ class SearchContext:
             poly = np.convolve(poly, self._class_poly(cl, pareto))[: self.k + 1]
         return float(poly[self.k])
 
-    def enumerate(self, allowed: np.ndarray | None = None, pareto: bool = False, coarse: bool = False) -> np.ndarray:
-        """All symmetry-reduced count vectors with ``Σc = k`` as mask rows ``(N, n_hosts)``.
+    def enumerate(self, allowed: np.ndarray | None = None, pareto: bool = False, coarse: bool = False,
+                  cols: np.ndarray | None = None) -> np.ndarray:
+        """All symmetry-reduced count vectors with ``Σc = k`` as mask rows ``(N, n_hosts)`` (``cols``:
+        ``(N, len(cols))`` rows on those sorted host columns, which hold every allowed host).
 
         Dynamic programming over host classes on small integer codes (a count, or on exposed
         hosts an index into that host's option list); partial vectors that cannot reach ``k``
@@ -381,8 +383,9 @@ class SearchContext:
         """
         k = self.k
         classes = self.classes(allowed, coarse)
+        width = self.H if cols is None else cols.size
         if not classes:
-            return np.zeros((0, self.H), dtype=np.int64)
+            return np.zeros((0, width), dtype=np.int64)
         menus: dict[int, np.ndarray] = {}
         offsets: dict[int, np.ndarray] = {}
         for cl in classes:
@@ -421,7 +424,7 @@ class SearchContext:
                     new.setdefault(s2, []).append(block)
             acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
         codes = acc.get(k)
-        out = np.zeros((0 if codes is None else codes.shape[0], self.H), dtype=np.int64)
+        out = np.zeros((0 if codes is None else codes.shape[0], width), dtype=np.int64)
         if codes is None:
             return out
         col = 0
@@ -431,7 +434,7 @@ class SearchContext:
                 menu = menus.get(h)
                 if menu is None:
                     menu = self.best_mask[h]
-                out[:, h] = menu[codes[:, col]]
+                out[:, h if cols is None else int(np.searchsorted(cols, h))] = menu[codes[:, col]]
                 col += 1
         return out
 

@@ -33,6 +33,8 @@ import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
 from bandpilot.dispatch.search import unit_rows
+from bandpilot.dispatch.search.screen import screen_for
+from bandpilot.dispatch.search.unit_batch import best_each
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
 from bandpilot.fabric.units import unit_index
@@ -234,15 +236,17 @@ def _best(ctx: SearchContext, units: Units, masks: np.ndarray, tie: float, cols:
 
 
 def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coarse: bool = False) -> np.ndarray:
-    """Candidate masks for the whole gang inside unit ``u``."""
+    """Candidate masks for the whole gang inside unit ``u`` (``coarse``: on its trays' columns only)."""
     allowed = units.allowed(u)
     if exact:
         return ctx.enumerate(allowed, coarse=True)
-    greedy = ctx.masks_from_counts(units.part(u, ctx.k))
     if coarse:
+        cols = units.members[u]
+        greedy = ctx.masks_from_counts(units.part(u, ctx.k))[:, cols]
         if ctx.count_vectors(allowed, coarse=True) <= PER_DOMAIN_LIMIT:
-            return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True)])
+            return np.concatenate([greedy, ctx.enumerate(allowed, coarse=True, cols=cols)])
         return greedy
+    greedy = ctx.masks_from_counts(units.part(u, ctx.k))
     if ctx.count_vectors(allowed) <= PER_DOMAIN_LIMIT:
         pareto = ctx.count_vectors(allowed, pareto=True) <= PER_DOMAIN_LIMIT
         return ctx.enumerate(allowed, pareto=pareto)
@@ -433,6 +437,11 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
     if best is None:
         return None
     evaluated = best.evaluated
+    screen = screen_for(ctx, units, UNIT_EVAL_BUDGET)  # the whole batch at once for a fabric
+    def price(D: np.ndarray) -> Found | None:
+        masks, cols = units.mask_rows(D)
+        return _best(ctx, units, masks, 0.0, cols)
+
     for _ in range(UNIT_LOCAL_ITERS):
         if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
             break
@@ -440,9 +449,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         moves = _unit_moves(units, d, seg, cap)
         if moves.shape[0] == 0:
             break
-        masks, cols = units.mask_rows(moves)
-        got = _best(ctx, units, masks, 0.0, cols)
-        evaluated += 0 if got is None else got.evaluated
+        got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
+        evaluated += n
         if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
             break
         best = got
@@ -478,14 +486,12 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     if pats is not None:
         got = _best(ctx, units, pats[0], tie, pats[2])
         return [] if got is None else [got]
-    found: list[Found] = []
-    seen: set[tuple] = set()
-    for u in fits[np.lexsort((fits, units.free[fits]))]:
-        sig = units.signature(int(u), coarse=True)
+    groups, seen = [], set()
+    for u in fits[np.lexsort((fits, units.free[fits]))].tolist():
+        sig = units.signature(u, coarse=True)
         if sig not in seen:
             seen.add(sig)
-            got = _best(ctx, units, in_unit(ctx, units, int(u), coarse=True), tie)
-            if got is not None:
-                found.append(got)
-    return found
+            groups.append((in_unit(ctx, units, u, coarse=True), units.members[u]))
+    got = best_each(ctx, groups, lambda m, c: _best(ctx, units, m, tie, c))
+    return [f for f in got if f is not None]
 

@@ -19,7 +19,9 @@ call (de-duplicated).
 Search: a TP group fits a *unit* (the host, or the NVLink domain on rack-scale clusters) when the
 unit has ``tp`` free GPUs. Candidate GPU sets are built from several unit orders (fullest first,
 best fit, least exposed to cross-host tenants, rack-compact, the segment baseline's block cut, and
-the sets the compact baseline and, optionally, the bandwidth-only search chose); each set is cut into TP groups unit by unit (leftovers form spanning
+the sets the compact baseline and, optionally, the bandwidth-only search chose; on busy clusters the
+exposure-aware orders of :mod:`bandpilot.dispatch.search.shape_exposure` and whole stages per rack,
+also with consecutive stages in different racks); each set is cut into TP groups unit by unit (leftovers form spanning
 groups only when the aligned room runs out), and the groups are laid out two ways: DP-inner (a
 unit's groups are DP replicas of one stage, PP crosses units) and PP-inner (a unit's groups are
 consecutive stages, DP crosses). Units are visited in locality order, so PP stages land on
@@ -36,6 +38,8 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
+from bandpilot.dispatch.search.shape_exposure import (balance_stages, counts_least_demand, host_tenants, paired,
+                                                      unit_tenants)
 from bandpilot.dispatch.search.shape_units import count_vectors, counts_greedy
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import ClusterSpec, popcount
@@ -46,6 +50,9 @@ ROW_BUDGET = 1500
 SAMPLE = 16
 #: Candidates scored in full after screening.
 FINALISTS = 2
+#: Spanning TP groups of the clean orders from the units with the least tenant demand first (else:
+#: clean units first, then any exposed one; the pairing of halves: fullest pools first).
+LEAST_COST = True
 
 
 @dataclass
@@ -257,11 +264,11 @@ def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
 
 def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: np.ndarray, shape: Shape,
           n_groups: np.ndarray, exposed: np.ndarray | None = None,
-          rack: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
+          rack: np.ndarray | None = None, cost: np.ndarray | None = None) -> list[list[tuple[int, int]]]:
     """TP groups: ``n_groups[u]`` aligned groups per unit in ``order``, then spanning groups from
     the leftover GPUs (locality order) until there are ``pp * dp``; with ``rack`` (rack per unit),
     spanning groups are first two halves on two units of one rack (a 4+4 TP group in a rack runs at
-    3.5x a 7+1 one on the H100 fabric), see :func:`_paired`."""
+    3.5x a 7+1 one on the H100 fabric), see :func:`shape_exposure.paired`."""
     tp, G = shape.tp, shape.pp * shape.dp
     groups: list[list[tuple[int, int]]] = []
     left: dict[int, list[tuple[int, int]]] = {}
@@ -277,7 +284,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         left[int(u)] = g[n * tp:]
         n_left += len(g) - n * tp
     if len(groups) < G and rack is not None:
-        groups += _paired(left, rack, G - len(groups), tp)
+        groups += paired(left, rack, G - len(groups), tp, cost)
     if len(groups) < G:
         rest = [x for u in left for x in left[u]]
         extra = [rest[j * tp:(j + 1) * tp] for j in range((G - len(groups)))]
@@ -303,22 +310,29 @@ def _host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]
     return whole + rest
 
 
-def _paired(left: dict[int, list[tuple[int, int]]], rack: np.ndarray, need: int, tp: int) -> list[list[tuple[int, int]]]:
-    """Up to ``need`` TP groups of two halves from two units, the two fullest leftover pools of a
-    rack first, then across racks; takes the GPUs it uses out of ``left``."""
-    half, out = tp // 2, []
-    for same_rack in (True, False):
-        while len(out) < need:
-            pools = [u for u in left if len(left[u]) >= half]
-            pools.sort(key=lambda u: -len(left[u]))
-            pair = next(((a, b) for i, a in enumerate(pools) for b in pools[i + 1:]
-                         if not same_rack or rack[a] == rack[b]), None)
-            if pair is None:
-                break
-            out.append(left[pair[0]][:half] + left[pair[1]][:half])
-            for u in pair:
-                left[u] = left[u][half:]
-    return out
+def _alternate(groups: list[list[tuple[int, int]]], shape: Shape, rack_of_host: np.ndarray) -> list[list[tuple[int, int]]] | None:
+    """Whole stages (DP-inner: ``dp`` consecutive groups) reordered so that consecutive stages sit in
+    different racks where they can (the rack with the most stages left first, never the previous
+    one while another has stages left). A PP group across racks (half the bandwidth) whose
+    neighbours inside a rack are its siblings pays their full in-rack demand: on the H100 fabric a
+    tp=8 boundary runs at 79 / 5 GB/s between in-rack neighbours, at 79 / 3 when every boundary
+    crosses. None when the stages are not each inside one rack or all in one."""
+    P, D = shape.pp, shape.dp
+    stages = [groups[p * D:(p + 1) * D] for p in range(P)]
+    racks = [{int(rack_of_host[h]) for g in st_ for h, _ in g} for st_ in stages]
+    if P < 3 or any(len(r) != 1 for r in racks) or len(set.union(*racks)) < 2:
+        return None
+    left: dict[int, list[int]] = {}
+    for p, r in enumerate(racks):
+        left.setdefault(next(iter(r)), []).append(p)
+    order, prev = [], -1
+    while left:
+        r = max(left, key=lambda r: (r != prev, len(left[r]), -r))
+        order.append(left[r].pop(0))
+        prev = r
+        if not left[r]:
+            del left[r]
+    return None if order == list(range(P)) else [g for p in order for g in stages[p]]
 
 
 def _layouts(groups: list[list[tuple[int, int]]], shape: Shape, label: str) -> list[Placement]:
@@ -340,6 +354,7 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
     units = np.split(by_unit, np.flatnonzero(np.diff(unit[by_unit])) + 1)
     rack = {d: i for i, d in enumerate(dict.fromkeys(h.domain or h.name for h in spec.hosts))}
     rack_of_unit = np.array([rack[spec.hosts[int(m[0])].domain or spec.hosts[int(m[0])].name] for m in units])
+    rack_of_host = rack_of_unit[unit]
     loc = np.arange(U)  # units are numbered in host order: neighbours in the spec are neighbours here
     G = shape.pp * shape.dp
 
@@ -347,12 +362,20 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
         return np.bincount(unit, weights=popcount(fr), minlength=U).astype(np.int64) // shape.tp
 
     free_u = np.bincount(unit, weights=popcount(free), minlength=U)
-    counts = count_vectors(cap_of(free), cap_of(np.where(pred.exposed, 0, free)), unit, pred.exposed,
-                            rack_of_unit, shape, free_u)
+    clean1 = cap_of(np.where(pred.exposed, 0, free))
+    counts = count_vectors(cap_of(free), clean1, unit, pred.exposed, rack_of_unit, shape, free_u)
+    # (where units are hosts: on NVLink-domain clusters these orders changed no pick, 2-4 ms CPU)
+    touch_h = host_tenants(pred) if pred.n_jobs and not spec.nvlink_domains else None
+    least = None if touch_h is None else counts_least_demand(
+        cap_of(free), np.minimum(clean1, cap_of(free)), unit_tenants(touch_h, unit, U), pred.job_demand, G)
+    if least is not None:  # (clean room short of the job: which exposed units, and which stages)
+        counts["clean-least-demand"] = least
     out: list[Placement] = []
     seen: set[bytes] = set()
     done: set[tuple[bytes, bool]] = set()
     exposed_u = np.bincount(unit, weights=pred.exposed.astype(np.int64), minlength=U)
+    expo_u = np.bincount(unit, weights=pred.host_exposure, minlength=U)  # tenant demand per unit
+    least_cost = LEAST_COST
 
     def emit(label: str, fr: np.ndarray, n: np.ndarray, paired: bool = False) -> None:
         clean = label.startswith("clean")
@@ -362,10 +385,18 @@ def candidates(spec: ClusterSpec, free: np.ndarray, shape: Shape, pred: Contenti
         used = np.flatnonzero(n)
         rest = np.flatnonzero(n == 0)  # locality order, unused last
         if clean:  # spanning groups' leftovers from the least exposed, fullest units first
-            rest = rest[np.lexsort((rest, -free_u[rest], exposed_u[rest]))]
+            rest = rest[np.lexsort((rest, -free_u[rest], expo_u[rest] if least_cost else exposed_u[rest]))]
         groups = _take(spec, fr, units, np.concatenate([used, rest]), shape, n, pred.exposed if clean else None,
-                       rack_of_unit if paired else None)
-        for p in _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []:
+                       rack_of_unit if paired else None, expo_u if least_cost and clean else None)
+        lays = _layouts(groups, shape, label + ("+paired" if paired else "")) if groups else []
+        spread = None if touch_h is None or not groups or not clean else \
+            balance_stages(groups, touch_h, pred.job_demand, shape)
+        if spread is not None:
+            lays.append(_layouts(spread, shape, label + "+stages")[0])
+        alt = _alternate(groups, shape, rack_of_host) if groups and label.startswith("rack-stages") else None
+        if alt is not None:
+            lays.append(_layouts(alt, shape, label + "+alternate")[0])
+        for p in lays:
             key = np.stack([p.hosts, p.idx]).tobytes()
             if key not in seen:
                 seen.add(key)

@@ -98,7 +98,43 @@ def count_vectors(cap1: np.ndarray, clean1: np.ndarray, unit: np.ndarray, expose
                 n[by_clean[:m]] = _balanced(use[by_clean[:m]] // block, G // block) * block
                 if n.sum() == G:
                     counts[name + tag] = n
+    clean = np.minimum(clean1, cap1)
+    # (whole hosts only: a stage's DP groups then meet every host with the same count, the most)
+    whole = np.where(clean == clean.max(initial=0), clean, 0)
+    for name, room in (("rack-stages", clean), ("rack-stages-whole", whole), ("rack-stages-any", cap1)):
+        n = counts_rack_stages(room, rack_of_unit, shape)
+        if n is not None:
+            counts[name] = n
     return counts
+
+
+def counts_rack_stages(room: np.ndarray, rack_of_unit: np.ndarray, shape: Shape) -> np.ndarray | None:
+    """Whole pipeline stages per rack: each rack takes a multiple of ``dp`` TP groups (its fullest
+    units first), so the DP-inner layout keeps every DP group inside one rack and only the PP
+    boundaries between racks cross them (a PP axis pays the cross-rack rate once; a DP axis
+    spread over racks pays it on the larger DP volume). None when the racks' room holds no
+    ``pp`` whole stages, or when the job has no stages to split (pp = 1) or one rack is all."""
+    racks = np.unique(rack_of_unit)
+    if shape.pp < 2 or racks.size < 2 or racks.size == rack_of_unit.size:
+        return None
+    dp = shape.dp
+    per_rack = np.bincount(rack_of_unit, weights=room, minlength=int(racks.max()) + 1).astype(np.int64)
+    stages = per_rack // dp
+    if int(stages.sum()) < shape.pp:
+        return None
+    n = np.zeros(room.size, dtype=np.int64)
+    need = shape.pp
+    loc = np.arange(room.size)
+    for r in np.lexsort((np.arange(stages.size), -stages)):  # racks holding the most stages first
+        if need == 0:
+            break
+        s = min(int(stages[r]), need)
+        if s == 0:
+            break
+        us = np.flatnonzero(rack_of_unit == r)
+        n += counts_greedy(np.where(rack_of_unit == r, room, 0), us[np.lexsort((loc[us], -room[us]))], s * dp)
+        need -= s
+    return n
 
 
 def _balanced(cap: np.ndarray, n: int) -> np.ndarray:

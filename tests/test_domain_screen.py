@@ -1,0 +1,151 @@
+"""Issue 24: a domain surrogate at rack scale - rows on the columns they use, and the screen that
+ranks a big unit-level local-search batch by the model's own prior before the model sees it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from bandpilot.data.domain_planning import plan_domains
+from bandpilot.data.synthetic import fabric_dataset
+from bandpilot.dispatch.dispatcher import Dispatcher
+from bandpilot.dispatch.search import screen as screen_mod
+from bandpilot.dispatch.search.context import SearchContext
+from bandpilot.dispatch.search.domains import Units, _unit_starts
+from bandpilot.dispatch.state import State
+from bandpilot.fabric.emulator import make_fabric
+from bandpilot.model.tokens import to_torch
+from tests.test_domain_model import nvl_spec
+
+
+@pytest.fixture(scope="module")
+def fab():
+    return make_fabric(nvl_spec(domains=8, trays=4))
+
+
+@pytest.fixture(scope="module")
+def sur(fab):
+    from bandpilot.model.crossval import fit
+
+    pl = [m.masks for m in plan_domains(fab.spec, cross_domain_samples=80, seed=0) if m.cross_host]
+    ds = fabric_dataset(fab, cross_masks=np.array(pl, dtype=np.int64), seed=1)
+    return fit(ds, {"model": "domain", "epochs": 3, "folds": 2, "threads": 1}, plots=False).surrogate
+
+
+def _rows(spec, rng, n=120):
+    out = np.zeros((n, spec.n_hosts), dtype=np.int64)
+    for i in range(n):
+        hs = rng.choice(spec.n_hosts, int(rng.integers(1, 12)), replace=False)
+        out[i, hs] = rng.integers(1, 16, hs.size)
+    out[:10] = 0
+    out[:10, 4:6] = 0b0011  # two trays of domain 1: stage 1.5, no net
+    return out
+
+
+def test_predict_columns_equals_predict_masks(sur):
+    rows = _rows(sur.spec, np.random.default_rng(0))
+    cols = np.flatnonzero(rows.any(axis=0))
+    sur.memo_enabled = False
+    try:
+        assert np.array_equal(sur.predict_columns(rows[:, cols], cols), sur.predict_masks(rows))
+        # a batch of rows alike but for a domain or two (the per-unit delta path) still the dense values
+        base = np.tile(rows[20], (60, 1))
+        base[1:, 8:12] = np.random.default_rng(1).integers(0, 16, (59, 4))
+        c2 = np.flatnonzero(base.any(axis=0))
+        assert np.array_equal(sur.predict_columns(base[:, c2], c2), sur.predict_masks(base))
+    finally:
+        sur.memo_enabled = True
+
+
+def test_prior_proxy_on_unit_rows_is_the_prior_of_their_mask_rows(sur):
+    st = State.idle(sur.spec)
+    ctx = SearchContext(sur, st, st.free, 40)
+    units = Units(ctx)
+    D = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool)))
+    D = np.concatenate([D, np.roll(D, 1, axis=1), np.roll(D, 3, axis=1)])
+    masks, cols = units.mask_rows(D)
+    with torch.inference_mode():
+        want = torch.exp(sur.net.prior_log(to_torch(sur.tokens(masks, cols)))).double().numpy()
+
+    def part(u, t):
+        h, c = units.part_hosts(u, t)
+        return h, ctx.best_mask[h, c]
+
+    got = sur.screening_model().predict_units(D, part)
+    assert np.allclose(got, want, rtol=1e-6)
+
+
+def test_screen_prices_best_ranked_chunks_first_and_is_off_for_a_fabric(sur, fab):
+    st = State.idle(sur.spec)
+    ctx = SearchContext(sur, st, st.free, 40)
+    units = Units(ctx)
+    D = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool)))
+    D = np.unique(np.concatenate([np.roll(D, s, axis=1) for s in range(8)]), axis=0)
+    assert D.shape[0] > 6
+    seen = []
+
+    def price(rows):
+        seen.append(rows)
+        return SimpleNamespace(value=float(rows.shape[0]), evaluated=rows.shape[0])
+
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=D.shape[0])(D, price, 0.0)
+    assert len(seen) == 1 and seen[0] is D and n == D.shape[0]  # a small batch: priced whole
+    seen.clear()
+    value = sur.screening_model().predict_units(D, lambda u, t: (units.part_hosts(u, t)[0],
+                                                                ctx.best_mask[units.part_hosts(u, t)]))
+    order = np.argsort(-value, kind="stable")
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1e9)  # nothing beats the bar
+    sizes, pos, step = [], 0, 2
+    while pos < D.shape[0]:
+        sizes.append(min(step, D.shape[0] - pos))
+        pos, step = pos + step, 2 * step
+    assert [c.shape[0] for c in seen] == sizes  # every candidate in the end, best-ranked first
+    assert np.array_equal(seen[0], D[np.sort(order[:2])]) and np.array_equal(seen[1], D[np.sort(order[2:6])])
+    seen.clear()
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1.0)  # the first chunk beats it
+    assert len(seen) == 1 and got.value == 2.0 and n == 2
+    fctx = SearchContext(fab, st, st.free, 40)
+    seen.clear()
+    screen_mod.screen_for(fctx, Units(fctx), budget=10**9, top=1)(D, price, 1e9)
+    assert len(seen) == 1 and seen[0] is D  # a fabric has no stand-in: the whole batch
+
+
+def test_small_batches_pick_as_without_the_screen(sur, monkeypatch):
+    st = State.idle(sur.spec)
+    picks = [Dispatcher(sur).select(k, st).mask for k in (20, 40, 72)]
+    monkeypatch.setattr(screen_mod, "SCREEN_TOP", 10**9)
+    again = [Dispatcher(sur).select(k, st).mask for k in (20, 40, 72)]
+    assert all(np.array_equal(a, b) for a, b in zip(picks, again))
+
+
+def test_lone_candidates_priced_together_as_one_by_one(sur):
+    from bandpilot.dispatch.search import unit_batch
+    from bandpilot.dispatch.search.domains import _best
+
+    from tests.test_domain_search import random_state
+
+    st = random_state(sur.spec, make_fabric(sur.spec), np.random.default_rng(5), busy_frac=0.4)
+    ctx = SearchContext(sur, st, st.free, 3)
+    units = Units(ctx)
+    groups = []
+    for u in np.flatnonzero(units.free >= 3).tolist():
+        cols = units.members[u]
+        groups.append((ctx.masks_from_counts(units.part(u, 3))[:, cols], cols))
+    assert len(groups) >= 3
+    groups.append((groups[0][0][:0], groups[0][1]))  # a domain without candidates
+    seen = []
+
+    def best(m, c):
+        seen.append(m.shape[0])
+        return _best(ctx, units, m, 0.0, c)
+
+    got = unit_batch.best_each(ctx, groups, best)
+    assert seen == []  # every lone candidate went through the shared call
+    want = [_best(ctx, units, m, 0.0, c) if m.shape[0] else None for m, c in groups]
+    assert got[-1] is None and want[-1] is None
+    for g, w in zip(got[:-1], want[:-1]):
+        assert np.array_equal(g.mask, w.mask) and g.value == w.value and g.standalone == w.standalone
+    assert len({g.value for g in got[:-1]}) > 1  # the domains' free trays differ: not one value copied
