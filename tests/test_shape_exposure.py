@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,20 @@ def test_balance_stages_splits_the_tenants_over_the_stages():
     assert {out[0][0][0], out[1][0][0]} & {0, 1} and {out[2][0][0], out[3][0][0]} & {0, 1}
     assert worst_dp_demand(out, touch_h, demand, shp) == 100.0 < worst_dp_demand(groups, touch_h, demand, shp)
     assert balance_stages(out, touch_h, demand, shp) is None  # nothing left to gain
+
+
+def test_balance_stages_keeps_a_tenant_on_two_hosts_in_one_stage():
+    # seed 0's busy1 tp=4,pp=2,dp=32 in small: tenant A on hosts 0-2, B beside A on host 1, C on 3-4,
+    # D on 5; the best split is {A, B} / {C, D} (74.0). Dealing by resulting demand alone sends host
+    # 0 to C's stage (A 34.3 + C 37 < A + B 74), fills it, and leaves {A, B, D} (108.3).
+    shp = Shape.parse({"tp": 2, "pp": 2, "dp": 3})
+    touch_h = np.zeros((6, 4), dtype=bool)
+    touch_h[[0, 1, 2], 0] = touch_h[1, 1] = touch_h[[3, 4], 2] = touch_h[5, 3] = True
+    demand = np.array([34.3, 39.7, 37.0, 34.3])
+    groups = [[(h, 0), (h, 1)] for h in (0, 3, 5, 1, 2, 4)]  # stages {A, C, D} / {A, B, C}: 111.0
+    out = balance_stages(groups, touch_h, demand, shp)
+    assert sorted(map(tuple, out)) == sorted(map(tuple, groups))
+    assert worst_dp_demand(out, touch_h, demand, shp) == pytest.approx(74.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,3 +112,17 @@ def test_rack_stages_puts_whole_stages_in_racks(room, pd):
         return
     assert n.sum() == pp * dp and (n <= room).all()
     assert (np.bincount(rack, weights=n) % dp == 0).all()
+
+
+def test_rack_stages_tail_spreads_a_lone_group():
+    # tp=2,pp=2,dp=32: rack 0 holds one stage on 8 full hosts; rack 1's fullest-first cut ends 4x7 + 3
+    # + 1 (each DP group one rank on the last host); spread: 4x6 + 3 + 3 + 2
+    shp = Shape.parse({"tp": 2, "pp": 2, "dp": 32})
+    room = np.array([4] * 8 + [4] * 7 + [3, 3, 2, 1])
+    rack = np.array([0] * 8 + [1] * 11)
+    plain = counts_rack_stages(room, rack, shp)
+    tail = counts_rack_stages(room, rack, shp, tail=True)
+    assert plain[8:].tolist() == [4] * 7 + [3, 1, 0, 0]
+    assert tail[8:].tolist() == [4] * 6 + [0, 3, 3, 2, 0]
+    assert np.array_equal(tail[:8], plain[:8]) and (tail <= room).all()
+    assert counts_rack_stages(np.array([4] * 16), np.array([0] * 8 + [1] * 8), shp, tail=True).tolist() == [4] * 16

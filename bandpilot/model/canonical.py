@@ -59,18 +59,33 @@ class PatternKeys:
         self.n_dom = int(self.domain.max()) + 1 if self.domain.size else 1
         self.n_hosts = n_h
 
+    def _codes(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Row, host, token code (token id joined with its domain-mate count) and domain-mate
+        count of every used (row, host), rows ascending."""
+        r, c = np.nonzero(masks)  # row-major: r ascending
+        tok = self.token[c, masks[r, c]]
+        # each token's domain-group size: what same_dom reads (and xdom: a size below the row's tokens)
+        _, g_inv, g_cnt = np.unique(r * self.n_dom + self.domain[c], return_inverse=True, return_counts=True)
+        mates = g_cnt[g_inv.ravel()]
+        return r, c, tok * (self.n_hosts + 1) + mates, mates
+
+    def groups(self, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The tokens of each row the net cannot tell apart, merged: per group its row (ascending),
+        one host of it, its size and its tokens' domain-mate count. Identical tokens of one row
+        have identical states through a token-symmetric net, so a group of m is one token whose
+        attention weight is m times one's (:class:`~bandpilot.model.networks.HierarchicalNet`)."""
+        r, c, code, mates = self._codes(masks)
+        _, first, size = np.unique(r * (int(code.max(initial=0)) + 1) + code, return_index=True, return_counts=True)
+        return r[first], c[first], size, mates[first]
+
     def keys(self, masks: np.ndarray) -> np.ndarray:
         """(n,) 16-byte void keys; rows whose tokens agree up to host order, each token with the
         number of the row's tokens in its domain, share a key (see the module docstring)."""
         n = masks.shape[0]
-        r, c = np.nonzero(masks)  # row-major: r ascending
         out = np.zeros((n, 2), dtype=np.uint64)
-        if r.size == 0:
+        if not masks.any():
             return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
-        tok = self.token[c, masks[r, c]]
-        # each token's domain-group size: what same_dom reads (and xdom: a size below the row's tokens)
-        _, g_inv, g_cnt = np.unique(r * self.n_dom + self.domain[c], return_inverse=True, return_counts=True)
-        code = tok * (self.n_hosts + 1) + g_cnt[g_inv.ravel()]
+        r, _, code, _ = self._codes(masks)
         row_starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
         for lane, seed in enumerate(_SEEDS):
             out[r[row_starts], lane] = np.add.reduceat(_mix(code, seed), row_starts)

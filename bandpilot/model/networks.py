@@ -51,8 +51,10 @@ class AttentionPool(nn.Module):
         super().__init__()
         self.score = nn.Linear(d, 1)
 
-    def forward(self, h: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        s = self.score(h).squeeze(-1).masked_fill(pad, -1e9)
+    def forward(self, h: torch.Tensor, pad: torch.Tensor, log_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """``log_mult``: log of each token's multiplicity (merged identical tokens weigh that many)."""
+        s = self.score(h).squeeze(-1)
+        s = (s if log_mult is None else s + log_mult).masked_fill(pad, -1e9)
         w = torch.softmax(s, dim=1).unsqueeze(-1)
         return (w * h).sum(dim=1)
 
@@ -116,8 +118,9 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderBlock(d, heads, 2 * d, dropout) for _ in range(layers))
         self.norm = nn.LayerNorm(d)
 
-    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        bias = torch.zeros(pad.shape, dtype=x.dtype).masked_fill(pad, -1e9)
+    def forward(self, x: torch.Tensor, pad: torch.Tensor, log_mult: torch.Tensor | None = None) -> torch.Tensor:
+        """``log_mult``: as a key, a token merged from m identical ones gets m times one's attention."""
+        bias = (torch.zeros(pad.shape, dtype=x.dtype) if log_mult is None else log_mult).masked_fill(pad, -1e9)
         for layer in self.layers:
             x = layer(x, bias)
         return self.norm(x)
@@ -208,13 +211,14 @@ class HierarchicalNet(nn.Module):
         if self.host_speed:
             log_nic_h = log_nic_h + t["speed"].clamp(max=0.0)
         log_nic = log_nic_h.masked_fill(pad, float("inf")).amin(dim=1)
-        n_hosts = (~pad).sum(dim=1).to(cnt.dtype)
+        mult = t.get("mult")  # merged identical tokens (tokens.grouped_host_tokens): counts weigh by it
+        n_hosts = (~pad).sum(dim=1).to(cnt.dtype) if mult is None else mult.sum(dim=1)
         min_cnt = cnt.masked_fill(pad, float("inf")).amin(dim=1).clamp_min(1.0)
         rail_unit = t["rail"].masked_fill(pad, float("inf")).amin(dim=1) * eff
         peers = (n_hosts - 1.0).clamp_min(1.0)
         cap = rail_unit * (f(self.sw_base) + f(self.sw_peer) / peers) * (1.0 + f(self.cnt_gain) * torch.log(min_cnt))
         if self.imb is not None:
-            mean_cnt = cnt.masked_fill(pad, 0.0).sum(dim=1) / n_hosts.clamp_min(1.0)
+            mean_cnt = (cnt.masked_fill(pad, 0.0) if mult is None else cnt * mult).sum(dim=1) / n_hosts.clamp_min(1.0)
             cap = cap / (1.0 + f(self.imb) * (n_hosts >= 3).to(cnt.dtype) * (mean_cnt / min_cnt - 1.0))
         log_cap = torch.log(cap) + t["xdom"] * self.log_xdom
         p = 1.0 + f(self.sharp)
@@ -236,8 +240,12 @@ class HierarchicalNet(nn.Module):
         log_nic = z["log_nic"].detach()
         # Stage-1 bandwidth as headroom over the network estimate: far above it, intra is irrelevant.
         headroom = torch.where(big, (z["log_intra"] - log_net.unsqueeze(1)).clamp(-3.0, HEADROOM_CAP), zero)
-        n_valid = (~pad).sum(dim=1, keepdim=True).clamp_min(1)
-        same_dom = ((t["dom"].unsqueeze(2) == t["dom"].unsqueeze(1)) & ~pad.unsqueeze(1)).sum(dim=2) / n_valid
+        mult = t.get("mult")
+        if mult is None:
+            n_valid = (~pad).sum(dim=1, keepdim=True).clamp_min(1)
+            same_dom = ((t["dom"].unsqueeze(2) == t["dom"].unsqueeze(1)) & ~pad.unsqueeze(1)).sum(dim=2) / n_valid
+        else:  # merged tokens: their domain-mate counts in the whole row come with them
+            same_dom = t["mates"] / mult.sum(dim=1, keepdim=True).clamp_min(1.0)
         min_cnt = z["min_cnt"]
         is_min = (cnt == min_cnt.unsqueeze(1)) & ~pad
         tok = torch.stack(
@@ -255,7 +263,7 @@ class HierarchicalNet(nn.Module):
             ],
             dim=-1,
         ).masked_fill(pad.unsqueeze(-1), 0.0)
-        tot = cnt.masked_fill(pad, 0.0).sum(dim=1)
+        tot = (cnt.masked_fill(pad, 0.0) if mult is None else cnt * mult).sum(dim=1)
         max_cnt = cnt.masked_fill(pad, 0.0).amax(dim=1)
         second = cnt.masked_fill(pad | is_min, float("inf")).amin(dim=1)
         second = torch.where(torch.isfinite(second), second, min_cnt)
@@ -270,7 +278,7 @@ class HierarchicalNet(nn.Module):
                 torch.log(tot.clamp_min(1.0)),
                 torch.log(min_cnt),
                 torch.log(second / min_cnt),
-                is_min.sum(dim=1) / z["n_hosts"],
+                (is_min.sum(dim=1) if mult is None else (is_min * mult).sum(dim=1)) / z["n_hosts"],
                 torch.log(max_cnt.clamp_min(1.0) / min_cnt),
                 t["xdom"],
             ],
@@ -331,9 +339,10 @@ class HierarchicalNet(nn.Module):
         pad = t["pad"]
         g = self.glob_embed(glob)
         h = self.embed(tok) + self.type_embed(t["gtype"]) + g.unsqueeze(1)
+        log_mult = torch.log(t["mult"]) if "mult" in t else None
         if self.encoder is not None:
-            h = self.encoder(h, pad)
-        pooled = self.pool(h, pad)
+            h = self.encoder(h, pad, log_mult)
+        pooled = self.pool(h, pad, log_mult)
         raw = self.head(torch.cat([pooled, g], dim=-1)).squeeze(-1)
         resid = self.resid_bound * torch.tanh(raw / self.resid_bound)
         log_net = z["log_net"] + resid

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bandpilot.topology.cluster import ClusterSpec, spec_from_dict
+from bandpilot.topology.cluster import ClusterSpec, ranges, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.model.canonical import PatternKeys
 from bandpilot.model.domain_patterns import DomainPatterns
@@ -27,7 +27,7 @@ from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
 from bandpilot.model.prior_proxy import PriorProxy
-from bandpilot.model.tokens import gpu_tokens, host_arrays, host_speed, host_tokens, to_torch
+from bandpilot.model.tokens import gpu_tokens, grouped_host_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
 #: Forward passes of at most this many rows (one chunk: every search call) run on one intra-op
@@ -106,6 +106,8 @@ class Surrogate:
         self._screen: PriorProxy | None = None  # screening_model(), built on first use
         #: the prediction memo (off: every cross-host row goes through the net - the reference path)
         self.memo_enabled = True
+        #: merge identical tokens of a row before a token-symmetric net (off: the reference path)
+        self.merge_tokens = True
         #: rows the net was actually run on since construction (memo misses; informational)
         self.forward_rows = 0
 
@@ -238,7 +240,10 @@ class Surrogate:
             keys = self._memo_keys(rows) if cols is None else self.domain_view.keys(rows, cols)
         if keys is None:
             return self._predict_uncached(masks)
-        token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in self.net.parameters()))
+        params = getattr(self, "_params", None)  # listing a module's parameters walks it: once per net
+        if params is None or params[0] is not self.net:
+            params = self._params = (self.net, list(self.net.parameters()))
+        token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in params[1]))
         memo = getattr(self, "_memo", None)
         if memo is None or memo[0] != token:
             memo = self._memo = (token, {})
@@ -266,14 +271,21 @@ class Surrogate:
         """Memo keys of cross-host rows (canonical patterns, or the rows' bytes), None: no memo."""
         if self.kind == "domain":  # keyed by the domain tokens (bandpilot.model.domain_tokens)
             return self.domain_view.keys(rows)
-        if self.kind == "hierarchical" and getattr(self.net, "token_symmetric", False):
-            keyer = getattr(self, "_keyer", None)
-            if keyer is None or keyer[0] is not self.stage1:
-                keyer = self._keyer = (self.stage1, PatternKeys(self.stage1, self._hosts, self._max_gpus))
-            return keyer[1].keys(rows)
+        keyer = self._pattern_keyer()
+        if keyer is not None:
+            return keyer.keys(rows)
         if rows.shape[1] > MEMO_MAX_HOSTS:
             return None
         return rows.view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
+
+    def _pattern_keyer(self) -> PatternKeys | None:
+        """Canonical token ids of a token-symmetric hierarchical net (None for other nets)."""
+        if self.kind != "hierarchical" or not getattr(self.net, "token_symmetric", False):
+            return None
+        keyer = getattr(self, "_keyer", None)
+        if keyer is None or keyer[0] is not self.stage1:
+            keyer = self._keyer = (self.stage1, PatternKeys(self.stage1, self._hosts, self._max_gpus))
+        return keyer[1]
 
     def _predict_uncached(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         if self.kind in ("hierarchical", "domain") and masks.shape[0] > 64:
@@ -301,7 +313,16 @@ class Surrogate:
         self.forward_rows += n
         if n == 0:
             return out
-        n_tok = self._token_counts(masks, cols)
+        # A token-symmetric net gets each row's identical tokens merged, weighted by their number
+        # (the same function: a drain row over 128 alike hosts is ~10 tokens, not 128, and attention
+        # is quadratic in them); ``merge_tokens = False`` is the reference path.
+        keyer = self._pattern_keyer() if self.merge_tokens and cols is None else None
+        if keyer is not None:
+            gr = keyer.groups(masks)
+            n_tok = np.bincount(gr[0], minlength=n)
+            g_start = np.concatenate([[0], np.cumsum(n_tok)])
+        else:
+            n_tok = self._token_counts(masks, cols)
         order = np.argsort(n_tok, kind="stable")
         with torch.inference_mode(), _threads_for(n):
             s = 0
@@ -309,8 +330,13 @@ class Surrogate:
                 t_max = int(n_tok[order[min(n, s + chunk) - 1]])
                 rows = max(1, min(chunk, FORWARD_TOKENS // max(1, t_max * t_max)))
                 idx = order[s : s + rows]
-                t = to_torch(self.tokens(masks[idx], cols))
-                out[idx] = torch.exp(self.net(t)).double().numpy()
+                if keyer is None:
+                    tok = self.tokens(masks[idx], cols)
+                else:  # this chunk's groups, renumbered to its rows
+                    sel = ranges(g_start[idx], n_tok[idx])
+                    sub = (np.repeat(np.arange(idx.size), n_tok[idx]), *(g[sel] for g in gr[1:]))
+                    tok = grouped_host_tokens(masks[idx], sub, self.stage1, self._hosts)
+                out[idx] = torch.exp(self.net(to_torch(tok))).double().numpy()
                 s += rows
         return out
 

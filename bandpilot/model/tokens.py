@@ -89,6 +89,37 @@ def host_tokens(masks: np.ndarray, counts: np.ndarray, stage1: np.ndarray, hosts
     return out
 
 
+def grouped_host_tokens(masks: np.ndarray, groups: tuple[np.ndarray, ...], stage1: np.ndarray,
+                        hosts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:func:`host_tokens` with each row's indistinguishable tokens merged (``groups``:
+    :meth:`~bandpilot.model.canonical.PatternKeys.groups` of ``masks``): one token per group,
+    plus ``mult`` (its size; 0 = padding) and ``mates`` (its domain-mate count in the whole row),
+    which stand in for the domain labels. A row over 128 alike hosts is a handful of tokens."""
+    n = masks.shape[0]
+    r, c, size, mates = groups
+    n_used = np.bincount(r, minlength=n)
+    slot = np.arange(r.size) - np.repeat(np.concatenate([[0], np.cumsum(n_used)[:-1]]), n_used)
+    t = max(int(n_used.max(initial=0)), 1)
+    m = masks[r, c]
+    out = {"cnt": np.zeros((n, t)), "intra": np.zeros((n, t)), "rail": np.ones((n, t)), "rails": np.ones((n, t)),
+           "gtype": np.zeros((n, t), dtype=np.int64), "pad": np.ones((n, t), dtype=bool), "speed": np.zeros((n, t)),
+           "mult": np.zeros((n, t)), "mates": np.zeros((n, t))}
+    out["cnt"][r, slot] = np.bitwise_count(m)
+    out["intra"][r, slot] = stage1[c, m]
+    out["rail"][r, slot] = hosts["rail"][c]
+    out["rails"][r, slot] = hosts["rails"][c]
+    out["gtype"][r, slot] = hosts["gtype"][c] + 1  # 0 = padding
+    out["pad"][r, slot] = False
+    if "speed" in hosts:
+        out["speed"][r, slot] = hosts["speed"][c]
+    out["mult"][r, slot] = size
+    out["mates"][r, slot] = mates
+    # spans > 1 domain: some token's domain holds fewer than all of the row's tokens
+    n_tok = np.bincount(r, weights=size, minlength=n)
+    out["xdom"] = (np.where(out["pad"], np.inf, out["mates"]).min(axis=1) < n_tok).astype(np.float64)
+    return out
+
+
 def gpu_tokens(masks: np.ndarray, hosts: dict[str, np.ndarray], max_gpus: int) -> dict[str, np.ndarray]:
     """Padded GPU-id tokens (naive ablation): ``gid`` (n, K) with 0 = padding, ``pad``."""
     n, h = masks.shape

@@ -144,8 +144,9 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     stage meeting the most tenant demand meets as little as a greedy deal finds. Groups move in
     *blocks* (the consecutive groups cut from one host): a host whose groups serve two stages makes
     every DP group of both stages a sibling of the others there, which costs more than the balance
-    gains. Exposed blocks, heaviest first, go each to the stage with room whose demand grows least,
-    then single moves improve the worst stage; clean blocks fill the rest, largest first into the
+    gains. Exposed blocks, heaviest first, go each to a stage with room (three greedy keys,
+    :func:`_deal`; the best deal kept), then moves of single blocks and of blocks sharing a tenant
+    improve the worst stage (:func:`_improve`); clean blocks fill the rest, largest first into the
     stage with the most room (split only when no stage has room for a whole block). None when
     fewer than two stages or fewer than two exposed blocks (nothing to balance), or when the deal
     is no better than the given order (:func:`worst_dp_demand`)."""
@@ -163,17 +164,12 @@ def balance_stages(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, dem
     exp = np.flatnonzero(own.any(axis=(1, 2)))
     if exp.size < 2:
         return None
-    at = np.full(len(blocks), -1)
-    load = np.zeros(P, dtype=np.int64)
-    stage_t = np.zeros((P,) + own.shape[1:], dtype=bool)
-    for b in exp[np.lexsort((exp, -(own[exp].astype(float) @ demand).max(axis=1)))]:
-        ok = np.flatnonzero(load + size[b] <= D)
-        if not ok.size:
-            return None
-        grow = ((stage_t[ok] | own[b]).astype(float) @ demand).max(axis=1)
-        s = int(ok[np.lexsort((ok, load[ok], grow))[0]])
-        at[b], stage_t[s] = s, stage_t[s] | own[b]
-        load[s] += size[b]
+    # three greedy deals (the new stage total, or the demand it adds, first), the best one improved:
+    # one key alone misses splits such as {A, B} / {C, D} when A's hosts also carry B
+    deals = [d for d in (_deal(exp, own, size, demand, P, D, key) for key in range(3)) if d is not None]
+    if not deals:
+        return None
+    at = min(deals, key=lambda a: _cost(a, exp, own, demand, P))
     _improve(at, exp, own, size, demand, P, D)
     load = np.bincount(at[exp], weights=size[exp], minlength=P).astype(np.int64)
     out: list[list[int]] = [[] for _ in range(P)]
@@ -207,32 +203,69 @@ def worst_dp_demand(groups: list[list[tuple[int, int]]], touch_h: np.ndarray, de
     return float((meet.astype(float) @ demand).max()) if meet.size else 0.0
 
 
-def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
-             P: int, D: int, rounds: int = 50) -> None:
-    """Move single exposed blocks between stages (``at``, in place, within each stage's ``D``
-    groups) while the worst DP group's demand, then the sum of squares of their demands, falls
-    (the greedy deal is order-dependent)."""
+def _deal(exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray, P: int, D: int,
+          key: int) -> np.ndarray | None:
+    """Exposed blocks, heaviest first, each to the stage with room chosen by ``key``: 0 the least
+    resulting stage demand, 1 the same then the least added demand (a stage that already pays the
+    block's tenants), 2 the least added demand then the least resulting. None when a block fits no
+    stage."""
+    at = np.full(own.shape[0], -1)
+    load = np.zeros(P, dtype=np.int64)
+    stage_t = np.zeros((P,) + own.shape[1:], dtype=bool)
+    for b in exp[np.lexsort((exp, -(own[exp].astype(float) @ demand).max(axis=1)))]:
+        ok = np.flatnonzero(load + size[b] <= D)
+        if not ok.size:
+            return None
+        grow = ((stage_t[ok] | own[b]).astype(float) @ demand).max(axis=1)
+        add = ((own[b] & ~stage_t[ok]).astype(float) @ demand).max(axis=1)
+        keys = ((ok, load[ok], grow), (ok, load[ok], add, grow), (ok, load[ok], grow, add))[key]
+        s = int(ok[np.lexsort(keys)[0]])
+        at[b], stage_t[s] = s, stage_t[s] | own[b]
+        load[s] += size[b]
+    return at
 
+
+def _cost(at: np.ndarray, exp: np.ndarray, own: np.ndarray, demand: np.ndarray, P: int,
+          ow: np.ndarray | None = None) -> tuple[float, float]:
+    """(worst, sum of squares) of the DP groups' demands when exposed block ``exp[i]`` is in stage
+    ``at[exp[i]]`` (``ow``: ``own[exp]`` flattened, when the caller has it)."""
     E, T, J = own[exp].shape
-    ow = own[exp].reshape(E, T * J).astype(np.float64)
+    ow = own[exp].reshape(E, T * J).astype(np.float64) if ow is None else ow
+    onehot = (at[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
+    d = ((onehot @ ow) > 0).reshape(P, T, J) @ demand  # each DP group's distinct tenants' demand
+    return float(d.max()), float((d * d).sum())
+
+
+def _improve(at: np.ndarray, exp: np.ndarray, own: np.ndarray, size: np.ndarray, demand: np.ndarray,
+             P: int, D: int, rounds: int = 50) -> tuple[float, float]:
+    """Move exposed blocks between stages (``at``, in place, within each stage's ``D`` groups) while
+    the worst DP group's demand, then the sum of squares of their demands, falls: single blocks,
+    and every block sharing a tenant with one (a single move cannot take a tenant out of a stage
+    when it is on two of the stage's blocks). Returns the final (worst, sum of squares)."""
+
+    anyt = own[exp].any(axis=1)  # (E, J): the tenants each exposed block meets
+    kin = [exp[(anyt & anyt[i]).any(axis=1)] for i in range(exp.size)]
+    ow = own[exp].reshape(exp.size, -1).astype(np.float64)
 
     def cost(a: np.ndarray) -> tuple[float, float]:
-        onehot = (a[exp][None, :] == np.arange(P)[:, None]).astype(np.float64)
-        d = ((onehot @ ow) > 0).reshape(P, T, J) @ demand  # each DP group's distinct tenants' demand
-        return float(d.max()), float((d * d).sum())
+        return _cost(a, exp, own, demand, P, ow)
 
     best = cost(at)
     for _ in range(rounds):
         moved = False
-        for b in exp:
-            for s in range(P):
-                if s == at[b] or int(size[exp[at[exp] == s]].sum()) + int(size[b]) > D:
-                    continue
-                old, at[b] = at[b], s
-                c = cost(at)
-                if c < best:
-                    best, moved = c, True
-                else:
-                    at[b] = old
+        for i, b in enumerate(exp):
+            for mv in (np.array([b]), kin[i]):
+                for s in range(P):
+                    go = mv[at[mv] != s]
+                    if not go.size or int(size[exp[at[exp] == s]].sum()) + int(size[go].sum()) > D:
+                        continue
+                    old = at[go].copy()
+                    at[go] = s
+                    c = cost(at)
+                    if c < best:
+                        best, moved = c, True
+                    else:
+                        at[go] = old
         if not moved:
             break
+    return best
