@@ -133,6 +133,9 @@ def mixed(truth, seeds: int) -> str:
         # waited 12 h (scheduling/overrun_preempt.py), alone and with the projected age slot
         f"{label(RECOMMENDED)} + preempt overrun": replace(RECOMMENDED, preempt="overrun"),
         f"{label(RECOMMENDED)} + age slot projected + preempt overrun": replace(RECOMMENDED, age_slot="projected", preempt="overrun"),
+        # the projected age slot that prices its drain (scheduling/slot_price.py; README "Eighth round")
+        f"{label(RECOMMENDED)} + age slot priced": replace(RECOMMENDED, age_slot="priced"),
+        f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
         f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
         f"{label(PREVIOUS)} + drain target after 24 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H}),

@@ -16,7 +16,10 @@ after hrrn's was measured not to move the maximum: the aged slot kept moving beh
   (:data:`OLDEST_AFTER_S`);
 * ``projected`` - the request with the largest projected JCT (wait so far + estimated run time: the
   one that would set the largest JCT if it waited longer), once that reaches
-  :data:`PROJECTED_AFTER_S` (30 h, chosen before the held-out seeds were run).
+  :data:`PROJECTED_AFTER_S` (30 h, chosen before the held-out seeds were run);
+* ``priced`` - as ``projected``, but the slot's drain is priced (:mod:`bandpilot.scheduling.slot_price`):
+  a request whose reservation would idle more GPU-hours than it brings passes the slot to the next
+  by projected JCT (README issue 21, "Eighth round").
 
 Measurement knobs: :data:`AGE_SLOT_EXTRA` - False: the age slot **replaces** the last policy slot
 (the depth is unchanged); True: it is one more than the depth. :data:`AGE_SLOT_MAX_K` - only gangs up
@@ -33,8 +36,9 @@ from typing import Iterable
 from bandpilot.errors import one_of
 from bandpilot.scheduling.policies import Pending
 from bandpilot.scheduling.reservations import Book, Reservation
+from bandpilot.scheduling.slot_price import reserve_priced
 
-AGE_SLOT_MODES = ("off", "oldest", "projected")
+AGE_SLOT_MODES = ("off", "oldest", "projected", "priced")
 #: ``oldest``: the age slot goes to the longest-waiting request once it has waited this long.
 OLDEST_AFTER_S = 0.0
 #: ``projected``: ... to the largest projected JCT (wait + estimate) once it reaches this.
@@ -56,16 +60,25 @@ def reserve_oldest(book: Book, pending: Iterable[Pending], mode: str) -> Reserva
     batch walks the policy order (nothing of this batch has started yet)."""
     if check_age_slot(mode) == "off" or not book.active:
         return None
-    after = PROJECTED_AFTER_S if mode == "projected" else OLDEST_AFTER_S
-    age = _projected(book) if mode == "projected" else (lambda p: book.now - p.submitted_at)
+    after = OLDEST_AFTER_S if mode == "oldest" else PROJECTED_AFTER_S
+    age = (lambda p: book.now - p.submitted_at) if mode == "oldest" else _projected(book)
     cap = AGE_SLOT_MAX_K
-    oldest = max((p for p in pending if cap is None or p.req.k <= cap), key=lambda p: (age(p), -p.seq), default=None)
+    pending = [p for p in pending if cap is None or p.req.k <= cap]
+    if AGE_SLOT_EXTRA:
+        book.limit += 1  # one more than the depth (it stays so if the request starts in this batch)
+    r = reserve_priced(book, pending, age, after) if mode == "priced" else _reserve_first(book, pending, age, after)
+    if r is None and AGE_SLOT_EXTRA:
+        book.limit -= 1  # no age slot this batch: the depth is the policy's
+    return r
+
+
+def _reserve_first(book: Book, pending: list[Pending], age, after: float) -> Reservation | None:
+    """``oldest`` / ``projected``: the request first by ``age``, once it reaches ``after``."""
+    oldest = max(pending, key=lambda p: (age(p), -p.seq), default=None)
     if oldest is None or age(oldest) < after:
         return None
     if any(r.request_id == oldest.req.id for r in book.reservations):  # a drain target already
         return None
-    if AGE_SLOT_EXTRA:
-        book.limit += 1  # one more than the depth (it stays so if the request starts in this batch)
     return book.reserve(oldest.req, from_now=True)
 
 

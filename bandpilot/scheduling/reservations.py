@@ -106,6 +106,8 @@ class _Running:
     mask: np.ndarray
     end: float
     demand: float
+    started: float = math.nan  # when it started and its estimate: a drain's price needs both
+    expected_s: float | None = None  # (bandpilot.scheduling.slot_price: a job past its estimate)
 
 
 #: Last batch's EASY holder (rank 0), if still pending: the drain target candidate.
@@ -141,7 +143,8 @@ class Book:
             if job is None:
                 continue
             est = estimates.of(Request(jid, int(k), tenant, time_limit_s=limit))
-            self.running.append(_Running(jid, job.mask, expected_end(float(started), est, now), job.demand_gbps))
+            self.running.append(_Running(jid, job.mask, expected_end(float(started), est, now), job.demand_gbps,
+                                        float(started), est))
         self.reservations: list[Reservation] = []
         self.holds = 0  # reservations of gangs waiting for a better placement (not EASY's slots)
         self.last_holder: tuple[str, float] | None = None  # (request id, submitted_at) of last batch's rank 0
@@ -208,7 +211,7 @@ class Book:
         """A request started in this batch: its GPUs come back at its expected end."""
         mask = self.spec.to_mask(gpus)
         est = self.estimates.of(req)
-        self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand))
+        self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand, self.now, est))
         self.free &= ~mask
         self.reservations = [r for r in self.reservations if r.request_id != req.id]  # a drain target that started
 
