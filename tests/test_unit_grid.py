@@ -65,3 +65,30 @@ def test_grid_differs_when_a_changed_cell_is_dropped():
     X0, _ = token_grid_dense(D, _features, 4)
     Xbad, _ = token_grid(np.tile(D[0], (D.shape[0], 1)), _features, 4)
     assert Xbad.shape != X0.shape or not np.array_equal(Xbad, X0)
+
+
+def _contention(seed: int, U: int = 30, per_unit: int = 6, n_jobs: int = 9):
+    """A predictor and units stand-in: unit ``u``'s part of ``t`` GPUs takes its first ``t % 6 + 1``
+    trays; each tray holds a random set of jobs (exposed where it holds one)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    on = rng.random((n_jobs, U * per_unit)) < 0.08
+    pred = SimpleNamespace(n_jobs=n_jobs, exposed=on.any(axis=0),
+                           jobs_on=lambda hosts: on[:, hosts].astype(np.int64))
+    units = SimpleNamespace(part_hosts=lambda u, t: (u * per_unit + np.arange(t % per_unit + 1)[::-1], None))
+    return pred, units
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_contended_jobs_from_changed_cells_equal_or_over_parts(seed):
+    from bandpilot.dispatch.search.screen import _contended, _contended_dense
+
+    pred, units = _contention(seed)
+    rng = np.random.default_rng(seed + 10)
+    D = _moves(rng, U=30, n=200)
+    got, want = _contended(pred, D, units), _contended_dense(pred, D, units)
+    assert want.any() and not want.all()
+    assert np.array_equal(got, want)
+    E = rng.integers(0, 3, size=(40, 30)) * (rng.random((40, 30)) < 0.3)  # no shared first row
+    assert np.array_equal(_contended(pred, E, units), _contended_dense(pred, E, units))
