@@ -120,7 +120,8 @@ def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
     if r.size:
         # old part out, new part in, per changed cell (a cell emptied in row 0 holds no part)
         delta = bits[inv[ru.size :]] - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
-        np.add.at(cnt, r, delta)
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # r ascends (row-major nonzero)
+        cnt[r[starts]] += np.add.reduceat(delta, starts, axis=0)
     return cnt > 0
 
 
