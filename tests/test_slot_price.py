@@ -13,14 +13,9 @@ from bandpilot.scheduling import age_slot, slot_price
 G_IDLE_GPU_H = 8 * (100_000 - 9 * 3600) / 3600
 
 
-@pytest.mark.parametrize("price, reserved", [
-    (1.0, ["G"]),  # 150 idle GPU-h for 640 GPU-h of work (32 GPUs x 20 h): cheap, G takes the slot
-    (0.2, ["S"]),  # dearer than 0.2 x 640 = 128 GPU-h: G is priced out, the slot passes to S
-])
-def test_the_priced_age_slot_skips_a_gang_whose_drain_idles_more_than_it_brings(store, fab, monkeypatch, price, reserved):
-    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)  # every pending request competes
-    monkeypatch.setattr(slot_price, "DRAIN_PRICE", price)
-    seen: dict[tuple[str, float], float] = {}  # (request, batch time) -> idle GPU-h
+def _spy_idle(monkeypatch) -> dict[tuple[str, float], float]:
+    """(request, batch time) -> the idle GPU-hours slot_price computed for it."""
+    seen: dict[tuple[str, float], float] = {}
     real = slot_price.idle_gpu_hours
 
     def spy(book, r):
@@ -28,6 +23,17 @@ def test_the_priced_age_slot_skips_a_gang_whose_drain_idles_more_than_it_brings(
         return out
 
     monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
+    return seen
+
+
+@pytest.mark.parametrize("price, reserved", [
+    (1.0, ["G"]),  # 150 idle GPU-h for 640 GPU-h of work (32 GPUs x 20 h): cheap, G takes the slot
+    (0.2, ["S"]),  # dearer than 0.2 x 640 = 128 GPU-h: G is priced out, the slot passes to S
+])
+def test_the_priced_age_slot_skips_a_gang_whose_drain_idles_more_than_it_brings(store, fab, monkeypatch, price, reserved):
+    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)  # every pending request competes
+    monkeypatch.setattr(slot_price, "DRAIN_PRICE", price)
+    seen = _spy_idle(monkeypatch)
     clock = Clock()
     with use_clock(clock):
         mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="priced")
@@ -55,14 +61,7 @@ def test_a_drain_behind_a_job_past_its_estimate_is_priced_at_the_estimate_error(
 
     monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)
     monkeypatch.setattr(slot_price, "OVERDUE_SLACK", slack)
-    seen: dict[tuple[str, float], float] = {}
-    real = slot_price.idle_gpu_hours
-
-    def spy(book, r):
-        seen[r.request_id, book.now] = out = real(book, r)
-        return out
-
-    monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
+    seen = _spy_idle(monkeypatch)
     clock = Clock()
     with use_clock(clock):
         d = _a_blocks_g(store, fab, clock, 10_000, age_slot="priced")
