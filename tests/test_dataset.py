@@ -55,10 +55,9 @@ def _binary(mapping: list[list[int]], n: int = 4) -> list[list[int]]:
     return [[1 if i in host else 0 for i in range(n)] for host in mapping]
 
 
-def write_csv_dir(d: Path, *, binary: bool = False, combine: str = "min_intra", repeat_first: bool = False) -> Path:
-    """A BandPilot CSV measurement directory for the tiny cluster, values from the emulator."""
-    spec = spec_from_dict(TINY)
-    fab = EmulatorFabric(spec)
+def write_intra_tables(d: Path, fab: EmulatorFabric) -> dict:
+    """Every host's intra table (all 15 subsets, values from ``fab``) under ``d/intra``; returns a
+    copy of the tiny cluster's document pointing at them."""
     (d / "intra").mkdir(parents=True)
     doc = json.loads(json.dumps(TINY))
     for h, host in enumerate(doc["hosts"]):
@@ -66,11 +65,18 @@ def write_csv_dir(d: Path, *, binary: bool = False, combine: str = "min_intra", 
         for mask in range(1, 16):
             m = np.zeros((1, 3), dtype=np.int64)
             m[0, h] = mask
-            bw = fab.measure(m)[0]
             digits = "".join(str(i) for i in range(4) if mask >> i & 1)
-            lines.append(f"all_gather_perf,{len(digits)},{digits},16777216,{bw:.2f}")
+            lines.append(f"all_gather_perf,{len(digits)},{digits},16777216,{fab.measure(m)[0]:.2f}")
         (d / "intra" / f"{host['name']}.csv").write_text("\n".join(lines) + "\n")
         host["intra"] = f"intra/{host['name']}.csv"
+    return doc
+
+
+def write_csv_dir(d: Path, *, binary: bool = False, combine: str = "min_intra", repeat_first: bool = False) -> Path:
+    """A BandPilot CSV measurement directory for the tiny cluster, values from the emulator."""
+    spec = spec_from_dict(TINY)
+    fab = EmulatorFabric(spec)
+    doc = write_intra_tables(d, fab)
     lines = ['"OP","Total_GPU_Count","GPU_Mapping_Across_Nodes","data_size(B)","Bandwidth(GB/s)"']
     # a single-host row, as in the released tables: ignored (intra tables are authoritative)
     lines.append('"all_gather_perf",2,"[[0,1],[],[]]",16777216,99.00')

@@ -279,19 +279,26 @@ def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
     assert [r["request_id"] for r in rep.reservations] == ["B"] and q.check_invariants(store) == []
 
 
+def _a_blocks_g(store, fab, clock, a_limit_s: float = 100_000, **batch) -> Dispatcher:
+    """A (24 GPUs on three hosts, ``a_limit_s``) runs; at 10 s G (32 GPUs: the whole cluster, 20 h)
+    queues behind it. ``batch``: run_batch options beside hrrn + EASY. The dispatcher, for later batches."""
+    h = [x.name for x in fab.spec.hosts]
+    d = Dispatcher(fab)
+    q.submit(store, [{"id": "A", "k": 24, "time_limit_s": a_limit_s, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
+    sched.run_batch(store, d, policy="hrrn", backfill="easy", **batch)
+    clock.t = 10.0
+    q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+    return d
+
+
 def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch, age_slot="off"):
     """G (32 GPUs: the whole cluster) is blocked behind A and holds the EASY reservation; 9 h later a
     short 16-GPU S overtakes it in hrrn order (ratio 2.17 vs G's capped 2.13), then A ends."""
     from bandpilot.scheduling import reservations
 
     monkeypatch.setattr(reservations, "DRAIN_AFTER_S", drain_after_s)
-    h = [x.name for x in fab.spec.hosts]
-    d = Dispatcher(fab)
+    d = _a_blocks_g(store, fab, clock, age_slot=age_slot)
     run = lambda: sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot=age_slot)  # noqa: E731
-    q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
-    run()
-    clock.t = 10.0
-    q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
     first = run()
     assert [r["request_id"] for r in first.reservations] == ["G"]
     clock.t = 9 * 3600.0
@@ -341,14 +348,9 @@ def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_it
 
     monkeypatch.setattr(reservations, "DRAIN_AFTER_S", 8 * 3600.0)
     monkeypatch.setattr(reservations, "DRAIN_ESTIMATE_SLACK", slack)
-    h = [x.name for x in fab.spec.hosts]
-    d = Dispatcher(fab)
     clock = Clock()
     with use_clock(clock):
-        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
-        sched.run_batch(store, d, policy="hrrn", backfill="easy")
-        clock.t = 10.0
-        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        d = _a_blocks_g(store, fab, clock)
         sched.run_batch(store, d, policy="hrrn", backfill="easy")
         clock.t = 9 * 3600.0
         q.submit(store, [{"id": "T", "k": 8, "time_limit_s": 40_000, "submitted": clock.t}])

@@ -188,20 +188,10 @@ def _measured_dir(d, inter_scale: float = 1.0):
 
     from bandpilot.fabric.emulator import EmulatorFabric
     from bandpilot.topology.cluster import spec_from_dict
-    from tests.test_dataset import TINY
+    from tests.test_dataset import TINY, write_intra_tables
 
     fab = EmulatorFabric(spec_from_dict(TINY))
-    (d / "intra").mkdir(parents=True)
-    doc = json.loads(json.dumps(TINY))
-    for h, host in enumerate(doc["hosts"]):
-        lines = ["OP,GPU_num,GPU_used,data_size(B),Bandwidth(GB/s)"]
-        for mask in range(1, 16):
-            m = np.zeros((1, 3), dtype=np.int64)
-            m[0, h] = mask
-            digits = "".join(str(i) for i in range(4) if mask >> i & 1)
-            lines.append(f"all_gather_perf,{len(digits)},{digits},16777216,{fab.measure(m)[0]:.2f}")
-        (d / "intra" / f"{host['name']}.csv").write_text("\n".join(lines) + "\n")
-        host["intra"] = f"intra/{host['name']}.csv"
+    doc = write_intra_tables(d, fab)
     lines = ['"OP","Total_GPU_Count","GPU_Mapping_Across_Nodes","data_size(B)","Bandwidth(GB/s)"']
     for counts in itertools.product(range(5), repeat=3):
         if sum(c > 0 for c in counts) < 2:

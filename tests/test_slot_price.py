@@ -4,13 +4,26 @@
 from __future__ import annotations
 
 import pytest
-from test_reservations import Clock, _drain_scenario
+from test_reservations import Clock, _a_blocks_g, _drain_scenario
 
 from bandpilot.queue.clock import use_clock
 from bandpilot.scheduling import age_slot, slot_price
 
 #: G's drain at 9 h: host 3's 8 free GPUs idle until A's expected end (100,000 s); A's 24 GPUs none.
 G_IDLE_GPU_H = 8 * (100_000 - 9 * 3600) / 3600
+
+
+def _spy_idle(monkeypatch) -> dict[tuple[str, float], float]:
+    """(request, batch time) -> the idle GPU-hours slot_price computed for it."""
+    seen: dict[tuple[str, float], float] = {}
+    real = slot_price.idle_gpu_hours
+
+    def spy(book, r):
+        seen[r.request_id, book.now] = out = real(book, r)
+        return out
+
+    monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
+    return seen
 
 
 @pytest.mark.parametrize("price, reserved", [
@@ -20,14 +33,7 @@ G_IDLE_GPU_H = 8 * (100_000 - 9 * 3600) / 3600
 def test_the_priced_age_slot_skips_a_gang_whose_drain_idles_more_than_it_brings(store, fab, monkeypatch, price, reserved):
     monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)  # every pending request competes
     monkeypatch.setattr(slot_price, "DRAIN_PRICE", price)
-    seen: dict[tuple[str, float], float] = {}  # (request, batch time) -> idle GPU-h
-    real = slot_price.idle_gpu_hours
-
-    def spy(book, r):
-        seen[r.request_id, book.now] = out = real(book, r)
-        return out
-
-    monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
+    seen = _spy_idle(monkeypatch)
     clock = Clock()
     with use_clock(clock):
         mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="priced")
@@ -51,28 +57,14 @@ def test_the_priced_age_slot_is_the_projected_one_when_the_drain_is_cheap(store,
     (3.0, 8 * 12_000 / 3600),  # priced at 3x its limit: 30,000 s, so host 3 idles 12,000 s for G
 ])
 def test_a_drain_behind_a_job_past_its_estimate_is_priced_at_the_estimate_error(store, fab, monkeypatch, slack, idle_gpu_h):
-    from bandpilot import queue as q
     from bandpilot import scheduling as sched
-    from bandpilot.dispatch.dispatcher import Dispatcher
 
     monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)
     monkeypatch.setattr(slot_price, "OVERDUE_SLACK", slack)
-    seen: dict[tuple[str, float], float] = {}
-    real = slot_price.idle_gpu_hours
-
-    def spy(book, r):
-        seen[r.request_id, book.now] = out = real(book, r)
-        return out
-
-    monkeypatch.setattr(slot_price, "idle_gpu_hours", spy)
-    h = [x.name for x in fab.spec.hosts]
-    d = Dispatcher(fab)
+    seen = _spy_idle(monkeypatch)
     clock = Clock()
     with use_clock(clock):
-        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 10_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
-        sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot="priced")
-        clock.t = 10.0
-        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        d = _a_blocks_g(store, fab, clock, 10_000, age_slot="priced")
         clock.t = 18_000.0
         rep = sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot="priced")
     assert [r["request_id"] for r in rep.reservations] == ["G"]  # 640 GPU-h of work: cheap either way
@@ -87,19 +79,13 @@ def test_a_priced_out_gang_passes_the_slot_only_to_a_smaller_one(store, fab, mon
     FALLBACK_SMALLER it may not take the slot, which goes to the 16-GPU S (nothing idles for it)."""
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
-    from bandpilot.dispatch.dispatcher import Dispatcher
 
     monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", 0.0)
     monkeypatch.setattr(slot_price, "DRAIN_PRICE", 0.2)
     monkeypatch.setattr(slot_price, "FALLBACK_SMALLER", smaller)
-    h = [x.name for x in fab.spec.hosts]
-    d = Dispatcher(fab)
     clock = Clock()
     with use_clock(clock):
-        q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 100_000, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
-        sched.run_batch(store, d, policy="hrrn", backfill="easy")
-        clock.t = 10.0
-        q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
+        d = _a_blocks_g(store, fab, clock)
         clock.t = 9 * 3600.0
         q.submit(store, [{"id": "G2", "k": 32, "time_limit_s": 90_000, "submitted": clock.t},
                          {"id": "S", "k": 16, "time_limit_s": 600, "submitted": clock.t - 700}])

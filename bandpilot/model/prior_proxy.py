@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bandpilot.topology.cluster import dense_unique
+from bandpilot.model.unit_grid import token_grid, token_grid_dense
 
 #: ``part(u, t) -> (hosts, masks)``: the trays (sorted or not) and GPU masks unit ``u``'s share of
 #: ``t`` GPUs takes.
@@ -43,13 +43,9 @@ class PriorProxy:
         GPUs placed as ``part(u, t)``. ``cache``: part features already computed for the same
         ``part`` (one search's batches share most parts), filled in here."""
         D = np.atleast_2d(np.asarray(D, dtype=np.int64))
-        r, u = np.nonzero(D)
-        width = int(D.max(initial=0)) + 1
-        keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
-        F = self._cached_features(keys // width, keys % width, part, {} if cache is None else cache)
-        lu, col = dense_unique(u, D.shape[1])
-        X = np.zeros((D.shape[0], lu.size, len(PRIOR_FEATURES)), dtype=np.float32)
-        X[r, col] = F[inv]
+        cache = {} if cache is None else cache
+        grid = token_grid if D.shape[0] else token_grid_dense  # a batch's moves share its first row
+        X, lu = grid(D, lambda us, ts: self._cached_features(us, ts, part, cache), len(PRIOR_FEATURES))
         used = X[..., 0] > 0
         # the prior reads every token alike, padding masked: the live units are the token axis as
         # they are (no packing of each row's units to the front)

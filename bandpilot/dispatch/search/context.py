@@ -21,7 +21,7 @@ import numpy as np
 
 from bandpilot.dispatch.contention import COLUMNS_FROM, ContentionPredictor, Prediction, unique_rows
 from bandpilot.dispatch.model import BandwidthModel
-from bandpilot.dispatch.search.partitions import pareto_options, partition_counts, partitions
+from bandpilot.dispatch.search.partitions import class_codes, pareto_options, partition_counts, partitions
 from bandpilot.dispatch.state import State
 from bandpilot.errors import PlacementError
 from bandpilot.topology.cluster import popcount
@@ -395,35 +395,18 @@ class SearchContext:
                 menus[h] = np.concatenate(opts)
                 offsets[h] = np.r_[0, np.cumsum([len(o) for o in opts])]
         caps = [min(len(cl.hosts) * cl.f, k) for cl in classes]
-        rest = np.r_[np.cumsum(caps[::-1])[::-1][1:], 0]
         code_t = np.int16 if self.G <= 8 else np.int32
-        acc: dict[int, np.ndarray] = {0: np.zeros((1, 0), dtype=code_t)}
-        for i, cl in enumerate(classes):
-            new: dict[int, list[np.ndarray]] = {}
-            for s_, A in acc.items():
-                for t in range(caps[i] + 1):
-                    s2 = s_ + t
-                    if s2 > k:
-                        break
-                    if s2 + rest[i] < k:
-                        continue
-                    if cl.exposed:
-                        h = int(cl.hosts[0])
-                        if pareto:
-                            R = np.arange(offsets[h][t], offsets[h][t + 1], dtype=code_t)[:, None]
-                        else:
-                            R = np.array([[t]], dtype=code_t)
-                    else:
-                        R = partitions(t, len(cl.hosts), cl.f).astype(code_t)
-                    if R.shape[0] == 0:
-                        continue
-                    if A.shape[0] == 1:
-                        block = np.concatenate([np.repeat(A, R.shape[0], axis=0), R], axis=1)
-                    else:
-                        block = np.concatenate([np.repeat(A, R.shape[0], axis=0), np.tile(R, (A.shape[0], 1))], axis=1)
-                    new.setdefault(s2, []).append(block)
-            acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
-        codes = acc.get(k)
+
+        def options(i: int, t: int) -> np.ndarray:
+            cl = classes[i]
+            if not cl.exposed:
+                return partitions(t, len(cl.hosts), cl.f).astype(code_t)
+            h = int(cl.hosts[0])
+            if pareto:
+                return np.arange(offsets[h][t], offsets[h][t + 1], dtype=code_t)[:, None]
+            return np.array([[t]], dtype=code_t)
+
+        codes = class_codes(caps, k, code_t, options)
         out = np.zeros((0 if codes is None else codes.shape[0], width), dtype=np.int64)
         if codes is None:
             return out

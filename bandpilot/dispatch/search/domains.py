@@ -397,18 +397,15 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
     unused = np.flatnonzero((d == 0) & (cap > 0))
     unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:UNIT_TARGETS]
     targets = np.concatenate([src, unused])
-    A, B, T = [], [], []
-    for a in src:
-        for t in sorted({seg, 4 * seg, int(d[a])}):
-            if t > d[a] or t % seg:
-                continue
-            bs = targets[(room[targets] >= t) & (targets != a)]
-            A.append(np.full(bs.size, a))
-            B.append(bs)
-            T.append(np.full(bs.size, t))
-    if not A or sum(b.size for b in B) == 0:
+    # per used unit a, the sizes {seg, 4 seg, d[a]} ascending (each once), then every target with
+    # room: (a, t) pairs row-major, targets in their order - one mask, no loop over units
+    ts = np.sort(np.stack([np.full(src.size, seg), np.full(src.size, 4 * seg), d[src]], axis=1), axis=1)
+    ok = (ts <= d[src][:, None]) & (ts % seg == 0) & np.c_[np.ones(src.size, bool), ts[:, 1:] != ts[:, :-1]]
+    a_p, t_p = np.repeat(src, 3)[ok.ravel()], ts.ravel()[ok.ravel()]
+    pi, ti = np.nonzero((room[targets][None, :] >= t_p[:, None]) & (targets[None, :] != a_p[:, None]))
+    if pi.size == 0:
         return np.zeros((0, units.U), dtype=np.int64)
-    a_, b_, t_ = np.concatenate(A), np.concatenate(B), np.concatenate(T)
+    a_, b_, t_ = a_p[pi], targets[ti], t_p[pi]
     cols = np.union1d(src, unused)  # every unit nonzero in some row
     R = np.tile(d[cols], (a_.size, 1))
     at = np.arange(a_.size)

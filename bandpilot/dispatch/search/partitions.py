@@ -3,6 +3,7 @@ GPUs each - and which subsets of an exposed host are Pareto-optimal? Combinatori
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -51,6 +52,35 @@ def partitions(t: int, n: int, f: int) -> np.ndarray:
     out = np.zeros((core.shape[0], n), dtype=np.int64)
     out[:, :ne] = core
     return out
+
+
+def class_codes(caps: list[int], k: int, code_t: type, options: Callable[[int, int], np.ndarray]) -> np.ndarray | None:
+    """Every vector of per-class codes whose counts sum to ``k``: a dynamic programme over classes,
+    class ``i`` holding at most ``caps[i]`` GPUs and ``options(i, t)`` giving its code rows for ``t``
+    of them (``code_t``). Partial vectors that cannot reach ``k`` are pruned, so no intermediate
+    table is larger than the result. Row order: the earlier classes' counts ascending, outermost
+    first. None when no vector sums to ``k``."""
+    rest = np.r_[np.cumsum(caps[::-1])[::-1][1:], 0]
+    acc: dict[int, np.ndarray] = {0: np.zeros((1, 0), dtype=code_t)}
+    for i, cap in enumerate(caps):
+        new: dict[int, list[np.ndarray]] = {}
+        for s_, A in acc.items():
+            for t in range(cap + 1):
+                s2 = s_ + t
+                if s2 > k:
+                    break
+                if s2 + rest[i] < k:
+                    continue
+                R = options(i, t)
+                if R.shape[0] == 0:
+                    continue
+                if A.shape[0] == 1:
+                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), R], axis=1)
+                else:
+                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), np.tile(R, (A.shape[0], 1))], axis=1)
+                new.setdefault(s2, []).append(block)
+        acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
+    return acc.get(k)
 
 
 def pareto_options(feats: np.ndarray, masks: np.ndarray, counts: np.ndarray) -> dict[int, np.ndarray]:

@@ -85,20 +85,52 @@ def _shared(pred: Any, D: np.ndarray, solo: np.ndarray, units: Any) -> np.ndarra
     standalone value. Without it the stand-in ranked contended moves first on busy states."""
     if pred.n_jobs == 0:
         return solo
+    demand = _contended(pred, D, units).astype(float) @ pred.job_demand
+    return np.where(demand > 0, solo * solo / (solo + demand), solo)
+
+
+def _part_jobs(pred: Any, units: Any, u: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(parts, n_jobs) bool: the contending jobs on the trays of each part (unit ``u``, ``t`` GPUs)."""
+    bits = np.zeros((u.size, pred.n_jobs), dtype=bool)
+    for i, (a, b) in enumerate(zip(u.tolist(), t.tolist())):
+        if b == 0:
+            continue  # a unit a move emptied: no part
+        hosts = np.sort(units.part_hosts(a, b)[0])
+        if pred.exposed[hosts].any():
+            bits[i] = pred.jobs_on(hosts).any(axis=1)
+    return bits
+
+
+def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
+    """(rows, n_jobs) bool: the jobs some part of each row touches. A local-search batch's rows
+    equal its first row but in the one or two units a move changed, so each row's count of parts
+    per job is the first row's, less the changed units' old parts, plus their new ones - no pass
+    over every nonzero cell (the same booleans as :func:`_contended_dense`)."""
+    if D.shape[0] == 0:
+        return np.zeros((0, pred.n_jobs), dtype=bool)
+    ref = D[0]
+    r, c = np.nonzero(D != ref[None, :])
+    ru = np.flatnonzero(ref)
+    width = int(D.max(initial=0)) + 1
+    keys, inv = dense_unique(np.concatenate([ru * width + ref[ru], c * width + D[r, c]]), D.shape[1] * width)
+    bits = _part_jobs(pred, units, keys // width, keys % width).astype(np.int32)
+    at = np.zeros(D.shape[1], dtype=np.int64)
+    at[ru] = inv[: ru.size]
+    cnt = np.tile(bits[inv[: ru.size]].sum(axis=0), (D.shape[0], 1))
+    if r.size:
+        # old part out, new part in, per changed cell (a cell emptied in row 0 holds no part)
+        delta = bits[inv[ru.size :]] - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # r ascends (row-major nonzero)
+        cnt[r[starts]] += np.add.reduceat(delta, starts, axis=0)
+    return cnt > 0
+
+
+def _contended_dense(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
+    """:func:`_contended` by OR-ing every nonzero cell's part (the reference for the tests)."""
     r, u = np.nonzero(D)  # row-major: each row's parts together
     width = int(D.max(initial=0)) + 1
-    code = u * width + D[r, u]
-    keys, inv = dense_unique(code, D.shape[1] * width)
-    words = (pred.n_jobs + 63) // 64
-    bits = np.zeros((keys.size, words * 64), dtype=bool)
-    for i, key in enumerate(keys.tolist()):
-        hosts = np.sort(units.part_hosts(key // width, key % width)[0])
-        if pred.exposed[hosts].any():
-            bits[i, : pred.n_jobs] = pred.jobs_on(hosts).any(axis=1)
-    packed = np.packbits(bits, axis=1).view(np.uint64)  # (parts, words)
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    rows = np.zeros((D.shape[0], words), dtype=np.uint64)
-    rows[r[starts]] = np.bitwise_or.reduceat(packed[inv], starts, axis=0)
-    cont = np.unpackbits(rows.view(np.uint8), axis=1)[:, : pred.n_jobs].astype(bool)
-    demand = cont.astype(float) @ pred.job_demand
-    return np.where(demand > 0, solo * solo / (solo + demand), solo)
+    keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
+    bits = _part_jobs(pred, units, keys // width, keys % width)
+    out = np.zeros((D.shape[0], pred.n_jobs), dtype=bool)
+    np.logical_or.at(out, r, bits[inv])
+    return out

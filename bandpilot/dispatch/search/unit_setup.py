@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bandpilot.dispatch.search.partitions import partition_counts, partitions
+from bandpilot.dispatch.search.partitions import class_codes, partition_counts, partitions
 
 #: ``units``: a :class:`bandpilot.dispatch.search.domains.Units` (not imported: domains imports this)
 Units = Any
@@ -107,27 +107,7 @@ def _codes(k: int, G: int, structure: tuple[tuple[int, int], ...]) -> np.ndarray
         return _CODES[key]
     code_t = np.int16 if G <= 8 else np.int32
     caps = [min(n * f, k) for n, f in structure]
-    rest = np.r_[np.cumsum(caps[::-1])[::-1][1:], 0]
-    acc: dict[int, np.ndarray] = {0: np.zeros((1, 0), dtype=code_t)}
-    for i, (n, f) in enumerate(structure):
-        new: dict[int, list[np.ndarray]] = {}
-        for s_, A in acc.items():
-            for t in range(caps[i] + 1):
-                s2 = s_ + t
-                if s2 > k:
-                    break
-                if s2 + rest[i] < k:
-                    continue
-                R = partitions(t, n, f).astype(code_t)
-                if R.shape[0] == 0:
-                    continue
-                if A.shape[0] == 1:
-                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), R], axis=1)
-                else:
-                    block = np.concatenate([np.repeat(A, R.shape[0], axis=0), np.tile(R, (A.shape[0], 1))], axis=1)
-                new.setdefault(s2, []).append(block)
-        acc = {s_: (v[0] if len(v) == 1 else np.concatenate(v)) for s_, v in new.items()}
-    got = acc.get(k)
+    got = class_codes(caps, k, code_t, lambda i, t: partitions(t, *structure[i]).astype(code_t))
     if len(_CODES) >= _CODES_MAX:
         _CODES.clear()
     _CODES[key] = got
