@@ -13,8 +13,7 @@ embedding), without stage-1 features or the prior.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,32 +30,6 @@ BROADCAST_ATTENTION_MAX_TOKENS = 8
 RESID_BOUND = 1.0  # artifacts without ``resid_bound`` in their config: the residual corrects by at most e^±1
 NET_BOUND_MARGIN = 0.1  # log: a row measured > ~10 % below its stage-1 bound is network-bound
 HEADROOM_CAP = 0.5  # log headroom of stage-1 over the network beyond which intra cannot matter
-
-
-_FAST_SOFTMAX = False
-
-
-@contextmanager
-def fast_softmax(on: bool = True) -> Iterator[None]:
-    """Inference only: attention softmax as exp / sum in plain ops (:func:`_softmax`).
-
-    Why: torch 2.13's CPU softmax costs ~0.5 ms on a (40, 4, 15, 15) block - ~3x the same
-    function in elementwise ops - and it was ~25 % of a small forward call's CPU. Results move by
-    float32 rounding (<= ~4e-7), so training keeps ``torch.softmax`` (its fits stay bit-identical).
-    """
-    global _FAST_SOFTMAX
-    prev, _FAST_SOFTMAX = _FAST_SOFTMAX, on
-    try:
-        yield
-    finally:
-        _FAST_SOFTMAX = prev
-
-
-def _softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
-    if not _FAST_SOFTMAX:
-        return torch.softmax(x, dim=dim)
-    e = (x - x.amax(dim, keepdim=True)).exp_()
-    return e.mul_(e.sum(dim, keepdim=True).reciprocal_())
 
 
 def _weighted_median(x: torch.Tensor, w: torch.Tensor) -> float:
@@ -127,11 +100,11 @@ class EncoderBlock(nn.Module):
         if t <= BROADCAST_ATTENTION_MAX_TOKENS:
             # Few tokens (hosts): broadcast products beat batched tiny GEMMs by ~5x on CPU.
             scores = (q.unsqueeze(2) * k.unsqueeze(1)).sum(-1) * (dh**-0.5) + bias[:, None, :, None]
-            att = _softmax(scores, 2)  # (b, t_query, t_key, heads)
+            att = torch.softmax(scores, dim=2)  # (b, t_query, t_key, heads)
             ctx = (att.unsqueeze(-1) * v.unsqueeze(1)).sum(2)  # (b, t, heads, dh)
         else:
             qh, kh, vh = (z.transpose(1, 2) for z in (q, k, v))
-            att = _softmax(qh @ kh.transpose(-1, -2) * (dh**-0.5) + bias[:, None, None, :], -1)
+            att = torch.softmax(qh @ kh.transpose(-1, -2) * (dh**-0.5) + bias[:, None, None, :], dim=-1)
             ctx = (att @ vh).transpose(1, 2)
         x = x + self.drop(self.out(ctx.reshape(b, t, d)))
         return x + self.drop(self.ff(self.norm2(x)))

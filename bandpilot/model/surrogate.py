@@ -26,7 +26,6 @@ from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.model.domain_tokens import DomainView
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
-from bandpilot.model.networks import fast_softmax
 from bandpilot.model.prior_proxy import PriorProxy
 from bandpilot.model.tokens import gpu_tokens, grouped_host_tokens, host_arrays, host_speed, host_tokens, to_torch
 
@@ -109,8 +108,6 @@ class Surrogate:
         self.memo_enabled = True
         #: merge identical tokens of a row before a token-symmetric net (off: the reference path)
         self.merge_tokens = True
-        #: attention softmax in plain ops at inference (off: ``torch.softmax``, the reference path)
-        self.fast_softmax = True
         #: rows the net was actually run on since construction (memo misses; informational)
         self.forward_rows = 0
 
@@ -327,7 +324,7 @@ class Surrogate:
         else:
             n_tok = self._token_counts(masks, cols)
         order = np.argsort(n_tok, kind="stable")
-        with torch.inference_mode(), _threads_for(n), fast_softmax(self.fast_softmax):
+        with torch.inference_mode(), _threads_for(n):
             s = 0
             while s < n:
                 t_max = int(n_tok[order[min(n, s + chunk) - 1]])
