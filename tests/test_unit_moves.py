@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.context import SearchContext
-from bandpilot.dispatch.search.domains import UNIT_TARGETS, Units, _unit_moves, _unit_starts
+from bandpilot.dispatch.search.domains import UNIT_TARGETS, Units, _move_rows, _unit_moves, _unit_starts
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.emulator import make_fabric
 from tests.test_domain_model import nvl_spec
@@ -16,9 +15,8 @@ from tests.test_domain_search import random_state
 
 
 def _unit_moves_loop(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.ndarray:
-    """Rows moving ``t`` GPUs from a used unit to another used or a promising unused unit, in the
-    lexicographic order of the rows, one per signature sequence (interchangeable targets).
-    Vectorised on the few units a move can touch: every other column equals ``d`` in every row."""
+    """The per-unit loop the vectorised (unit, size) x target pairs replaced; the rows from the
+    pairs are built by the same code."""
     src = np.flatnonzero(d > 0)
     room = cap - d
     clean = units.free - units.exposed_free
@@ -36,22 +34,7 @@ def _unit_moves_loop(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> 
             T.append(np.full(bs.size, t))
     if not A or sum(b.size for b in B) == 0:
         return np.zeros((0, units.U), dtype=np.int64)
-    a_, b_, t_ = np.concatenate(A), np.concatenate(B), np.concatenate(T)
-    cols = np.union1d(src, unused)  # every unit nonzero in some row
-    R = np.tile(d[cols], (a_.size, 1))
-    at = np.arange(a_.size)
-    R[at, np.searchsorted(cols, a_)] -= t_
-    R[at, np.searchsorted(cols, b_)] += t_
-    R = unit_rows.unique_sorted(R)  # np.unique's order gives the full rows' (other columns are equal)
-    # interchangeable unused targets: keep one per sequence of (unit signature, count)
-    sig_id: dict[tuple, int] = {}
-    sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)
-    code = np.where(R > 0, sid[None, :] * (int(R.max()) + 1) + R, 0)
-    seq = np.take_along_axis(code, np.argsort(code == 0, axis=1, kind="stable"), axis=1)
-    first = unit_rows.first_rows(seq)
-    out = np.tile(d, (first.size, 1))
-    out[:, cols] = R[first]
-    return out
+    return _move_rows(units, d, np.union1d(src, unused), np.concatenate(A), np.concatenate(B), np.concatenate(T))
 
 
 @pytest.mark.parametrize("seed,busy", [(0, 0.0), (1, 0.3), (2, 0.5)])

@@ -405,8 +405,11 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
     pi, ti = np.nonzero((room[targets][None, :] >= t_p[:, None]) & (targets[None, :] != a_p[:, None]))
     if pi.size == 0:
         return np.zeros((0, units.U), dtype=np.int64)
-    a_, b_, t_ = a_p[pi], targets[ti], t_p[pi]
-    cols = np.union1d(src, unused)  # every unit nonzero in some row
+    return _move_rows(units, d, np.union1d(src, unused), a_p[pi], targets[ti], t_p[pi])
+
+
+def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_: np.ndarray, t_: np.ndarray) -> np.ndarray:
+    """Rows of the moves ``t_`` GPUs ``a_`` -> ``b_`` on ``d`` (``cols``: every unit nonzero in some row), sorted, one per signature sequence."""
     R = np.tile(d[cols], (a_.size, 1))
     at = np.arange(a_.size)
     R[at, np.searchsorted(cols, a_)] -= t_
