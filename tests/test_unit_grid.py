@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bandpilot.dispatch.search.screen import _part_jobs
 from bandpilot.model.unit_grid import token_grid, token_grid_dense
+from bandpilot.topology.cluster import dense_unique
 
 
 def _features(us: np.ndarray, ts: np.ndarray) -> np.ndarray:
@@ -82,7 +84,7 @@ def _contention(seed: int, U: int = 30, per_unit: int = 6, n_jobs: int = 9):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_contended_jobs_from_changed_cells_equal_or_over_parts(seed):
-    from bandpilot.dispatch.search.screen import _contended, _contended_dense
+    from bandpilot.dispatch.search.screen import _contended
 
     pred, units = _contention(seed)
     rng = np.random.default_rng(seed + 10)
@@ -92,3 +94,14 @@ def test_contended_jobs_from_changed_cells_equal_or_over_parts(seed):
     assert np.array_equal(got, want)
     E = rng.integers(0, 3, size=(40, 30)) * (rng.random((40, 30)) < 0.3)  # no shared first row
     assert np.array_equal(_contended(pred, E, units), _contended_dense(pred, E, units))
+
+
+def _contended_dense(pred, D: np.ndarray, units) -> np.ndarray:
+    """:func:`_contended` by OR-ing every nonzero cell's part (the reference)."""
+    r, u = np.nonzero(D)  # row-major: each row's parts together
+    width = int(D.max(initial=0)) + 1
+    keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
+    bits = _part_jobs(pred, units, keys // width, keys % width)
+    out = np.zeros((D.shape[0], pred.n_jobs), dtype=bool)
+    np.logical_or.at(out, r, bits[inv])
+    return out

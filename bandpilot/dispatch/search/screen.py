@@ -105,7 +105,7 @@ def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
     """(rows, n_jobs) bool: the jobs some part of each row touches. A local-search batch's rows
     equal its first row but in the one or two units a move changed, so each row's count of parts
     per job is the first row's, less the changed units' old parts, plus their new ones - no pass
-    over every nonzero cell (the same booleans as :func:`_contended_dense`)."""
+    over every nonzero cell (the same booleans as OR-ing every nonzero cell's part)."""
     if D.shape[0] == 0:
         return np.zeros((0, pred.n_jobs), dtype=bool)
     ref = D[0]
@@ -124,13 +124,3 @@ def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
         cnt[r[starts]] += np.add.reduceat(delta, starts, axis=0)
     return cnt > 0
 
-
-def _contended_dense(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
-    """:func:`_contended` by OR-ing every nonzero cell's part (the reference for the tests)."""
-    r, u = np.nonzero(D)  # row-major: each row's parts together
-    width = int(D.max(initial=0)) + 1
-    keys, inv = dense_unique(u * width + D[r, u], D.shape[1] * width)
-    bits = _part_jobs(pred, units, keys // width, keys % width)
-    out = np.zeros((D.shape[0], pred.n_jobs), dtype=bool)
-    np.logical_or.at(out, r, bits[inv])
-    return out
