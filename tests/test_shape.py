@@ -359,6 +359,28 @@ def test_shape_search_never_predicts_worse_than_a_baseline_nvl(case):
     _check_never_worse(NVL, *case)
 
 
+def test_baseline_rank_maps_guard_a_search_that_alone_is_slower():
+    """The guard at work: on this state (9 free GPUs over the 4 hosts as 3 / 1 / 2 / 3, so one TP group
+    must span hosts and the TP rule is off) the search's own candidates, refined, are predicted at
+    1,630 ms while the segment baseline's GPU-id-order rank map is at 1,557 ms (found by a scratch
+    sweep of 4,000 random states: the search alone is slower than a baseline in 5). With the
+    baselines' rank maps competing (default settings) the pick is never slower than either."""
+    from bandpilot.dispatch.search.shape import shape_search
+    from bandpilot.dispatch.shaped import _chain, default_refiners
+
+    free = ["h100-0:2", "h100-0:5", "h100-0:7", "h100-1:6", "h100-2:2", "h100-2:7", "h100-3:1", "h100-3:4", "h100-3:5"]
+    state = State.from_dict(H100.spec, {"free": free, "jobs": []})
+    shp = Shape.parse({"tp": 2, "pp": 2, "dp": 2})
+    disp = Dispatcher(H100)
+    base = {a: disp.select(shp.k, state, a, shape=shp).placement["step_ms"] for a in ("blind", "segment")}
+    pred = ContentionPredictor(H100, state)
+    alone, _ = shape_search(pred, state.free, shp, {}, [], _chain(default_refiners(H100.spec)))
+    assert alone.step_ms > base["segment"] * 1.03  # the search alone loses to the baseline here
+    got = disp.select(shp.k, state, shape=shp).placement
+    assert got["step_ms"] <= min(base.values()) * (1 + 1e-9)
+    assert got["layout"].startswith("segment/gpu-order")  # the baseline's rank map (then refined) won
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(0, 255), min_size=4, max_size=4), st.sampled_from([(2, 4), (4, 2), (2, 6), (8, 2), (4, 3)]))
 def test_segment_unit_order_is_the_block_cut(busy, tg):

@@ -104,3 +104,35 @@ def test_gap_oracle_never_above_its_starts_and_leaves_the_contended_host():
     best = search(truth, shp, [start, other], state.free, rounds=5, rows=5000, kicks=2, seed=0)
     assert best.step_ms <= min(start.step_ms, other.step_ms)
     assert 0 not in best.hosts and best.step_ms < start.step_ms
+
+
+def test_nonlocal_budget_counts_the_rows_sent():
+    """The non-local pass's row budget counts the rows the incremental scorer sends: the groups a
+    move touches (here its stage's DP groups and the PP groups beside it), fewer than full re-scores,
+    and at least the distinct rows the model evaluates."""
+    from bandpilot.dispatch.search import shape_moves
+    from bandpilot.dispatch.search.shape import group_ranks
+    from bandpilot.dispatch.search.shape_delta import MoveScorer
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.topology.cluster import load_cluster
+
+    big = make_fabric(load_cluster("params/clusters/h100-128.yaml"))
+    spec = big.spec
+    # tp=4,pp=4,dp=2 on GPUs 0-3 of hosts 0-7 (a stage per host pair); a tenant on GPUs 4-7 of those
+    # hosts crosses them all; hosts 8-15 are free and clean
+    free = [f"{spec.hosts[h].name}:{i}" for h in range(8) for i in range(4)] + \
+        [f"{spec.hosts[h].name}:{i}" for h in range(8, 16) for i in range(8)]
+    tenant = [f"{spec.hosts[h].name}:{i}" for h in range(8) for i in range(4, 8)]
+    state = State.from_dict(spec, {"free": free, "jobs": [{"id": "t", "gpus": tenant, "demand_gbps": 300.0}]})
+    shp = Shape.parse("tp=4,pp=4,dp=2")
+    start = from_ranks(spec, free[:32])
+    pred = ContentionPredictor(big, state)
+    score(pred, shp, [start])
+    each = 2 * sum(g.shape[0] for g in group_ranks(shp).values())
+    cap = max(shape_moves.ROUND_ROWS // each, shape_moves.MIN_ROUND)
+    H, Ix = nonlocal_moves(spec, start, state.free, shp, cap, np.random.default_rng(0), shape_moves.TARGETS,
+                           pred.exposed)
+    scorer = MoveScorer(pred, shp, start)
+    before = pred.evaluations
+    scorer.step_ms(H, Ix)
+    assert 0 < pred.evaluations - before <= scorer.rows_sent < H.shape[0] * each

@@ -107,6 +107,8 @@ class MoveScorer:
         self.vol, self.compute = shape.volumes()
         self.granks = {a: g for a, g in group_ranks(shape).items() if a in self.vol}
         self._last: dict[str, Any] | None = None
+        #: model rows the last :meth:`step_ms` call sent (a pass's row budget counts these)
+        self.rows_sent = 0
         if base.groups is not None and base.groups[0] is pred and base.groups[1] == shape:
             self.base = base.groups[2]()
             self._fill()
@@ -140,6 +142,7 @@ class MoveScorer:
         Hc = np.searchsorted(cols, H)
         pending = {a: self._plan(a, _masks(Hc, Ix, g, cols.size), cols, rows) for a, g in self.granks.items()}
         vals = rows.run(self.pred)
+        self.rows_sent = rows.n
         total = np.zeros(C)
         self._last = {"H": H, "Ix": Ix}
         for a, (ti, tg, keep, finish) in pending.items():
@@ -184,6 +187,7 @@ class MoveScorer:
             out.base[a] = b
         out._fill()
         out._last = None
+        out.rows_sent = 0
         # the next pass's scorer starts from these figures (read only there: children copy them)
         out.placement.groups = (self.pred, self.shape, lambda: out.base)
         return out
