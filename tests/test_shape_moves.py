@@ -81,7 +81,7 @@ def test_evacuation_leaves_a_contended_host_local_moves_cannot():
 def test_default_refiners_and_the_dispatcher_setting():
     # measured: no non-local gain on NVLink-domain clusters, the rail layout gains there
     assert default_refiners(NVL.spec) == ("local", "rail")
-    assert default_refiners(H100.spec) == ("local", "nonlocal")
+    assert default_refiners(H100.spec) == ("local", "nonlocal", "repair")
     state, shp, _ = _contended_case()
     disp = Dispatcher(H100)
     assert disp.shape_refiners is None

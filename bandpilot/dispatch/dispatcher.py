@@ -117,8 +117,9 @@ class Dispatcher:
         self.shape_bandwidth_seed: bool | None = None
         #: shaped requests: refinement passes run on the shape search's pick, in order (names in
         #: :data:`bandpilot.dispatch.shaped.REFINERS`: ``local`` swaps, ``nonlocal`` group / host moves,
-        #: ``rail`` re-deal inside units); None: :func:`bandpilot.dispatch.shaped.default_refiners`
-        #: (``local`` + ``nonlocal`` where units are hosts, ``local`` + ``rail`` on NVLink-domain clusters)
+        #: ``repair`` spanning TP groups re-paired, ``rail`` re-deal inside units); None:
+        #: :func:`bandpilot.dispatch.shaped.default_refiners` (``local`` + ``nonlocal`` + ``repair`` where
+        #: units are hosts, ``local`` + ``rail`` on NVLink-domain clusters)
         self.shape_refiners: tuple[str, ...] | None = None
 
     def with_locality(self, locality: float) -> "Dispatcher":
