@@ -124,6 +124,7 @@ SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="uti
          "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
          "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False),
          "elastic-current-share": SimConfig(policy="utility", elastic=True, current_share=True),
+         "elastic-fill": SimConfig(policy="utility", elastic=True, fill_idle=True),
          "elastic-srpt-suspend-cs": SimConfig(policy="utility", elastic=True, admission="srpt-suspend", current_share=True),
          "elastic-srpt-suspend-cs-fill": SimConfig(policy="utility", elastic=True, admission="srpt-suspend",
                                                    current_share=True, fill_idle=True)}
