@@ -13,7 +13,8 @@ Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing, resizes may
 work, only longer jobs yield; ``srpt-suspend``: shortest remaining work first at 2 x min_k each, the
 others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension; ``hesrpt-suspend``:
 heSRPT shares by rank in remaining work; ``no relocation``: resizes grow around the old GPUs only, the default
-before; ``current-share``: growths priced from the collective share at the job's current size, a flag).
+before; ``current-share``: growths priced from the collective share at the job's current size, a flag;
+``fill-idle``: GPUs free when nothing waits offered to the jobs at a boundary, a flag).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
 Truth: the measured h100-16m tables when ``../shared/data`` is present, else the emulated H100
 (labelled EMULATED); the dispatcher's model is the truth (a perfect predictor). Fixed-gang rows
@@ -69,6 +70,10 @@ CONFIGS = {
     "elastic + utility, current-share pricing": SimConfig(policy="utility", elastic=True, current_share=True),
     "elastic, srpt-suspend admission, current-share pricing": SimConfig(policy="utility", elastic=True,
                                                                       admission="srpt-suspend", current_share=True),
+    # GPUs free when nothing waits offered to the jobs at a boundary (running jobs keep their size), a flag
+    "elastic, srpt-suspend admission, current-share pricing, fill-idle": SimConfig(
+        policy="utility", elastic=True, admission="srpt-suspend", current_share=True, fill_idle=True),
+    "elastic + utility, fill-idle": SimConfig(policy="utility", elastic=True, fill_idle=True),
     "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
                                                                           admission="min-k", pricing="self"),
     "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
@@ -118,7 +123,11 @@ SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="uti
          "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
          "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
          "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False),
-         "elastic-current-share": SimConfig(policy="utility", elastic=True, current_share=True)}
+         "elastic-current-share": SimConfig(policy="utility", elastic=True, current_share=True),
+         "elastic-fill": SimConfig(policy="utility", elastic=True, fill_idle=True),
+         "elastic-srpt-suspend-cs": SimConfig(policy="utility", elastic=True, admission="srpt-suspend", current_share=True),
+         "elastic-srpt-suspend-cs-fill": SimConfig(policy="utility", elastic=True, admission="srpt-suspend",
+                                                   current_share=True, fill_idle=True)}
 
 
 def main() -> int:

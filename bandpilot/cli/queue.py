@@ -276,6 +276,7 @@ def rebalance_cmd(
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
     current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k (a flag: README issue 22)."),
+    fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits; a flag: README issue 22)."),
     relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. A resize may move the job onto a fresh placement, priced like a growth."),
     admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended)."),
     store: Optional[str] = STORE_OPT,
@@ -294,7 +295,7 @@ def rebalance_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
                     policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing,
-                    relocate=relocate, current_share=current_share)
+                    relocate=relocate, current_share=current_share, fill_idle=fill_idle)
     doc = {"quotas": rep.quotas, "resized": rep.resized, "admitted": rep.admitted, "waiting": rep.waiting,
            "suspended": rep.suspended}
     if as_json:

@@ -44,6 +44,7 @@ def simulate_cmd(
     admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline) | srpt (by estimated remaining work: a newcomer claims half its k, only jobs with more remaining work yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
     current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k (a flag: README issue 22)."),
+    fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits; a flag: README issue 22)."),
     relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. Elastic: a resize may move the job onto a fresh placement (a growth onto an idle host; a job on several hosts onto one), priced like a growth."),
     resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
@@ -77,7 +78,7 @@ def simulate_cmd(
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
                     start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot,
-                    relocate=relocate, current_share=current_share)
+                    relocate=relocate, current_share=current_share, fill_idle=fill_idle)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)

@@ -75,6 +75,11 @@ DEFAULT_RELOCATE = True
 #: default's mean JCT a tie on seeds 0-9 and 0.35 % worse on held-out seeds 30-39, +36 % CPU at scale.
 CURRENT_SHARE = False
 
+#: True: after admissions, GPUs still free when no request waits are offered to the running jobs at
+#: a boundary, shortest remaining work first, each growth priced as any (``rebalance(fill_idle=True)``,
+#: ``--fill-idle``; README issue 22). A flag: see the README for the measured figures.
+FILL_IDLE = False
+
 
 def _relocating(relocate: bool | None, blind: bool) -> bool:
     """The blind baseline places by GPU id: it never relocates."""
@@ -95,6 +100,7 @@ def rebalance(
     algorithm: str = "bandpilot", demand: str = DEFAULT_DEMAND, epochs: dict[str, int] | None = None,
     policy: str = "utility", pricing: str = DEFAULT_PRICING, admission: str = DEFAULT_ADMISSION,
     scaling: str = DEFAULT_SCALING_MODE, relocate: bool | None = None, current_share: bool | None = None,
+    fill_idle: bool | None = None,
 ) -> RebalanceReport:
     """One epoch-boundary round: quotas over the running elastic jobs in ``at_boundary`` (all
     running elastic jobs when None) and the pending queue (in ``policy`` order); shrinks, grows and
@@ -104,7 +110,9 @@ def rebalance(
     efficiency or as perfect (``scaling``: :data:`SCALING_MODES`); ``relocate``: a growth may also move
     the job onto a fresh placement of the grown size (:func:`_relocations`; None: :data:`DEFAULT_RELOCATE`;
     never when ``blind``); ``current_share``: a growth is priced from the job's collective share at its
-    current size (None: :data:`CURRENT_SHARE`). Jobs not at a boundary keep their GPUs."""
+    current size (None: :data:`CURRENT_SHARE`); ``fill_idle``: GPUs left free when nothing waits
+    are offered to the jobs at a boundary (:func:`_fill_idle`; None: :data:`FILL_IDLE`). Jobs not at
+    a boundary keep their GPUs."""
     if pricing not in PRICERS:
         raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
     if admission not in ADMISSIONS:
@@ -114,6 +122,7 @@ def rebalance(
     spec = dispatcher.model.spec
     rep = RebalanceReport()
     eligible = None if at_boundary is None else set(at_boundary)
+    fill = FILL_IDLE if fill_idle is None else bool(fill_idle)
     with store.write() as conn:
         state = store.load_state(conn, spec)
         pending, _ = load_pending(conn)
@@ -149,7 +158,8 @@ def rebalance(
             u = p.req.utility if p.req.utility is not None else prior
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False,
                                    rem.get(p.req.id, math.inf)))
-        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=int(spec.gpus_per_host.max()))
+        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=int(spec.gpus_per_host.max()),
+                                    keep=fill)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         if any(rep.quotas.get(jid) == 0 for jid in held):  # srpt-suspend: 0 GPUs until it resumes
             _suspend_all(conn, rep, held, rem, {r.id: r.k for r in running})
@@ -161,6 +171,9 @@ def rebalance(
         _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
+        if fill and not blind and not rep.waiting:  # shortest remaining work (then highest utility) first
+            _fill_idle(conn, rep, store.load_state(conn, spec), held, ctx, sorted(
+                held, key=lambda j: (rem.get(j, math.inf), -next(c.utility for c in cands if c.id == j), j)))
     return rep
 
 
@@ -191,6 +204,7 @@ class _Round:
     place: Callable[[State, int], np.ndarray | None] | None = None  # relocate: a fresh k-GPU placement
     k_req: dict[str, int] = field(default_factory=dict)  # running jobs' requested k (their declared share's size)
     share_now: bool | None = None  # price a growth from the collective share at the current size (None: CURRENT_SHARE)
+    priced: set[str] = field(default_factory=set)  # jobs whose growth was priced this round (fill_idle skips them)
 
     def f_now(self, jid: str, cur: int, b0: float) -> float:
         """The job's collective share at its current size (:func:`current_share`) or, without
@@ -236,6 +250,7 @@ def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
     """The growth up to ``target`` the pricer takes (``B(S ∪ new)`` under contention, and for
     ``welfare`` what it imposes on co-tenants); ``(mask, None, cur)`` if none."""
     c = rnd.running[jid]
+    rnd.priced.add(jid)
     b0 = _predict(rnd.model, others, mask) if cur > 1 else 0.0
     f = rnd.f_now(jid, cur, b0)
     own = mask != 0
@@ -301,7 +316,6 @@ def _move_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
 
 
 def _resize_all(conn, rep, state, held, rnd: _Round) -> None:
-    spec = state.spec
     ts = now()
     jobs = {j.id: j for j in state.jobs}
     # shrinks first: the GPUs they give up are what grows and admissions take
@@ -325,11 +339,44 @@ def _resize_all(conn, rep, state, held, rnd: _Round) -> None:
             rep.quotas[jid] = target
             if target == cur:
                 continue
-        gpus = spec.from_mask(mask)
-        solo = float(rnd.model.predict_masks(mask[None, :])[0]) if target > 1 else 0.0
-        pressed = solo * pressure_factor(rnd.fracs.get(jid), rnd.demand)
-        rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), rnd.epochs.get(jid), value, pressed), ts, "scheduler"))
-        state = others.with_job(jid, gpus, pressed)
+        state = _write_resize(conn, rep, others, jid, mask, value, target, rnd, ts)
+
+
+def _write_resize(conn, rep, others: State, jid: str, mask: np.ndarray, value: float | None, k: int, rnd: _Round,
+                  ts: float) -> State:
+    """One resize as a new generation (audited); returns the state with the job on its new GPUs."""
+    gpus = others.spec.from_mask(mask)
+    solo = float(rnd.model.predict_masks(mask[None, :])[0]) if k > 1 else 0.0
+    pressed = solo * pressure_factor(rnd.fracs.get(jid), rnd.demand)
+    rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), rnd.epochs.get(jid), value, pressed), ts, "scheduler"))
+    return others.with_job(jid, gpus, pressed)
+
+
+def _fill_idle(conn, rep, state: State, held: dict[str, np.ndarray], rnd: _Round, order: list[str]) -> None:
+    """``fill_idle``: the GPUs still free after the quotas' resizes and the admissions, when no
+    request waits (nobody pending can use them this round), are offered to the jobs at this boundary
+    in ``order`` (shortest remaining work first), each up to ``max_k``, priced as any growth. Why
+    (README issue 22, the srpt-suspend tail): with two J1 jobs left on 32 GPUs the leftovers' rule
+    gives the shorter one 24, the pricer takes 16 (24 over three hosts is slower) and 8 GPUs idled
+    for ~1 h beside the other J1 at 8 on one host, whose growth was never priced. Jobs resized or
+    priced for growth this round are skipped (the same candidates were just priced)."""
+    done = {r["job"] for r in rep.resized} | rnd.priced
+    ts = now()
+    for jid in order:
+        if state.n_free == 0:
+            break
+        if jid in done or jid not in held or jid not in rnd.running:
+            continue
+        mask = next(j.mask for j in state.jobs if j.id == jid)
+        cur = int(popcount(mask).sum())
+        target = _snap(rnd.running[jid], min(rnd.running[jid].hi, cur + state.n_free))
+        if target <= cur:
+            continue
+        others = state.without_job(jid)
+        grown, value, k = _grow_priced(rnd, others, jid, mask, cur, target)
+        if k > cur:
+            rep.quotas[jid] = k
+            state = _write_resize(conn, rep, others, jid, grown, value, k, rnd, ts)
 
 
 def _admit(conn, rep, state, reqs, dispatcher, algorithm, rnd: _Round) -> None:

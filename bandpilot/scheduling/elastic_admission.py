@@ -133,18 +133,19 @@ def _admitted(cands: Sequence[Candidate], n_gpus: int, rule: Admission, n_idle: 
 
 
 def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION,
-                   n_idle: int | None = None, host: int = 8) -> dict[str, int]:
+                   n_idle: int | None = None, host: int = 8, keep: bool = False) -> dict[str, int]:
     """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
     most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
     pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits
     (``n_idle``: the GPUs idle now, for the rules that admit into idle GPUs only; default all).
     The ``srpt-host``/``srpt-suspend`` rules share by remaining work, up to ``host`` GPUs each,
-    and ``srpt-suspend`` may give a running job 0 (:func:`~bandpilot.scheduling.elastic_srpt.srpt_quotas`)."""
+    and ``srpt-suspend`` may give a running job 0 (:func:`~bandpilot.scheduling.elastic_srpt.srpt_quotas`;
+    ``keep``: when nothing waits, running jobs keep their current size first)."""
     rule = ADMISSIONS[admission]
     if rule.hesrpt:
         return hesrpt_quotas(cands, n_gpus, host)
     if rule.host_srpt:
-        return srpt_quotas(cands, n_gpus, host, rule.suspend)
+        return srpt_quotas(cands, n_gpus, host, rule.suspend, keep)
     admitted = _admitted(cands, n_gpus, ADMISSIONS[admission], n_gpus if n_idle is None else n_idle)
     if not admitted:
         return {}

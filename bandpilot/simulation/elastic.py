@@ -120,7 +120,7 @@ class ElasticSim(_Sim):
         rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
                         admission=self.cfg.admission, scaling=self.cfg.scaling_pricing, relocate=self.cfg.relocate,
-                        current_share=self.cfg.current_share,
+                        current_share=self.cfg.current_share, fill_idle=self.cfg.fill_idle,
                         epochs={jid: int(max(0.0, self.running[jid].progress) * self._epochs(jid)) for jid in at})
         self.batches += 1
         for jid in at:

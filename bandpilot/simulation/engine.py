@@ -48,7 +48,7 @@ from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batc
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
 from bandpilot.scheduling.startwait import START_WAIT_MODES
 from bandpilot.scheduling.age_slot import AGE_SLOT_MODES
-from bandpilot.scheduling.elastic import ADMISSIONS, CURRENT_SHARE, DEFAULT_ADMISSION, DEFAULT_RELOCATE
+from bandpilot.scheduling.elastic import ADMISSIONS, CURRENT_SHARE, DEFAULT_ADMISSION, DEFAULT_RELOCATE, FILL_IDLE
 from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, DEFAULT_SCALING_MODE, PRICERS, SCALING_MODES
 from bandpilot.queue.learning import DEFAULT_LAMBDA
 from bandpilot.simulation.bandwidth import TrueBandwidth
@@ -87,6 +87,7 @@ class SimConfig:
     scaling_pricing: str = DEFAULT_SCALING_MODE  # elastic: compute priced by each job's declared scaling | perfect (before)
     relocate: bool = DEFAULT_RELOCATE  # elastic: a resize may move the job onto a fresh placement (README issue 22)
     current_share: bool = CURRENT_SHARE  # elastic: growths priced from the collective share at the current size
+    fill_idle: bool = FILL_IDLE  # elastic: GPUs free when nothing waits offered to the jobs at a boundary
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
     def check(self) -> None:
