@@ -173,3 +173,23 @@ def test_hrrn_sized_ages_a_large_gang_later_than_a_small_one(monkeypatch):
     pend[1] = mk("big", 16, 0.0)
     pend[2] = mk("short", 2, 14 * 3600.0)
     assert order("hrrn-sized", 15 * 3600.0)[:2] == ["small", "big"]
+
+
+def test_hrrn_jct_ranks_a_long_request_by_its_projected_jct(monkeypatch):
+    from bandpilot.scheduling import policies
+    from bandpilot.scheduling.policies import Pending, order_pending
+
+    monkeypatch.setattr(policies, "HRRN_AGE_CAP_S", 8 * 3600.0)
+    mk = lambda rid, sub: Pending(q.Request(rid, 2, submitted_at=sub), 0, sub)  # noqa: E731
+    # at 20 h: "long" (29 h estimate) waited 4 h; "mid" (4 h) waited 8 h; "short" (0.2 h) waited 0.6 h
+    exp = {"long": 29 * 3600.0, "mid": 4 * 3600.0, "short": 0.2 * 3600.0}
+    pend = [mk("long", 16 * 3600.0), mk("mid", 12 * 3600.0), mk("short", 19.4 * 3600.0)]
+    order = lambda policy: [p.req.id for p in order_pending(pend, policy, exp, now=20 * 3600.0)]  # noqa: E731
+    # hrrn: long 1 + 4/8 = 1.5, mid 1 + 8/4 = 3, short 1 + 0.6/0.2 = 4
+    assert order("hrrn") == ["short", "mid", "long"]
+    # hrrn-jct: long (4 + 29) / 8 = 4.125 leads; a request within the cap keeps hrrn's ratio
+    assert order("hrrn-jct") == ["long", "short", "mid"]
+    pend[0] = mk("long", 18 * 3600.0)  # waited 2 h: (2 + 29) / 8 = 3.875, between short (4) and mid (3)
+    assert order("hrrn-jct") == ["short", "long", "mid"]
+    monkeypatch.setattr(policies, "HRRN_AGE_CAP_S", 40 * 3600.0)  # no estimate past the cap: plain hrrn
+    assert order("hrrn-jct") == order("hrrn")

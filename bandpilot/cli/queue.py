@@ -412,7 +412,7 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | hrrn-jct (hrrn, a request expected past the 8 h cap ranked by wait + estimate) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),

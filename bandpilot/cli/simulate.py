@@ -23,7 +23,7 @@ def simulate_cmd(
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | hrrn-jct (hrrn, a request expected past the 8 h cap ranked by wait + estimate) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
     algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),

@@ -39,7 +39,10 @@ drains the cluster) meets every target on the 24-seed means (mean -28 % / -25 %,
 max -6 % / -2 % vs Slurm-like) but on the held-out seeds 8-15 misses all of them and is worse than
 this default on every figure there, and it costs 8 % of the ``full`` mean over 24 seeds (README,
 "Fifth round"); on seeds 24-31 it and ``hrrn-aged`` collapse the queue on two seeds (mean +14 % /
-+15 % and -0.4 % / +7 % vs Slurm-like): named policies only.
++15 % and -0.4 % / +7 % vs Slurm-like): named policies only. ``hrrn-jct`` (a request expected past the
+8 h cap ranked by wait + estimate over the cap) is below this default on mean, p95 and maximum on the
+held-out seeds 64-79 but above it on all three over seeds 0-23, where it misses the ``comm`` p95
+target (README, "Ninth round"): a named policy.
 
 ``--age-slot projected`` (:mod:`bandpilot.scheduling.age_slot`: the largest projected JCT past 30 h
 is reserved first, in place of hrrn's second slot) meets every target on the 24-seed means (mean
