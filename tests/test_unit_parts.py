@@ -5,7 +5,7 @@ stage-1 values and random per-unit count rows."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bandpilot.dispatch.search import unit_rows
@@ -112,3 +112,21 @@ def test_a_part_larger_than_the_unit_raises_as_part_hosts_does(fab):
         units.part_hosts(u, t)
     with pytest.raises(ValueError, match="cannot hold"):
         unit_rows.part_table(units, np.array([0, u]), np.array([1, t]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), frac=st.sampled_from([0.3, 0.6, 0.85]))
+def test_jobs_of_parts_are_each_parts_jobs_on(fab, seed, frac):
+    """The screen's contending jobs per part in one pass equal ``jobs_on`` of each part's trays."""
+    units = _units(fab, seed, frac, 0)
+    pred = units.ctx.pred
+    assume(units.ctx.exposed.any())  # some free tray shares a host with a job (6-8 of 10 states)
+    u = np.repeat(np.arange(units.U), units.free + 1)
+    t = np.concatenate([np.arange(f + 1) for f in units.free]).astype(np.int64)  # 0: no part
+    ptr, hosts, _ = units.parts(u, t)
+    got = pred.jobs_of_parts(ptr, hosts)
+    want = np.zeros_like(got)
+    for j, (a, b) in enumerate(zip(u.tolist(), t.tolist())):
+        if b:
+            want[j] = pred.jobs_on(np.sort(units.part_hosts(a, b)[0])).any(axis=1)
+    assert want.any() and np.array_equal(got, want)
