@@ -76,10 +76,18 @@ def _contention(seed: int, U: int = 30, per_unit: int = 6, n_jobs: int = 9):
 
     rng = np.random.default_rng(seed)
     on = rng.random((n_jobs, U * per_unit)) < 0.08
-    pred = SimpleNamespace(n_jobs=n_jobs, exposed=on.any(axis=0),
-                           jobs_on=lambda hosts: on[:, hosts].astype(np.int64))
-    units = SimpleNamespace(part_hosts=lambda u, t: (u * per_unit + np.arange(t % per_unit + 1)[::-1], None))
-    return pred, units
+    def part_hosts(u: int, t: int) -> np.ndarray:
+        return u * per_unit + np.arange(t % per_unit + 1)[::-1] if t else np.zeros(0, dtype=np.int64)
+
+    def parts(us: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+        hs = [part_hosts(a, b) for a, b in zip(us.tolist(), ts.tolist())]
+        return np.r_[0, np.cumsum([h.size for h in hs])], np.concatenate([np.zeros(0, dtype=np.int64), *hs]), None
+
+    def jobs_of_parts(ptr: np.ndarray, hosts: np.ndarray) -> np.ndarray:
+        return np.array([on[:, hosts[a:b]].any(axis=1) for a, b in zip(ptr[:-1], ptr[1:])]).reshape(-1, n_jobs)
+
+    pred = SimpleNamespace(n_jobs=n_jobs, exposed=on.any(axis=0), jobs_of_parts=jobs_of_parts)
+    return pred, SimpleNamespace(parts=parts)
 
 
 @pytest.mark.parametrize("seed", range(5))

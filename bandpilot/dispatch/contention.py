@@ -185,6 +185,18 @@ class ContentionPredictor:
             out[self._inc_jobs[idx], np.repeat(e, lens)] = self._inc_masks[idx]
         return out
 
+    def jobs_of_parts(self, ptr: np.ndarray, hosts: np.ndarray) -> np.ndarray:
+        """``(parts, n_jobs)`` bool: the jobs holding GPUs on some host of each part (part ``j``:
+        ``hosts[ptr[j]:ptr[j + 1]]``) - ``jobs_on(part).any(axis=1)`` of every part in one pass."""
+        out = np.zeros((ptr.size - 1, self.n_jobs), dtype=bool)
+        e = np.flatnonzero(self.exposed[hosts])
+        if e.size:
+            idx, lens = self._incidence(np.searchsorted(self._exposed_cols, hosts[e]))
+            part = np.repeat(np.repeat(np.arange(ptr.size - 1), np.diff(ptr))[e], lens)
+            held = self._inc_masks[idx] != 0
+            out[part[held], self._inc_jobs[idx][held]] = True
+        return out
+
     def _incidence(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Incidence entries of the exposed hosts ``rows`` (indices into them, entries per row)."""
         lo, hi = self._inc_ptr[rows], self._inc_ptr[rows + 1]

@@ -364,9 +364,14 @@ class Surrogate:
         if self.kind != "domain":
             return used.sum(axis=1)
         unit = self.domain_view.ix.unit if cols is None else self.domain_view.ix.unit[cols]
-        r, c = np.nonzero(used)
-        pairs = np.unique(r * self.domain_view.ix.U + unit[c])
-        return np.bincount(pairs // self.domain_view.ix.U, minlength=masks.shape[0])
+        if used.shape[1] == 0:
+            return np.zeros(masks.shape[0], dtype=np.int64)
+        # columns grouped by unit, one OR per (row, unit) block: a batch of ~1,000 rows x ~1,000
+        # trays made ~500,000 (row, unit) pairs to de-duplicate by hashing (~1.5 ms per call)
+        order = np.argsort(unit, kind="stable")
+        su = unit[order]
+        starts = np.flatnonzero(np.r_[True, su[1:] != su[:-1]])
+        return np.logical_or.reduceat(used[:, order], starts, axis=1).sum(axis=1)
 
     def predict(self, allocations: Sequence[Sequence[str]]) -> np.ndarray:
         """``B̂`` for allocations given as GPU-id lists (``"host:idx"``)."""

@@ -80,6 +80,7 @@ class Units:
         self._sigs: dict[tuple[int, bool], tuple] = {}
         self.setup: dict = {}  # per-request tables shared by every unit (unit_setup)
         self.ctx = ctx
+        self.parts = lambda u, t: unit_rows.part_table(self, u, t)  # part_hosts of many pairs: (ptr, hosts, counts)
 
     def allowed(self, u: int) -> np.ndarray:
         a = np.zeros(self.ctx.H, dtype=bool)
@@ -172,8 +173,7 @@ class Units:
         return got
 
     def mask_rows(self, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per-unit count rows ``(n, U)`` -> the best mask rows for them on the hosts they touch:
-        ``(masks (n, len(cols)), cols)`` (each unit's part from :meth:`part`)."""
+        """Per-unit count rows ``(n, U)`` -> ``(masks (n, len(cols)), cols)``: their parts' best masks."""
         return unit_rows.mask_rows(self, D)
 
 

@@ -27,16 +27,10 @@ def mask_rows(units: Any, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ri, ui = np.nonzero(D)
     width = int(D.max(initial=0)) + 1
     keys = np.unique(ui * width + D[ri, ui])
-    # every distinct (unit, count) part: its hosts and counts, concatenated (``ptr`` into them)
-    hs, cs = [], []
-    for key in keys.tolist():
-        h, c = units.part_hosts(key // width, key % width)
-        hs.append(h)
-        cs.append(c)
-    if not hs:
+    if keys.size == 0:
         return np.zeros((n, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    h_of, c_of = np.concatenate(hs), np.concatenate(cs)
-    ptr = np.r_[0, np.cumsum([h.size for h in hs])]
+    # every distinct (unit, count) part: its hosts and counts, concatenated (``ptr`` into them)
+    ptr, h_of, c_of = part_table(units, keys // width, keys % width)
     cols = np.unique(h_of)
     col_of = np.searchsorted(cols, h_of)
     m_of = units.ctx.best_mask[h_of, c_of]
@@ -52,6 +46,95 @@ def mask_rows(units: Any, D: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     has = D[r, u] > 0
     _put(out, r[has], u[has], D[r[has], u[has]], keys, width, ptr, col_of, m_of, True)
     return out, cols
+
+
+def part_table(units: Any, u: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:meth:`Units.part_hosts` of many ``(u, t)`` pairs at once (``t`` = 0: no part), concatenated:
+    ``(ptr, hosts, counts)``, pair ``j``'s part being ``hosts[ptr[j]:ptr[j + 1]]``. Each part is
+    computed once per request (:func:`_parts_of`) and kept in flat arrays indexed by ``(u, t)``: a
+    2,048-4,096-GPU gang's screened chunks need ~100-1,000 parts per call, nearly all seen before -
+    one Python call per part was most of ``mask_rows``."""
+    u, t = np.asarray(u, dtype=np.int64), np.asarray(t, dtype=np.int64)
+    big = t > units.free[u]
+    if big.any():
+        j = int(np.flatnonzero(big)[0])
+        raise ValueError(f"unit {u[j]} cannot hold {t[j]} GPUs")
+    store = units.setup.get("parts")
+    if store is None:
+        width = int(units.free.max(initial=0)) + 1
+        store = {"lo": np.full((units.U, width), -1, dtype=np.int64), "len": np.zeros((units.U, width), dtype=np.int64),
+                 "hosts": np.zeros(0, dtype=np.int64), "counts": np.zeros(0, dtype=np.int64)}
+        units.setup["parts"] = store
+    lo, ln = store["lo"], store["len"]
+    new = lo[u, t] < 0
+    if new.any():
+        code = np.unique(u[new] * lo.shape[1] + t[new])
+        nu, nt = code // lo.shape[1], code % lo.shape[1]
+        ptr, hosts, counts = _parts_of(units, nu, nt)
+        lo[nu, nt], ln[nu, nt] = ptr[:-1] + store["hosts"].size, np.diff(ptr)
+        store["hosts"], store["counts"] = np.r_[store["hosts"], hosts], np.r_[store["counts"], counts]
+    lens = ln[u, t]
+    idx = ranges(lo[u, t], lens)
+    return np.r_[0, np.cumsum(lens)], store["hosts"][idx], store["counts"][idx]
+
+
+def _parts_of(units: Any, u: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`part_table` computed: the :meth:`Units.part_hosts` rule on padded per-unit fill
+    orders - whole trays in fill order up to the first step whose remainder is 0 or fits a tray at
+    or after it, the remainder on the best-fitting such tray (unexposed, fewest free, best stage-1
+    value for it, step)."""
+    ctx = units.ctx
+    order, free, cum, suf, n = _fill_table(units)
+    L = order.shape[1]
+    steps = np.arange(L)
+    m = n[u]
+    c = cum[u, :L]
+    ok = (steps[None, :] < m[:, None]) & ((c == t[:, None]) | (suf[u] >= t[:, None] - c))
+    i = np.where(ok.any(axis=1), ok.argmax(axis=1), m)
+    left = t - cum[u, i]  # > 0 with i == m only for t > the unit's free GPUs (refused above)
+    # the remainder's tray: lexicographic best over the candidate steps, one key at a time
+    hs, fs = order[u], free[u]
+    cand = (steps[None, :] >= i[:, None]) & (fs >= np.maximum(left, 1)[:, None]) & (left > 0)[:, None]
+    for key in (ctx.exposed[hs].astype(np.int64), fs, -ctx.best_val[hs, np.minimum(left, ctx.G)[:, None]]):
+        low = np.where(cand, key, np.inf).min(axis=1, keepdims=True)
+        cand &= key == low
+    p = cand.argmax(axis=1)
+    rem = left > 0
+    lens = i + rem
+    ptr = np.r_[0, np.cumsum(lens)]
+    hosts, counts = np.empty(int(ptr[-1]), dtype=np.int64), np.empty(int(ptr[-1]), dtype=np.int64)
+    j = np.repeat(np.arange(u.size), i)
+    s = ranges(np.zeros(u.size, dtype=np.int64), i)
+    at = ranges(ptr[:-1], i)
+    hosts[at], counts[at] = hs[j, s], fs[j, s]
+    hosts[ptr[1:][rem] - 1], counts[ptr[1:][rem] - 1] = hs[rem, p[rem]], left[rem]
+    return ptr, hosts, counts
+
+
+def _fill_table(units: Any) -> tuple[np.ndarray, ...]:
+    """Every unit's free trays in fill order (unexposed, fullest, best stage-1 value, host), padded
+    to the largest unit: ``(hosts (U, L), free (U, L), prefix sums (U, L + 1), suffix maxima (U, L),
+    free trays (U,))`` (padding: host 0 with 0 free) - once per request, from one sort of all free
+    trays (as :meth:`Units._tray_order` per unit)."""
+    got = units.setup.get("fill_table")
+    if got is not None:
+        return got
+    ctx = units.ctx
+    h = np.flatnonzero(ctx.fcount > 0)
+    f = ctx.fcount[h]
+    o = np.lexsort((h, -ctx.best_val[h, f], -f, ctx.exposed[h], units.unit[h]))
+    h, f, uo = h[o], f[o], units.unit[h[o]]
+    n = np.bincount(uo, minlength=units.U).astype(np.int64)
+    L = int(n.max(initial=0))
+    pos = np.arange(h.size) - np.r_[0, np.cumsum(n)[:-1]][uo]
+    order, free = np.zeros((units.U, L), dtype=np.int64), np.zeros((units.U, L), dtype=np.int64)
+    order[uo, pos], free[uo, pos] = h, f
+    cum = np.zeros((units.U, L + 1), dtype=np.int64)
+    np.cumsum(free, axis=1, out=cum[:, 1:])
+    suf = np.maximum.accumulate(free[:, ::-1], axis=1)[:, ::-1]
+    got = (order, free, cum, suf, n)
+    units.setup["fill_table"] = got
+    return got
 
 
 def _put(out: np.ndarray, r: np.ndarray, u: np.ndarray, t: np.ndarray, keys: np.ndarray, width: int,
