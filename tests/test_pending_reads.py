@@ -68,29 +68,3 @@ def test_new_rows_between_known_ones_and_a_full_memory(store, fab, monkeypatch):
     monkeypatch.setattr(pending, "_SEEN_MAX", 8)  # 7 known + 2 new > 8: every row read in full again
     q.submit(store, [{"id": "mid", "k": 1, "submitted_at": 1025.0}, {"id": "last", "k": 1}])
     assert [p.req.id for p in _same(store)] == ["first", "r0", "r1", "early", "r2", "mid", "r3", "r4", "last"]
-
-
-def test_utility_changes_reuse_the_remembered_row(store):
-    """A utility change rebuilds the request from the remembered full row (no full read), a utility
-    seen before maps back to its own Pending, and the memory is pruned to what is pending."""
-    from bandpilot.scheduling import pending
-
-    q.submit(store, [{"id": f"r{i}", "k": 2, "utility": 0.5} for i in range(3)])
-    _same(store)
-    with store.read() as conn:
-        by_key, full = pending._SEEN[conn.engine]
-    full_reads = []
-    real = pending._FULL_BY_SEQ
-    for u in (0.9, 0.4, 0.9):
-        with store.write() as conn:
-            conn.execute(sa.update(T_REQ).where(T_REQ.c.id == "r1").values(utility=u))
-        with store.read() as conn:
-            orig = conn.execute
-            conn.execute = lambda stmt, *a, **k: (full_reads.append(stmt) if stmt is real else None, orig(stmt, *a, **k))[1]
-            got = {p.req.id: p.req.utility for p in load_pending(conn)[0]}
-        assert got == {"r0": 0.5, "r1": u, "r2": 0.5}
-        _same(store)
-    assert full_reads == []
-    assert len(by_key) == 5  # three rows plus r1's two other utilities: pruned only past 2 n + 1,024
-    q.cancel(store, "r0")
-    assert [p.req.id for p in _same(store)] == ["r1", "r2"]

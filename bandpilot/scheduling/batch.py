@@ -38,7 +38,6 @@ from bandpilot.scheduling.deferral_notes import flush_outcomes
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
-from bandpilot.scheduling.quick_scan import QuickScan
 from bandpilot.scheduling.postfilter import ReservationPostFilter
 from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
 from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
@@ -57,8 +56,6 @@ from bandpilot.queue.store import Store
 from bandpilot.queue.views import sample_fragmentation
 
 COMMIT_MODES = ("batch", "request")
-#: the batch loop finds quick deferrals in stretches (same outcomes; False is the reference loop)
-USE_SCAN = True
 _SEQ = operator.attrgetter("seq")
 
 
@@ -206,8 +203,6 @@ class _Batch:
         self.starter: StartOrWait | None = None
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
-        #: quick deferrals found in stretches (QuickScan); False: the per-request loop (the reference)
-        self.scan = USE_SCAN
 
     def estimates(self, conn: sa.Connection) -> Estimates:
         """The run-time estimates of this batch, loaded once (the plan, the book, the outlook and
@@ -314,9 +309,6 @@ class _Batch:
         bulk = self.book is None and self.after_each is None and placer.state is not None
         valid, n_free = placer.valid_keys, placer.n_free
         report.stamp(now())
-        if bulk and pl.quotas is None and self.scan:
-            self.run_scanned(conn_for, pl, batch_id, used, to_flush)
-            return to_flush
         for p in pl.queue:
             req = p.req
             if pl.quotas is not None and used.get(req.tenant, 0) + req.k > pl.quotas.get(req.tenant, 0):
@@ -332,26 +324,6 @@ class _Batch:
         for p in held:
             self.one(conn_for, p, batch_id, True, used, to_flush)
         return to_flush
-
-    def run_scanned(self, conn_for: Callable[[], Any], pl: _Plan, batch_id: int, used: dict[str, int],
-                    to_flush: list[Any]) -> None:
-        """:meth:`run`'s loop without quotas, its quick deferrals found in stretches (QuickScan):
-        the same requests tried in the same order, the same entries recorded."""
-        queue, report, placer = pl.queue, self.report, self.placer
-        reqs = [p.req for p in queue]
-        scan = QuickScan(reqs)
-        i = 0
-        while i < scan.n:
-            j = scan.next_tried(i, placer.n_free, placer.valid_keys)
-            if j > i:
-                stretch = reqs[i:j]
-                to_flush.extend(stretch)
-                report.add_quick_many(stretch)
-            if j >= scan.n:
-                break
-            self.one(conn_for, queue[j], batch_id, False, used, to_flush)
-            report.stamp(now())
-            i = j + 1
 
     def one(self, conn_for: Callable[[], Any], p: Pending, batch_id: int, second_pass: bool,
             used: dict[str, int], to_flush: list[Outcome]) -> None:

@@ -86,12 +86,6 @@ class BatchReport:
         self._n_quick += 1
         self._n_quick_all += 1
 
-    def add_quick_many(self, reqs: list[Any]) -> None:
-        """:meth:`add_quick` of each of ``reqs``, in order."""
-        self._entries.extend(reqs)
-        self._n_quick += len(reqs)
-        self._n_quick_all += len(reqs)
-
     @property
     def outcomes(self) -> list[Outcome]:
         """Every outcome in the order tried (quick deferrals built here, once)."""

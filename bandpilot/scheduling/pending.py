@@ -13,9 +13,7 @@ updated in place except status, note, utility and bookkeeping counters).
 
 from __future__ import annotations
 
-import operator
 import weakref
-from itertools import compress, repeat
 from typing import Any
 
 import sqlalchemy as sa
@@ -31,63 +29,49 @@ NARROW_STMT = sa.select(T_REQ.c.seq, T_REQ.c.id, T_REQ.c.k, T_REQ.c.submitted_at
 _FULL_BY_SEQ = PENDING_STMT.where(T_REQ.c.seq.in_(sa.bindparam("b_seqs", expanding=True)))
 #: position of id, k, submitted_at, utility in a full pending row
 _ID, _K, _SUB, _UTIL = 1, 2, 6, 5
-#: per engine (one store's database): [(seq, id, k, submitted_at, utility) -> its Pending,
-#: seq -> the request columns of its full pending row (utility as last read)]
-_SEEN: "weakref.WeakKeyDictionary[Any, list[dict]]" = weakref.WeakKeyDictionary()
+#: per engine (one store's database): seq -> [the request columns of its full pending row, its Pending]
+_SEEN: "weakref.WeakKeyDictionary[Any, dict[int, list]]" = weakref.WeakKeyDictionary()
 _SEEN_MAX = 200_000
-_KEY = operator.itemgetter(0, 1, 2, 3, 4)  # a narrow row's (seq, id, k, submitted_at, utility)
-_RID, _NOTE = operator.itemgetter(1), operator.itemgetter(5, 6)
 
 
 def load_pending(conn: sa.Connection) -> tuple[list[Pending], dict[str, tuple[str | None, str | None]]]:
     """Pending requests (parsed once per process and row version) and their stored notes."""
-    memo = _SEEN.get(conn.engine)
-    if memo is None:
-        memo = _SEEN[conn.engine] = [{}, {}]
-    by_key, full = memo
+    seen = _SEEN.get(conn.engine)
+    if seen is None:
+        seen = _SEEN[conn.engine] = {}
     narrow = plain_rows(conn, NARROW_STMT)
-    # a known row is its Pending by (seq, identity, utility), looked up at C level; rows not seen
-    # in that version (new, utility changed, a seq reused) are filled in after
-    keys = list(map(_KEY, narrow))
-    out = list(map(by_key.get, keys))
-    notes = dict(zip(map(_RID, narrow), map(_NOTE, narrow)))
-    gaps = list(compress(range(len(out)), map(operator.is_, out, repeat(None))))
+    # one pass over the rows: a known row's Pending as is (rebuilt if its utility changed); rows not
+    # seen before (or a seq reused) leave a gap filled after one bulk read of their full rows
+    get, out, notes, gaps = seen.get, [], {}, []
+    for seq, rid, k, sub, util, reason, detail in narrow:
+        e = get(seq)
+        if e is None or e[0][_ID] != rid or e[0][_K] != k or e[0][_SUB] != sub:
+            gaps.append((len(out), seq, util))
+            out.append(None)
+        else:
+            if e[0][_UTIL] != util:  # the one request column that changes while it waits (entropy reports)
+                _set_util(e, util)
+            out.append(e[1])
+        notes[rid] = (reason, detail)
     if gaps:
-        _fill(conn, memo, keys, out, gaps)
-    if len(by_key) > 2 * len(narrow) + 1024:  # requests no longer pending, utilities replaced: forget them
-        memo[0] = dict(zip(keys, out))
-        memo[1] = {key[0]: r for key in keys if (r := full.get(key[0])) is not None}
+        if len(seen) + len(gaps) > _SEEN_MAX:  # start afresh: every row read in full
+            seen.clear()
+            gaps = [(i, r[0], r[4]) for i, r in enumerate(narrow)]
+        missing = [seq for _, seq, _ in gaps]
+        for i in range(0, len(missing), 500):
+            for t in conn.execute(_FULL_BY_SEQ, {"b_seqs": missing[i : i + 500]}).all():
+                row = tuple(t)[:PENDING_REQ_COLS]
+                seen[t[0]] = [row, row_to_pending(row)]
+        for pos, seq, util in gaps:
+            e = seen[seq]
+            if e[0][_UTIL] != util:  # reported between the two reads
+                _set_util(e, util)
+            out[pos] = e[1]
+    if len(seen) > 2 * len(narrow) + 1024:  # requests no longer pending: forget them
+        _SEEN[conn.engine] = {r[0]: seen[r[0]] for r in narrow}
     return out, notes
 
 
-def _fill(conn: sa.Connection, memo: list[dict], keys: list[tuple], out: list, gaps: list[int]) -> None:
-    """The Pending of each gap: from the remembered full row when only the utility changed (the one
-    request column that changes while it waits: entropy reports), else one bulk read by seq."""
-    by_key, full = memo
-    missing = []
-    for i in gaps:
-        seq, rid, k, sub, util = keys[i]
-        r = full.get(seq)
-        if r is None or r[_ID] != rid or r[_K] != k or r[_SUB] != sub:
-            missing.append(i)
-            continue
-        out[i] = by_key[keys[i]] = _with_util(full, seq, r, util)
-    if not missing:
-        return
-    if len(full) + len(missing) > _SEEN_MAX:  # start afresh
-        full.clear()
-        by_key.clear()
-    for j in range(0, len(missing), 500):
-        part = missing[j : j + 500]
-        for t in conn.execute(_FULL_BY_SEQ, {"b_seqs": [keys[i][0] for i in part]}).all():
-            full[t[0]] = tuple(t)[:PENDING_REQ_COLS]
-        for i in part:
-            seq, util = keys[i][0], keys[i][4]
-            out[i] = by_key[keys[i]] = _with_util(full, seq, full[seq], util)
-
-
-def _with_util(full: dict, seq: int, row: tuple, util: Any) -> Pending:
-    """The Pending of ``row`` with the utility the narrow read gave (reported between the reads)."""
-    if row[_UTIL] != util:
-        row = full[seq] = row[:_UTIL] + (util,) + row[_UTIL + 1 :]
-    return row_to_pending(row)
+def _set_util(e: list, util: Any) -> None:
+    row = e[0] = e[0][:_UTIL] + (util,) + e[0][_UTIL + 1 :]
+    e[1] = row_to_pending(row)
