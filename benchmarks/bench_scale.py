@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.scale_states import busy_state  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.dispatch.search import screen as screen_mod  # noqa: E402
 from bandpilot.dispatch.state import State  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
@@ -255,7 +256,11 @@ def main() -> None:
     ap.add_argument("--only-10k", action="store_true", help="10,008 GPUs alone (every k; no H100, no queue)")
     ap.add_argument("--model", help="surrogate trained on the 10,008-GPU spec's own profile (directory) for a "
                     "'trained' row on 10,008 GPUs (`bandpilot profile -c nvl72x139.yaml` + `bandpilot train`)")
+    ap.add_argument("--fabric-first", type=int, default=0, help="opt-in: a model without a stand-in (the "
+                    "emulator) prices each unit-move batch this many candidates first, until a chunk improves "
+                    "(bandpilot.dispatch.search.screen.FABRIC_FIRST; 0: whole batches, the default)")
     args = ap.parse_args()
+    screen_mod.FABRIC_FIRST = args.fabric_first
     ks = KS[::2] if args.quick else KS
     clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS
     print(f"load: {open('/proc/loadavg').read().strip()}")

@@ -113,6 +113,29 @@ def test_screen_prices_best_ranked_chunks_first_and_is_off_for_a_fabric(sur, fab
     assert len(seen) == 1 and seen[0] is D  # a fabric has no stand-in: the whole batch
 
 
+def test_fabric_first_prices_a_fabric_batch_in_order_until_a_chunk_improves(fab, monkeypatch):
+    st = State.idle(fab.spec)
+    ctx = SearchContext(fab, st, st.free, 40)
+    units = Units(ctx)
+    D = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool)))
+    D = np.unique(np.concatenate([np.roll(D, s, axis=1) for s in range(8)]), axis=0)
+    assert D.shape[0] > 6
+    seen = []
+
+    def price(rows):  # the value of a chunk: its first row's position in D (the best is the last row)
+        seen.append(rows)
+        at = int(np.flatnonzero((D == rows[-1]).all(axis=1))[0])
+        return SimpleNamespace(value=float(at), evaluated=rows.shape[0])
+
+    monkeypatch.setattr(screen_mod, "FABRIC_FIRST", 2)
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9)(D, price, 2.5)  # rows 0-1, then 2-5 beat 2.5
+    assert [c.shape[0] for c in seen] == [2, 4] and np.array_equal(np.concatenate(seen), D[:6])
+    assert got.value == 5.0 and n == 6
+    seen.clear()
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9)(D, price, 1e9)  # nothing beats it: every row
+    assert np.array_equal(np.concatenate(seen), D) and n == D.shape[0] and got.value == D.shape[0] - 1
+
+
 def test_small_batches_pick_as_without_the_screen(sur, monkeypatch):
     st = State.idle(sur.spec)
     picks = [Dispatcher(sur).select(k, st).mask for k in (20, 40, 72)]
