@@ -256,9 +256,10 @@ def main() -> None:
     ap.add_argument("--only-10k", action="store_true", help="10,008 GPUs alone (every k; no H100, no queue)")
     ap.add_argument("--model", help="surrogate trained on the 10,008-GPU spec's own profile (directory) for a "
                     "'trained' row on 10,008 GPUs (`bandpilot profile -c nvl72x139.yaml` + `bandpilot train`)")
-    ap.add_argument("--fabric-first", type=int, default=0, help="opt-in: a model without a stand-in (the "
-                    "emulator) prices each unit-move batch this many candidates first, until a chunk improves "
-                    "(bandpilot.dispatch.search.screen.FABRIC_FIRST; 0: whole batches, the default)")
+    ap.add_argument("--fabric-first", type=int, default=screen_mod.FABRIC_FIRST, help="a model without a "
+                    "stand-in (the emulator) prices each unit-move batch this many candidates first, until a "
+                    "chunk improves (bandpilot.dispatch.search.screen.FABRIC_FIRST, default %(default)s; "
+                    "0: whole batches, the exact path)")
     args = ap.parse_args()
     screen_mod.FABRIC_FIRST = args.fabric_first
     ks = KS[::2] if args.quick else KS

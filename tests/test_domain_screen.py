@@ -78,7 +78,7 @@ def test_prior_proxy_on_unit_rows_is_the_prior_of_their_mask_rows(sur):
     assert np.allclose(got, want, rtol=1e-6)
 
 
-def test_screen_prices_best_ranked_chunks_first_and_is_off_for_a_fabric(sur, fab):
+def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_first_0(sur, fab, monkeypatch):
     st = State.idle(sur.spec)
     ctx = SearchContext(sur, st, st.free, 40)
     units = Units(ctx)
@@ -109,6 +109,7 @@ def test_screen_prices_best_ranked_chunks_first_and_is_off_for_a_fabric(sur, fab
     assert len(seen) == 1 and got.value == 2.0 and n == 2
     fctx = SearchContext(fab, st, st.free, 40)
     seen.clear()
+    monkeypatch.setattr(screen_mod, "FABRIC_FIRST", 0)  # the exact path (the default is batch order)
     screen_mod.screen_for(fctx, Units(fctx), budget=10**9, top=1)(D, price, 1e9)
     assert len(seen) == 1 and seen[0] is D  # a fabric has no stand-in: the whole batch
 

@@ -29,15 +29,16 @@ from bandpilot.topology.cluster import dense_unique
 #: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
 SCREEN_TOP = 64
 
-#: Opt-in for a model without a stand-in (a fabric): its batches priced in their own order, this many
-#: candidates first (then twice as many at a time), until a chunk holds an improvement; 0 (default):
-#: every batch whole - the exact path. Not certified (a later chunk may hold a better move), so off by
-#: default. Where it pays: seed 1's 4,096-GPU select on a 50 %-busy 10,008-GPU state, 5,077 moves of
-#: which 4,166 keep the start's value (capped by one contending job on a used domain) and all 25
-#: improving ones (4 GPUs off that domain) tie; whole 10,136 evaluations / 0.89 s CPU, 64-first
-#: 3,963 / 87 ms, the same picks on seeds 0-4 (60 selects each; README, issue 24). A batch with no
-#: improvement (seeds 3-4: 2,612-3,314 moves) is priced to the end either way.
-FABRIC_FIRST = 0
+#: For a model without a stand-in (a fabric): its batches priced in their own order, this many
+#: candidates first (then twice as many at a time), until a chunk holds an improvement; 0: every batch
+#: whole (the exact path, `bench_scale --fabric-first 0`). Not certified (a later chunk may hold a
+#: better move), but the same picks (mask and value) as whole batches on 540 of 540 selects
+#: (10,008 GPUs, idle and 30-70 % busy, k = 1..4,096; seeds 0-4, then held-out 5-8) with CPU p99
+#: lower on every seed, hence the default. Where it pays: seed 1's 4,096-GPU select on a 50 %-busy
+#: state, 5,077 moves of which 4,166 keep the start's value (capped by one contending job on a used
+#: domain) and all 25 improving ones (4 GPUs off that domain) tie; whole 10,136 evaluations / 0.89 s
+#: CPU, 64-first 3,963 / 87 ms. A batch with no improvement is priced to the end either way.
+FABRIC_FIRST = 64
 
 #: ``screen(D, price, bar) -> (best Found or None, evaluations)``: the batch ``D`` of per-unit count
 #: rows priced by ``price`` (rows -> the best of them) until one beats ``bar``.
