@@ -77,14 +77,20 @@ def test_prior_proxy_on_unit_rows_is_the_prior_of_their_mask_rows(sur):
     got = sur.screening_model().predict_units(D, part)
     assert np.allclose(got, want, rtol=1e-6)
 
-
-def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_first_0(sur, fab, monkeypatch):
-    st = State.idle(sur.spec)
-    ctx = SearchContext(sur, st, st.free, 40)
+def _rolled_batch(model, st):
+    """A search's context and units for k = 40 on ``st`` and a batch of distinct unit-count rows
+    (the starts, rolled over 8 units) for the screens to price."""
+    ctx = SearchContext(model, st, st.free, 40)
     units = Units(ctx)
     D = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool)))
     D = np.unique(np.concatenate([np.roll(D, s, axis=1) for s in range(8)]), axis=0)
     assert D.shape[0] > 6
+    return ctx, units, D
+
+
+def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_first_0(sur, fab, monkeypatch):
+    st = State.idle(sur.spec)
+    ctx, units, D = _rolled_batch(sur, st)
     seen = []
 
     def price(rows):
@@ -116,11 +122,7 @@ def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_fir
 
 def test_fabric_first_prices_a_fabric_batch_in_order_until_a_chunk_improves(fab, monkeypatch):
     st = State.idle(fab.spec)
-    ctx = SearchContext(fab, st, st.free, 40)
-    units = Units(ctx)
-    D = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool)))
-    D = np.unique(np.concatenate([np.roll(D, s, axis=1) for s in range(8)]), axis=0)
-    assert D.shape[0] > 6
+    ctx, units, D = _rolled_batch(fab, st)
     seen = []
 
     def price(rows):  # the value of a chunk: its first row's position in D (the best is the last row)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bandpilot.dispatch.search import unit_rows
 from bandpilot.dispatch.search.context import SearchContext
 from bandpilot.dispatch.search.domains import UNIT_TARGETS, Units, _move_rows, _unit_moves, _unit_starts
 from bandpilot.dispatch.state import State
@@ -15,14 +16,9 @@ from tests.test_domain_search import random_state
 
 
 def _unit_moves_loop(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.ndarray:
-    """The per-unit loop the vectorised (unit, size) x target pairs replaced; the rows from the
-    pairs are built by the same code."""
-    src = np.flatnonzero(d > 0)
-    room = cap - d
-    clean = units.free - units.exposed_free
-    unused = np.flatnonzero((d == 0) & (cap > 0))
-    unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:UNIT_TARGETS]
-    targets = np.concatenate([src, unused])
+    """The per-unit loop the vectorised (unit, size) x target pairs replaced; the targets and the
+    rows from the pairs come from the same code."""
+    src, unused, targets, room = unit_rows.move_targets(units, d, cap, UNIT_TARGETS)
     A, B, T = [], [], []
     for a in src:
         for t in sorted({seg, 4 * seg, int(d[a])}):

@@ -33,11 +33,16 @@ def _cases(fab, n=12):
                 yield st, k
 
 
-def test_coarse_counts_equal_count_vectors_per_unit(fab):
-    n = 0
+def _unit_cases(fab):
+    """``_cases`` with each case's search context and units (and k)."""
     for st, k in _cases(fab):
         ctx = SearchContext(fab, st, st.free, k)
-        units = Units(ctx)
+        yield ctx, Units(ctx), k
+
+
+def test_coarse_counts_equal_count_vectors_per_unit(fab):
+    n = 0
+    for ctx, units, k in _unit_cases(fab):
         got = unit_setup.coarse_counts(units)
         want = np.array([ctx.count_vectors(units.allowed(u), coarse=True) for u in range(units.U)])
         assert np.array_equal(got, want)  # same floats (same convolutions in the same order)
@@ -46,9 +51,7 @@ def test_coarse_counts_equal_count_vectors_per_unit(fab):
 
 
 def test_greedy_on_cols_equals_the_dense_greedy_row(fab):
-    for st, k in _cases(fab):
-        ctx = SearchContext(fab, st, st.free, k)
-        units = Units(ctx)
+    for ctx, units, k in _unit_cases(fab):
         for u in np.flatnonzero(units.free >= k).tolist():
             cols = units.members[u]
             want = ctx.masks_from_counts(units.part(u, k))[:, cols]
@@ -57,9 +60,7 @@ def test_greedy_on_cols_equals_the_dense_greedy_row(fab):
 
 def test_enumerate_coarse_equals_enumerate_per_unit(fab):
     rows = 0
-    for st, k in _cases(fab):
-        ctx = SearchContext(fab, st, st.free, k)
-        units = Units(ctx)
+    for ctx, units, k in _unit_cases(fab):
         counts = unit_setup.coarse_counts(units)
         for u in np.flatnonzero(counts <= domains.PER_DOMAIN_LIMIT).tolist():
             cols = units.members[u]

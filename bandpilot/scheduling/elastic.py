@@ -172,8 +172,8 @@ def rebalance(
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
         if fill and not blind and not rep.waiting:  # shortest remaining work (then highest utility) first
-            _fill_idle(conn, rep, store.load_state(conn, spec), held, ctx, sorted(
-                held, key=lambda j: (rem.get(j, math.inf), -next(c.utility for c in cands if c.id == j), j)))
+            key = {c.id: (rem.get(c.id, math.inf), -c.utility, c.id) for c in cands}
+            _fill_idle(conn, rep, store.load_state(conn, spec), held, ctx, sorted(held, key=key.__getitem__))
     return rep
 
 

@@ -391,12 +391,7 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
     """Rows moving ``t`` GPUs from a used unit to another used or a promising unused unit, in the
     lexicographic order of the rows, one per signature sequence (interchangeable targets).
     Vectorised on the few units a move can touch: every other column equals ``d`` in every row."""
-    src = np.flatnonzero(d > 0)
-    room = cap - d
-    clean = units.free - units.exposed_free
-    unused = np.flatnonzero((d == 0) & (cap > 0))
-    unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:UNIT_TARGETS]
-    targets = np.concatenate([src, unused])
+    src, unused, targets, room = unit_rows.move_targets(units, d, cap, UNIT_TARGETS)
     # per used unit a, the sizes {seg, 4 seg, d[a]} ascending (each once), then every target with
     # room: (a, t) pairs row-major, targets in their order - one mask, no loop over units
     ts = np.sort(np.stack([np.full(src.size, seg), np.full(src.size, 4 * seg), d[src]], axis=1), axis=1)

@@ -148,6 +148,18 @@ def _put(out: np.ndarray, r: np.ndarray, u: np.ndarray, t: np.ndarray, keys: np.
     out[np.repeat(r, lens), col_of[idx]] = m_of[idx] if write else 0
 
 
+def move_targets(units: Any, d: np.ndarray, cap: np.ndarray, n_unused: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where a unit move of the count row ``d`` may go: ``(src, unused, targets, room)`` - the used
+    units, the ``n_unused`` most promising unused units with room (most room, then most GPUs no
+    contending job touches, then unit id), ``targets`` = used then those, and each unit's room."""
+    src = np.flatnonzero(d > 0)
+    clean = units.free - units.exposed_free
+    unused = np.flatnonzero((d == 0) & (cap > 0))
+    unused = unused[np.lexsort((unused, -cap[unused], -clean[unused]))][:n_unused]
+    return src, unused, np.concatenate([src, unused]), cap - d
+
+
 def first_rows(rows: np.ndarray) -> np.ndarray:
     """Ascending indices of the first occurrence of each distinct row: ``np.sort(np.unique(rows,
     axis=0, return_index=True)[1])``, by hashing (exact: :func:`unique_rows` verifies the groups)."""
