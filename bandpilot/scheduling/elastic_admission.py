@@ -16,6 +16,10 @@ at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, cla
 * ``idle`` (seed 001 Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
   within the currently idle GPUs"): the requested ``k`` fits the GPUs idle now - running jobs are
   never shrunk to make room for a newcomer, only re-shared among the admitted by utility.
+
+``srpt-host``, ``srpt-suspend`` (:mod:`bandpilot.scheduling.elastic_srpt`), ``hesrpt-suspend``
+(:mod:`bandpilot.scheduling.elastic_hesrpt`) and ``srpt-marginal`` (claims sized by marginal gain on each
+job's priced speed curve, :mod:`bandpilot.scheduling.elastic_marginal`) replace the quotas themselves.
 """
 
 from __future__ import annotations
