@@ -23,6 +23,7 @@ The shortest job with many behind it takes a small, cheap gang; the last jobs ta
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -65,8 +66,9 @@ def curves_of(cands: Sequence, running: Iterable[Any], pending: Iterable[Any], h
     info = {r.id: (r.k, r.comm_fraction, r.scaling) for r in running}
     info.update({q.id: (q.k, q.comm_fraction, q.scaling) for q in pending})
     ids = {c.id for c in cands}
-    rest = [w for j, w in (remaining or {}).items() if j not in ids]
-    return [replace(c, behind=sum(w > c.remaining for w in rest)) for c in with_curves(cands, info, host, best, declared)]
+    rest = sorted(w for j, w in (remaining or {}).items() if j not in ids)  # sorted: one bisection a candidate
+    return [replace(c, behind=len(rest) - bisect_right(rest, c.remaining))
+            for c in with_curves(cands, info, host, best, declared)]
 
 
 def marginal_claims(cands: Sequence, n_cluster: int) -> dict[str, int]:
