@@ -47,19 +47,22 @@ def applies(ctx: Any) -> bool:
     return MOVE_CLASSES and not (callable(make) and make() is not None)
 
 
-def unit_classes(units: Any, D: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """(U,) int: equal ids for alike units (module docstring); units holding a GPU of a job that some
-    part of ``D`` or ``d`` touches get an id of their own."""
+def unit_classes(units: Any, D: np.ndarray, d: np.ndarray, changed: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> np.ndarray:
+    """(U,) int: equal ids for alike units (module docstring) among the units some move of ``D``
+    changes (-1 elsewhere: never compared); units holding a GPU of a job that some part of ``D`` or
+    ``d`` touches get an id of their own. ``changed``: ``np.nonzero(D != d)`` if known."""
     ctx, pred = units.ctx, units.ctx.pred
+    r, u = np.nonzero(D != d[None, :]) if changed is None else changed
     order, _, _, _, n = unit_rows._fill_table(units)
     hot = np.zeros(units.U, dtype=bool)
     if pred.n_jobs:
-        # every (unit, count) part of the round: the jobs they touch are every row's possible
-        # contenders (a superset: a row's contenders are the jobs its own parts touch)
-        rows = np.vstack([d[None, :], D])
-        ri, ui = np.nonzero(rows)
-        w = int(rows.max()) + 1
-        pairs = np.unique(ui * w + rows[ri, ui])
+        # every (unit, count) part of the round - ``d``'s and the changed cells' (a row equals ``d``
+        # elsewhere) - and the jobs they touch: every row's possible contenders (a superset)
+        du = np.flatnonzero(d)
+        new = D[r, u] > 0
+        w = int(max(d.max(initial=0), D.max(initial=0))) + 1
+        pairs = np.unique(np.concatenate([du * w + d[du], u[new] * w + D[r[new], u[new]]]))
         ptr, hosts, _ = units.parts(pairs // w, pairs % w)
         jobs = pred.jobs_of_parts(ptr, hosts).any(axis=0)
         # their units: the predictor's sparse host -> job incidence (every host of a contending-
@@ -67,16 +70,16 @@ def unit_classes(units: Any, D: np.ndarray, d: np.ndarray) -> np.ndarray:
         held = np.flatnonzero(jobs[pred._inc_jobs])
         hot[units.unit[pred._exposed_cols[pred._inc_e[held]]]] = True
     ids: dict[tuple, int] = {}
-    out = np.full(units.U, -1, dtype=np.int64)  # -1: a unit no move changes (never compared)
-    # only the units some move changes: a Python key per unit, 1,389 units per round at 100,008 GPUs
-    for u in np.flatnonzero((D != d[None, :]).any(axis=0)).tolist():
-        hs = order[u, : n[u]]
-        if hot[u]:
-            key: tuple = ("hot", u)
+    out = np.full(units.U, -1, dtype=np.int64)
+    # only the changed units: a Python key per unit (1,389 units per round at 100,008 GPUs otherwise)
+    for x in np.unique(u).tolist():
+        hs = order[x, : n[x]]
+        if hot[x]:
+            key: tuple = ("hot", x)
         else:
-            key = (bool(units.is_nvl[u]), int(units.size[u]), ctx.scls[hs].tobytes(), ctx.exposed[hs].tobytes(),
+            key = (bool(units.is_nvl[x]), int(units.size[x]), ctx.scls[hs].tobytes(), ctx.exposed[hs].tobytes(),
                    ctx.best_mask[hs].tobytes())
-        out[u] = ids.setdefault(key, len(ids))
+        out[x] = ids.setdefault(key, len(ids))
     return out
 
 
@@ -85,8 +88,8 @@ def one_per_class(units: Any, D: np.ndarray, d: np.ndarray) -> np.ndarray:
     move's class is the multiset of (unit class, old count, new count) over the units it changes."""
     if D.shape[0] <= 1:
         return np.arange(D.shape[0])
-    cls = unit_classes(units, D, d)
     r, u = np.nonzero(D != d[None, :])
+    cls = unit_classes(units, D, d, (r, u))
     w = int(max(D.max(), d.max())) + 1
     code = (cls[u] * w + d[u]) * w + D[r, u] + 1  # > 0: 0 pads rows with fewer changed units
     width = int(np.bincount(r, minlength=D.shape[0]).max(initial=0))
