@@ -67,7 +67,8 @@ def test_a_class_shares_its_value_and_the_round_keeps_its_pick(fab, seed, busy):
         masks, cols = units.mask_rows(moves)
         value = ctx.pred.predict(masks, cols).value
         # each move equals (value) the kept move of its class: the last kept index at or before it
-        cls = move_classes.unit_classes(units, moves, d)
+        r, u = np.nonzero(moves != d[None, :])
+        cls = move_classes.unit_classes(units, d, u, moves[r, u])
         for i in range(moves.shape[0]):
             ch = np.flatnonzero(moves[i] != d)
             sig = sorted((cls[u], d[u], moves[i, u]) for u in ch)
