@@ -53,6 +53,15 @@ def _overtaken_scenario(store, fab, clock, x_run_h: float, age_slot: str) -> lis
     return [r["request_id"] for r in rep.reservations]
 
 
+def test_only_requests_past_hrrns_cap_compete_by_default():
+    from bandpilot.scheduling import overtaken
+    from bandpilot.scheduling.policies import HRRN_AGE_CAP_S
+
+    assert overtaken.OVERTAKEN_MIN_EST_S == HRRN_AGE_CAP_S
+    key = overtaken.overtaken_key({"L": 9 * 32 * H, "M": 9 * 32 * H}, 32, lambda p: {"L": 40 * H, "M": 8 * H}[p.req.id])
+    assert key(_p("L", 0.0)) == 9 * H and key(_p("M", 0.0)) == 0.0
+
+
 @pytest.mark.parametrize("mode, x_run_h, reserved", [
     ("off", 11.0, ["S"]),  # hrrn's order: S's ratio 6 wins the one slot
     ("overtaken", 11.0, ["L"]),  # X ran 24 x 11 GPU-h = 8.25 h of the cluster after L was submitted
@@ -64,8 +73,9 @@ def test_the_overtaken_slot_goes_to_a_request_later_work_passed_by(store, fab, m
         assert _overtaken_scenario(store, fab, clock, x_run_h, mode) == reserved
 
 
-def test_the_overtaken_slot_can_be_kept_for_long_requests(store, fab, monkeypatch):
-    """With ``OVERTAKEN_MIN_EST_S`` above L's 40 h limit, L no longer competes: hrrn's S keeps the slot."""
+def test_the_overtaken_slot_is_kept_for_requests_past_the_cap(store, fab, monkeypatch):
+    """Only requests expected past ``OVERTAKEN_MIN_EST_S`` (8 h by default) compete: raised above
+    L's 40 h limit, L no longer does and hrrn's S keeps the slot."""
     from bandpilot.scheduling import overtaken
 
     monkeypatch.setattr(overtaken, "OVERTAKEN_MIN_EST_S", 41 * H)
