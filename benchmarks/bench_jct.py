@@ -138,8 +138,8 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
         # the age slot for the request later-submitted jobs overtook most (scheduling/overtaken.py; README "Tenth round")
         f"{label(RECOMMENDED)} + age slot overtaken": replace(RECOMMENDED, age_slot="overtaken"),
-        # a gang that fits one host waits for a one-host placement (scheduling/startwait.py; README "Eleventh round")
-        f"{label(replace(RECOMMENDED, start_or_wait='local'))}": replace(RECOMMENDED, start_or_wait="local"),
+        # the default before issue 21's eleventh round: start-or-wait without the one-host rule (README "Eleventh round")
+        f"{label(replace(RECOMMENDED, start_or_wait='on'))} (the default before the eleventh round)": replace(RECOMMENDED, start_or_wait="on"),
         # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")
         f"{label(replace(RECOMMENDED, policy='hrrn-jct'))} (projected JCT past the cap)": replace(RECOMMENDED, policy="hrrn-jct"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
