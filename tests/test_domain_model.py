@@ -136,6 +136,11 @@ def test_domain_forward_reads_the_memo_keys_reduction(fab):
     sur.memo_enabled = False
     ref = sur.predict_columns(rows[:, cols], cols)
     assert np.array_equal(got, ref) and np.array_equal(sur.predict_masks(rows), ref)
+    for bad in (-1, 1 << 4):  # a sign bit, a GPU the 4-GPU tray does not have: named, row and host
+        wrong = rows[:, cols].copy()
+        wrong[7, 3] = bad
+        with pytest.raises(ModelError, match=f"mask row 7 sets GPUs host 't{cols[3]}' does not have"):
+            sur.predict_columns(wrong, cols)
 
 
 @pytest.mark.slow

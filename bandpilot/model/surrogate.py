@@ -153,11 +153,13 @@ class Surrogate:
             masks = masks[None, :]
         if masks.ndim != 2 or masks.shape[1] != width:
             raise ModelError(f"masks have shape {masks.shape}; the model of {self.spec.name!r} needs (n, {width})")
-        nz = np.flatnonzero(masks.any(axis=0))  # a search's wide rows touch few hosts
-        hosts = nz if cols is None else cols[nz]
-        sub = masks[:, nz]
-        bad = (sub < 0) | ((sub & ~self._full[None, hosts]) != 0)
-        if bad.any():
+        # one OR per column: a GPU outside its host (or a negative mask's sign bit) shows in it
+        anyset = np.bitwise_or.reduce(masks, axis=0) if masks.shape[0] else np.zeros(width, dtype=np.int64)
+        if np.any(anyset & ~(self._full if cols is None else self._full[cols])):
+            nz = np.flatnonzero(masks.any(axis=0))
+            hosts = nz if cols is None else cols[nz]
+            sub = masks[:, nz]
+            bad = (sub < 0) | ((sub & ~self._full[None, hosts]) != 0)
             r, h = (int(x[0]) for x in np.nonzero(bad))
             h = int(hosts[h])
             raise ModelError(f"mask row {r} sets GPUs host {self.spec.hosts[h].name!r} does not have ({int(masks[r, h])})")
