@@ -58,6 +58,8 @@ def test_domain_tokens_are_one_per_domain(fab):
     assert view.inside(np.array([row, inside])).tolist() == [False, True]
     assert six == pytest.approx(view.inside_values(inside[None, :])[0])  # the domain token carries stage 1.5
     assert six == pytest.approx(fab.bandwidth_masks(inside[None, :])[0], rel=0.05)
+    for rows in (masks, np.array([row, inside]), np.zeros((2, spec.n_hosts), dtype=np.int64)):
+        assert np.array_equal(view.inside_of(view.live_units(rows)), view.inside(rows))  # from the features
     in_rows = masks[view.inside(masks)]  # vectorised lookups = the row-wise stage 1.5 table
     assert np.allclose(view.inside_values(in_rows), view.patterns.predict(in_rows))
 

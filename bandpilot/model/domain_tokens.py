@@ -159,6 +159,16 @@ class DomainView:
         one = lo == np.where(used, u[None, :], -1).max(axis=1, initial=-1)
         return one & (self.u_cls[np.minimum(lo, self.ix.U - 1)] >= 0) & (used.sum(axis=1) >= 2)
 
+    def inside_of(self, feats: Features) -> np.ndarray:
+        """:meth:`inside` of the rows whose :meth:`live_units` are ``feats``: one unit used, of a
+        domain class, on >= 2 of its trays (no second pass over the rows' columns)."""
+        lu, z = feats
+        used = z["cnt"] > 0
+        if lu.size == 0:
+            return np.zeros(used.shape[0], dtype=bool)
+        unit = lu[np.argmax(used, axis=1)]
+        return (used.sum(axis=1) == 1) & (self.u_cls[unit] >= 0) & (z["trays"].sum(axis=1) >= 2)
+
     def inside_values(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Values of :meth:`inside` rows: the one domain's in-domain value (row sums, no per-unit
         reductions: a row holds one domain, and a search asks about thousands of such rows)."""

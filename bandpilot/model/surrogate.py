@@ -193,20 +193,25 @@ class Surrogate:
             hosts = np.arange(self.spec.n_hosts) if cols is None else cols
             out[single] = self.stage1[hosts[None, :], masks[single]].sum(axis=1)
         cross = np.flatnonzero(n_used >= 2)
+        if cross.size == masks.shape[0]:  # a search's batch: no copy of its rows
+            return self._predict_cross(masks, cols)
         if cross.size:
             out[cross] = self._predict_cross(masks[cross], cols)
         return out
 
     def _predict_cross(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
-        net = self.net_rows(masks, cols)
-        if not net.all():  # rows inside one NVLink domain: stage 1.5, exactly as measured
-            out = np.empty(masks.shape[0])
-            out[~net] = self.domain_view.inside_values(masks[~net], cols)
-            if net.any():
-                out[net] = self._predict_cross(masks[net], cols)
-            return out
-        # a domain model's memo, memory and forward read one reduction of the rows (its domain tokens)
+        # a domain model's in-domain test, memo, memory and forward read one reduction of the rows
         feats = self.domain_view.live_units(masks, cols) if self.kind == "domain" else None
+        if feats is None or not (inside := self.domain_view.inside_of(feats)).any():
+            return self._predict_net(masks, cols, feats)
+        out = np.empty(masks.shape[0])  # rows inside one NVLink domain: stage 1.5, exactly as measured
+        out[inside] = self.domain_view.inside_values(masks[inside], cols)
+        if not inside.all():
+            out[~inside] = self._predict_net(masks[~inside], cols, take_rows(feats, ~inside))
+        return out
+
+    def _predict_net(self, masks: np.ndarray, cols: np.ndarray | None, feats: Features | None) -> np.ndarray:
+        """Model output of rows the net predicts, with the measured-pattern memory's correction."""
         keys = None if feats is None else self.domain_view.keys_of(*feats)
         out = self._predict_model(masks, keys, cols, feats)
         if self.memory is not None and len(self.memory):
