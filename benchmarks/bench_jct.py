@@ -136,6 +136,8 @@ def mixed(truth, seeds: int) -> str:
         # the projected age slot that prices its drain (scheduling/slot_price.py; README "Eighth round")
         f"{label(RECOMMENDED)} + age slot priced": replace(RECOMMENDED, age_slot="priced"),
         f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
+        # the age slot for the request later-submitted jobs overtook most (scheduling/overtaken.py; README "Tenth round")
+        f"{label(RECOMMENDED)} + age slot overtaken": replace(RECOMMENDED, age_slot="overtaken"),
         # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")
         f"{label(replace(RECOMMENDED, policy='hrrn-jct'))} (projected JCT past the cap)": replace(RECOMMENDED, policy="hrrn-jct"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.scale_states import busy_state  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
-from bandpilot.dispatch.search import screen as screen_mod  # noqa: E402
+from bandpilot.dispatch.search import move_classes, screen as screen_mod  # noqa: E402
 from bandpilot.dispatch.state import State  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
@@ -260,8 +260,12 @@ def main() -> None:
                     "stand-in (the emulator) prices each unit-move batch this many candidates first, until a "
                     "chunk improves (bandpilot.dispatch.search.screen.FABRIC_FIRST, default %(default)s; "
                     "0: whole batches, the exact path)")
+    ap.add_argument("--move-classes", type=int, choices=(0, 1), default=int(move_classes.MOVE_CLASSES),
+                    help="a model without a stand-in prices one unit move per class of interchangeable moves "
+                    "(bandpilot.dispatch.search.move_classes.MOVE_CLASSES, default %(default)s; 0: every move)")
     args = ap.parse_args()
     screen_mod.FABRIC_FIRST = args.fabric_first
+    move_classes.MOVE_CLASSES = bool(args.move_classes)
     ks = KS[::2] if args.quick else KS
     clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS
     print(f"load: {open('/proc/loadavg').read().strip()}")

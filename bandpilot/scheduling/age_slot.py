@@ -19,7 +19,10 @@ after hrrn's was measured not to move the maximum: the aged slot kept moving beh
   :data:`PROJECTED_AFTER_S` (30 h, chosen before the held-out seeds were run);
 * ``priced`` - as ``projected``, but the slot's drain is priced (:mod:`bandpilot.scheduling.slot_price`):
   a request whose reservation would idle more GPU-hours than it brings passes the slot to the next
-  by projected JCT (README issue 21, "Eighth round").
+  by projected JCT (README issue 21, "Eighth round");
+* ``overtaken`` - the request that later-submitted jobs have overtaken most (GPU-seconds they ran
+  while it waited), once that is :data:`~bandpilot.scheduling.overtaken.OVERTAKEN_CLUSTER_S` of the
+  whole cluster (:mod:`bandpilot.scheduling.overtaken`; README issue 21, "Tenth round").
 
 Measurement knobs: :data:`AGE_SLOT_EXTRA` - False: the age slot **replaces** the last policy slot
 (the depth is unchanged); True: it is one more than the depth. :data:`AGE_SLOT_MAX_K` - only gangs up
@@ -31,14 +34,15 @@ when the walk reaches it (no request earlier in the order may take them unless i
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from bandpilot.errors import one_of
 from bandpilot.scheduling.policies import Pending
 from bandpilot.scheduling.reservations import Book, Reservation
+from bandpilot.scheduling import overtaken as _overtaken
 from bandpilot.scheduling.slot_price import reserve_priced
 
-AGE_SLOT_MODES = ("off", "oldest", "projected", "priced")
+AGE_SLOT_MODES = ("off", "oldest", "projected", "priced", "overtaken")
 #: ``oldest``: the age slot goes to the longest-waiting request once it has waited this long.
 OLDEST_AFTER_S = 0.0
 #: ``projected``: ... to the largest projected JCT (wait + estimate) once it reaches this.
@@ -55,13 +59,18 @@ def check_age_slot(mode: str) -> str:
     return one_of(mode, AGE_SLOT_MODES, "age slot")
 
 
-def reserve_oldest(book: Book, pending: Iterable[Pending], mode: str) -> Reservation | None:
+def reserve_oldest(book: Book, pending: Iterable[Pending], mode: str,
+                   overtaken: Mapping[str, float] | None = None) -> Reservation | None:
     """Reserve the age slot's request first (``mode``: :data:`AGE_SLOT_MODES`). Call before the
-    batch walks the policy order (nothing of this batch has started yet)."""
+    batch walks the policy order (nothing of this batch has started yet). ``overtaken``: the
+    ``overtaken`` mode's GPU-seconds per request (:func:`~bandpilot.scheduling.overtaken.load_overtaken`)."""
     if check_age_slot(mode) == "off" or not book.active:
         return None
-    after = OLDEST_AFTER_S if mode == "oldest" else PROJECTED_AFTER_S
-    age = (lambda p: book.now - p.submitted_at) if mode == "oldest" else _projected(book)
+    after = {"oldest": OLDEST_AFTER_S, "overtaken": _overtaken.OVERTAKEN_CLUSTER_S}.get(mode, PROJECTED_AFTER_S)
+    if mode == "overtaken":
+        age = _overtaken.overtaken_key(overtaken or {}, book.spec.n_gpus, lambda p: book.estimates.of(p.req))
+    else:
+        age = (lambda p: book.now - p.submitted_at) if mode == "oldest" else _projected(book)
     cap = AGE_SLOT_MAX_K
     pending = [p for p in pending if cap is None or p.req.k <= cap]
     if AGE_SLOT_EXTRA:

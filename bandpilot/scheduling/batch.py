@@ -44,6 +44,7 @@ from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, Preem
 from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
 from bandpilot.scheduling.overrun_preempt import OverrunPreemptPostFilter
 from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
+from bandpilot.scheduling.overtaken import load_overtaken
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
@@ -265,7 +266,8 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.max_reservations, estimates=self.estimates(conn))
             self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
-            reserve_oldest(self.book, pl.queue, self.age_slot)
+            work = load_overtaken(conn, pl.queue, now()) if self.age_slot == "overtaken" else None
+            reserve_oldest(self.book, pl.queue, self.age_slot, work)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait == "on":
                 self.starter = StartOrWait(self.book)

@@ -56,6 +56,13 @@ jobs past their time limit) the pair meets every target on seeds 0-7 and on the 
 there by 2-3 % and misses the ``comm`` p95 target; on seeds 24-31 it keeps the slot's seed-26
 collapse (mean +26 % / +33 % vs this default; README, "Seventh round"): flags, not the default.
 
+``--age-slot overtaken`` (:mod:`bandpilot.scheduling.overtaken`: the request expected past the 8 h
+cap that later-submitted jobs overtook most, once they ran 8 h of the whole cluster while it waited,
+is reserved first) is below this default on five of six figures on the held-out seeds 80-95 (``full``
+mean / p95 / max -7 / -12 / -13 %, ``comm`` mean +0.02 %) but collapses seeds 14 and 15 under
+``full`` and is worse than this default on all six figures over seeds 0-23 (README, "Tenth round"):
+a flag, not the default.
+
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
 and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
-from bandpilot.dispatch.search import unit_rows
+from bandpilot.dispatch.search import move_classes, unit_rows
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each_bounded
 from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
@@ -432,6 +432,7 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         return None
     evaluated = best.evaluated
     screen = screen_for(ctx, units, UNIT_EVAL_BUDGET)  # the whole batch at once for a fabric
+    by_class = move_classes.applies(ctx)  # one move per class of interchangeable moves
     def price(D: np.ndarray) -> Found | None:
         masks, cols = units.mask_rows(D)
         return _best(ctx, units, masks, 0.0, cols)
@@ -441,6 +442,8 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
             break
         d = units.index.sum(popcount(best.mask))[0]
         moves = _unit_moves(units, d, seg, cap)
+        if by_class:
+            moves = moves[move_classes.one_per_class(units, moves, d)]
         if moves.shape[0] == 0:
             break
         got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
