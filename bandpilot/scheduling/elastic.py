@@ -48,6 +48,7 @@ from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and 
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, DEFAULT_SCALING_MODE, GROW_GAIN, PRICERS, SCALING_MODES, Context, Grown, current_share,
     grow_ratio)
+from bandpilot.scheduling.elastic_marginal import curves_of
 from bandpilot.scheduling.elastic_remaining import remaining_work
 from bandpilot.scheduling.elastic_srpt import record_resume, suspend_job, was_suspended
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
@@ -113,12 +114,7 @@ def rebalance(
     current size (None: :data:`CURRENT_SHARE`); ``fill_idle``: GPUs left free when nothing waits
     are offered to the jobs at a boundary (:func:`_fill_idle`; None: :data:`FILL_IDLE`). Jobs not at
     a boundary keep their GPUs."""
-    if pricing not in PRICERS:
-        raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
-    if admission not in ADMISSIONS:
-        raise RequestError(f"unknown elastic admission {admission!r}: use one of {', '.join(ADMISSIONS)}")
-    if scaling not in SCALING_MODES:
-        raise RequestError(f"unknown scaling pricing {scaling!r}: use one of {', '.join(SCALING_MODES)}")
+    _check_names(pricing, admission, scaling)
     spec = dispatcher.model.spec
     rep = RebalanceReport()
     eligible = None if at_boundary is None else set(at_boundary)
@@ -151,15 +147,19 @@ def rebalance(
         reqs = {p.req.id: p.req for p in order}
         rem: dict[str, float] = {}
         if ADMISSIONS[admission].srpt:  # the rule orders and yields by estimated remaining work
-            rem = remaining_work(conn, {c.id: c.k for c in cands}, list(reqs.values()), now(),
+            rem = remaining_work(conn, {c.id: c.k for c in cands} | _elastic_sizes(running, admission), list(reqs.values()), now(),
                                  {**etas, **{r.id: r.scaling for r in reqs.values()}})
             cands = [replace(c, remaining=rem.get(c.id, math.inf)) for c in cands]
         for p in order:
             u = p.req.utility if p.req.utility is not None else prior
             cands.append(Candidate(p.req.id, p.req.k, p.req.lo, p.req.hi, p.req.step, float(u), False,
                                    rem.get(p.req.id, math.inf)))
-        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=int(spec.gpus_per_host.max()),
-                                    keep=fill)
+        host = int(spec.gpus_per_host.max())
+        if ADMISSIONS[admission].marginal:  # claims sized on each job's priced speed curve (elastic_marginal)
+            cands = curves_of(cands, running, reqs.values(), host, lambda k: _best_gbps(dispatcher, k), scaling == "declared",
+                              rem)
+        rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=host, keep=fill,
+                                    n_cluster=spec.n_gpus)
         rep.waiting = [p.req.id for p in order if p.req.id not in rep.quotas]
         if any(rep.quotas.get(jid) == 0 for jid in held):  # srpt-suspend: 0 GPUs until it resumes
             _suspend_all(conn, rep, held, rem, {r.id: r.k for r in running})
@@ -175,6 +175,22 @@ def rebalance(
             key = {c.id: (rem.get(c.id, math.inf), -c.utility, c.id) for c in cands}
             _fill_idle(conn, rep, store.load_state(conn, spec), held, ctx, sorted(held, key=key.__getitem__))
     return rep
+
+
+def _elastic_sizes(running, admission: str) -> dict[str, int]:
+    """``srpt-marginal`` counts every running elastic job behind a claim, at a boundary or not: id -> GPUs held."""
+    if not ADMISSIONS[admission].marginal:
+        return {}
+    return {r.id: len(json.loads(r.gpus)) for r in running if (r.min_k or r.k) < (r.max_k or r.k)}
+
+
+def _check_names(pricing: str, admission: str, scaling: str) -> None:
+    if pricing not in PRICERS:
+        raise RequestError(f"unknown growth pricing {pricing!r}: use one of {', '.join(PRICERS)}")
+    if admission not in ADMISSIONS:
+        raise RequestError(f"unknown elastic admission {admission!r}: use one of {', '.join(ADMISSIONS)}")
+    if scaling not in SCALING_MODES:
+        raise RequestError(f"unknown scaling pricing {scaling!r}: use one of {', '.join(SCALING_MODES)}")
 
 
 def _suspend_all(conn, rep: RebalanceReport, held: dict[str, np.ndarray], rem: dict[str, float],

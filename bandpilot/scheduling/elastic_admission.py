@@ -16,6 +16,10 @@ at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, cla
 * ``idle`` (seed 001 Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
   within the currently idle GPUs"): the requested ``k`` fits the GPUs idle now - running jobs are
   never shrunk to make room for a newcomer, only re-shared among the admitted by utility.
+
+``srpt-host``, ``srpt-suspend`` (:mod:`bandpilot.scheduling.elastic_srpt`), ``hesrpt-suspend``
+(:mod:`bandpilot.scheduling.elastic_hesrpt`) and ``srpt-marginal`` (claims sized by marginal gain on each
+job's priced speed curve, :mod:`bandpilot.scheduling.elastic_marginal`) replace the quotas themselves.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Callable, Sequence
 
 from bandpilot.errors import RequestError
 from bandpilot.scheduling.elastic_hesrpt import hesrpt_quotas
+from bandpilot.scheduling.elastic_marginal import marginal_claims
 from bandpilot.scheduling.elastic_srpt import srpt_quotas
 
 
@@ -39,6 +44,8 @@ class Candidate:
     utility: float
     running: bool
     remaining: float = math.inf  # estimated remaining GPU-seconds (``srpt`` admission only; inf: unknown)
+    curve: tuple[tuple[int, float], ...] | None = None  # (k, relative run time) per size (``srpt-marginal`` only)
+    behind: int = 0  # running jobs not in the round with more remaining work (``srpt-marginal`` only)
 
 
 def _snap(c: Candidate, x: float) -> int:
@@ -65,6 +72,7 @@ class Admission:
     host_srpt: bool = False  # quotas by remaining work, one host's worth each (bandpilot.scheduling.elastic_srpt)
     suspend: bool = False  # with host_srpt/hesrpt: a running job may get 0 GPUs (suspended at its boundary)
     hesrpt: bool = False  # quotas by heSRPT shares of the rank in remaining work (bandpilot.scheduling.elastic_hesrpt)
+    marginal: bool = False  # with host_srpt: claims by marginal gain on each job's speed curve (elastic_marginal)
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
@@ -97,6 +105,12 @@ ADMISSIONS = {a.name: a for a in (
     Admission("hesrpt-suspend", lambda c, n: c.lo, False,
               "heSRPT shares by rank in remaining work, each up to one host's GPUs; a running job whose share "
               "is below its min_k is suspended at its epoch boundary", srpt=True, suspend=True, hesrpt=True),
+    # srpt-suspend with each claim sized by marginal gain: the size minimising t(k)·(1 + m·k/G) on the
+    # job's priced speed curve, m = the jobs waiting on its GPU-hours (bandpilot.scheduling.elastic_marginal)
+    Admission("srpt-marginal", lambda c, n: c.lo, False,
+              "by remaining work, each claiming the size whose time saved beats the GPU-time it costs the "
+              "jobs behind (up to one host); a running job that gets none is suspended at its epoch boundary",
+              srpt=True, host_srpt=True, suspend=True, marginal=True),
 )}
 DEFAULT_ADMISSION = "fit-k"
 
@@ -133,19 +147,22 @@ def _admitted(cands: Sequence[Candidate], n_gpus: int, rule: Admission, n_idle: 
 
 
 def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEFAULT_ADMISSION,
-                   n_idle: int | None = None, host: int = 8, keep: bool = False) -> dict[str, int]:
+                   n_idle: int | None = None, host: int = 8, keep: bool = False,
+                   n_cluster: int | None = None) -> dict[str, int]:
     """Integer GPU quotas for the admitted candidates (absent = stays pending); they add up to at
     most ``n_gpus``. ``cands`` come in admission order; running ones must fit at their ``min_k``;
     pending ones are admitted while what they claim under ``admission`` (:data:`ADMISSIONS`) fits
     (``n_idle``: the GPUs idle now, for the rules that admit into idle GPUs only; default all).
     The ``srpt-host``/``srpt-suspend`` rules share by remaining work, up to ``host`` GPUs each,
     and ``srpt-suspend`` may give a running job 0 (:func:`~bandpilot.scheduling.elastic_srpt.srpt_quotas`;
-    ``keep``: when nothing waits, running jobs keep their current size first)."""
+    ``keep``: when nothing waits, running jobs keep their current size first; ``srpt-marginal`` sizes
+    the claims for a cluster of ``n_cluster`` GPUs, default ``n_gpus``)."""
     rule = ADMISSIONS[admission]
     if rule.hesrpt:
         return hesrpt_quotas(cands, n_gpus, host)
     if rule.host_srpt:
-        return srpt_quotas(cands, n_gpus, host, rule.suspend, keep)
+        claims = marginal_claims(cands, n_cluster or n_gpus) if rule.marginal else None
+        return srpt_quotas(cands, n_gpus, host, rule.suspend, keep, claims)
     admitted = _admitted(cands, n_gpus, ADMISSIONS[admission], n_gpus if n_idle is None else n_idle)
     if not admitted:
         return {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -47,10 +47,13 @@ def claim(c, host: int) -> int:
     return max(c.lo, min(c.hi, CLAIM_FACTOR * c.lo, host))
 
 
-def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bool = False) -> dict[str, int]:
+def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bool = False,
+                claims: Mapping[str, int] | None = None) -> dict[str, int]:
     """Quotas by remaining work (module docstring): every running candidate gets a quota (0 only
     with ``suspend``); pending ones left out wait. ``keep`` (``rebalance(fill_idle=True)``): when
-    nothing waits, running jobs get back their current size before the shortest grows."""
+    nothing waits, running jobs get back their current size before the shortest grows. ``claims``: a
+    claim per job instead of :func:`claim` (``srpt-marginal``: :mod:`bandpilot.scheduling.elastic_marginal`)."""
+    claims = claims or {}
     running = [c for c in cands if c.running]
     floors = 0 if suspend else sum(c.lo for c in running)
     if floors > n_gpus:
@@ -60,7 +63,7 @@ def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bo
     # shortest remaining first; a running job before a pending one of equal work (no churn on ties)
     for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
         base = c.lo if (c.running and not suspend) else 0
-        q = _snap_down(c.lo, c.hi, c.step, min(claim(c, host), budget + base))
+        q = _snap_down(c.lo, c.hi, c.step, min(claims.get(c.id) or claim(c, host), budget + base))
         if q:
             out[c.id] = q
             budget -= q - base
