@@ -58,6 +58,8 @@ def test_domain_tokens_are_one_per_domain(fab):
     assert view.inside(np.array([row, inside])).tolist() == [False, True]
     assert six == pytest.approx(view.inside_values(inside[None, :])[0])  # the domain token carries stage 1.5
     assert six == pytest.approx(fab.bandwidth_masks(inside[None, :])[0], rel=0.05)
+    for rows in (masks, np.array([row, inside]), np.zeros((2, spec.n_hosts), dtype=np.int64)):
+        assert np.array_equal(view.inside_of(view.live_units(rows)), view.inside(rows))  # from the features
     in_rows = masks[view.inside(masks)]  # vectorised lookups = the row-wise stage 1.5 table
     assert np.allclose(view.inside_values(in_rows), view.patterns.predict(in_rows))
 
@@ -77,6 +79,71 @@ def test_domain_keys_of_a_row_do_not_depend_on_the_batch(fab):
     assert len({bytes(k) for k in batch}) > 1
     tok = view.tokens(cross[:1])
     assert np.array_equal(tok["intra"], view.tokens(cross)["intra"][:1, :tok["intra"].shape[1]])
+
+def test_domain_delta_features_and_keys_match_reducing_every_row(fab, monkeypatch):
+    """Features and keys from a batch's first row plus the blocks / tokens where a row differs
+    (the delta paths, forced on) equal reducing and hashing every row (forced off): on moves of
+    one row (a tray or two changed each) and on unrelated rows."""
+    from bandpilot.model import domain_tokens
+
+    spec = fab.spec
+    masks = _planned(fab, 40)
+    view = DomainView(spec, fab.stage1, host_arrays(spec), DomainPatterns.fit(spec, fab.stage1, masks, fab.bandwidth_masks(masks)))
+    rng = np.random.default_rng(3)
+    base = np.zeros(spec.n_hosts, dtype=np.int64)
+    base[[0, 1, 4, 6, 9, 13]] = [0b1111, 0b0011, 0b0111, 0b1000, 0b1111, 0b0101]
+    moves = np.repeat(base[None, :], 60, axis=0)
+    for row in moves[1:]:
+        for h in rng.choice(spec.n_hosts - 1, size=int(rng.integers(1, 3)), replace=False):  # never the last
+            row[h] = rng.integers(0, 16)  # a tray emptied, filled or changed
+    cols = np.flatnonzero(moves.any(axis=0))
+    assert masks.shape[0] >= 32 and cols.size < spec.n_hosts
+    for batch, c in ((moves[:, cols], cols), (moves, None), (masks, None)):
+        got = []
+        for at_from, most in ((32, 1.0), (1 << 30, 0.0)):  # delta paths always, never
+            monkeypatch.setattr(domain_tokens, "DELTA_FROM", at_from)
+            monkeypatch.setattr(domain_tokens, "DELTA_MAX_CHANGED", most)
+            got.append((*view.live_units(batch, c), view.keys(batch, c)))
+        (lu, z, keys), (lu_ref, z_ref, keys_ref) = got
+        assert np.array_equal(lu, lu_ref) and z.keys() == z_ref.keys()
+        assert all(np.array_equal(z[k], z_ref[k]) for k in z_ref) and np.array_equal(keys, keys_ref)
+        assert len({bytes(k) for k in keys}) > 10
+
+
+def test_domain_forward_reads_the_memo_keys_reduction(fab):
+    """The memo's misses go to the net as tokens packed from the features their keys were made of
+    (one reduction of the rows): the same floats as the reference path (memo off: tokens from the
+    masks, rows de-duplicated by (count, intra)), on column-restricted rows with repeats."""
+    import torch
+
+    from bandpilot.model.net_kinds import build_net
+    from bandpilot.model.surrogate import Surrogate
+
+    spec = fab.spec
+    masks = _planned(fab, 120)
+    torch.manual_seed(5)
+    net = build_net("domain", spec, hidden=16, heads=2, layers=1, host_speed=True)
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.ndim:
+                p.normal_(0.0, 0.5)  # the head's last layer starts at zero: the residual would not show
+    sur = Surrogate(spec, fab.stage1, net, kind="domain",
+                    patterns=DomainPatterns.fit(spec, fab.stage1, masks, fab.bandwidth_masks(masks)))
+    masks[:, 5] = 0  # a host no row uses: the rows go on the other columns
+    rows = masks[sur.net_rows(masks) & ((masks != 0).sum(axis=1) >= 2)]
+    rows = np.concatenate([rows, rows[::3]])  # repeats: one forward row each
+    cols = np.flatnonzero(rows.any(axis=0))
+    assert rows.shape[0] > 64 and cols.size < spec.n_hosts
+    got = sur.predict_columns(rows[:, cols], cols)
+    sur.memo_enabled = False
+    ref = sur.predict_columns(rows[:, cols], cols)
+    assert np.array_equal(got, ref) and np.array_equal(sur.predict_masks(rows), ref)
+    for bad in (-1, 1 << 4):  # a sign bit, a GPU the 4-GPU tray does not have: named, row and host
+        wrong = rows[:, cols].copy()
+        wrong[7, 3] = bad
+        with pytest.raises(ModelError, match=f"mask row 7 sets GPUs host 't{cols[3]}' does not have"):
+            sur.predict_columns(wrong, cols)
+
 
 @pytest.mark.slow
 def test_domain_surrogate_learns_cross_domain_rows_and_round_trips(fab, tmp_path):

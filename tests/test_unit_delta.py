@@ -8,7 +8,7 @@ import pytest
 
 from bandpilot.dispatch.search.context import SearchContext
 from bandpilot.dispatch.search.domains import Units, _unit_moves
-from bandpilot.dispatch.search.unit_rows import first_rows, unique_sorted
+from bandpilot.dispatch.search.unit_rows import first_rows, moves_sorted, unique_sorted
 from bandpilot.fabric import unit_delta
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.topology.cluster import load_cluster
@@ -95,3 +95,24 @@ def test_unrelated_rows_take_the_dense_path(fab):
     assert unit_delta.predict_columns_delta(fab, masks, cols) is None
     dense = np.array([fab.predict_columns(m[None, :], cols)[0] for m in masks])
     np.testing.assert_array_equal(fab.predict_columns(masks, cols), dense)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_moves_sorted_is_numpys_unique_of_the_move_rows(seed):
+    """Rows of moves (t GPUs from one column to another of one base row), repeats included:
+    ordered and de-duplicated from the moves alone, as np.unique orders the rows."""
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(2, 9))
+    base = rng.integers(0, 6, size=width)
+    n = int(rng.integers(1, 300))
+    pa = rng.integers(0, width, size=n)
+    pb = (pa + rng.integers(1, width, size=n)) % width  # never the source
+    t = rng.integers(1, 4, size=n)
+    pick = rng.integers(0, n, size=n // 2)
+    pa, pb, t = (np.r_[x, x[pick]] for x in (pa, pb, t))  # the same moves again
+    rows = np.tile(base, (pa.size, 1))
+    rows[np.arange(pa.size), pa] -= t
+    rows[np.arange(pa.size), pb] += t
+    assert np.array_equal(moves_sorted(base, pa, pb, t), np.unique(rows, axis=0))
+    with pytest.raises(ValueError, match="t > 0"):
+        moves_sorted(base, pa, pa, t)

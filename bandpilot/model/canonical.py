@@ -29,11 +29,14 @@ _SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
 
 def _mix(x: np.ndarray, seed: np.uint64) -> np.ndarray:
     """splitmix64's finaliser of ``x + seed`` (uint64, wrapping)."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # in place: a search hashes ~50,000 tokens a call
         z = x.astype(np.uint64) + seed
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+        return z
 
 
 class PatternKeys:
@@ -92,15 +95,23 @@ class PatternKeys:
         return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
 
 
-def mix_lanes(feats: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """(n,) 16-byte order-free keys of rows of tokens: ``feats`` (n, t, f) uint64 feature bits,
-    ``used`` (n, t) which tokens count; each token is a chain of splitmix mixes of its features,
-    a row the wrapping sum of its tokens' mixes, in two independent lanes."""
-    out = np.zeros((feats.shape[0], 2), dtype=np.uint64)
+def mix_tokens(feats: np.ndarray) -> np.ndarray:
+    """(..., 2) uint64: each token's chain of splitmix mixes of its ``feats`` (..., f) uint64
+    feature bits, in the two lanes of :func:`mix_lanes`."""
+    out = np.empty((*feats.shape[:-1], 2), dtype=np.uint64)
     for lane, seed in enumerate(_SEEDS):
         h = _mix(feats[..., 0], seed)
         for f in range(1, feats.shape[-1]):
             h = _mix(h ^ feats[..., f], seed)
-        with np.errstate(over="ignore"):
-            out[:, lane] = np.where(used, h, np.uint64(0)).sum(axis=1, dtype=np.uint64)
+        out[..., lane] = h
+    return out
+
+
+def mix_lanes(feats: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """(n,) 16-byte order-free keys of rows of tokens: ``feats`` (n, t, f) uint64 feature bits,
+    ``used`` (n, t) which tokens count; each token is a chain of splitmix mixes of its features,
+    a row the wrapping sum of its tokens' mixes, in two independent lanes."""
+    h = np.where(used[..., None], mix_tokens(feats), np.uint64(0))
+    with np.errstate(over="ignore"):
+        out = h.sum(axis=1, dtype=np.uint64)
     return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()

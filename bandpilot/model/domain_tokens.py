@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.errors import ModelError
-from bandpilot.model.canonical import mix_lanes
+from bandpilot.model.canonical import mix_lanes, mix_tokens
 from bandpilot.fabric.units import unit_index
 from bandpilot.model.domain_patterns import DomainPatterns
 from bandpilot.topology.cluster import ClusterSpec, ranges
@@ -32,6 +32,14 @@ DELTA_FROM = 32
 #: Share of (row, unit) blocks differing from the first row above which every row is reduced whole
 #: (unrelated rows: the delta path is slower there, as for the emulator's ``unit_delta``).
 DELTA_MAX_CHANGED = 0.25
+
+#: :meth:`DomainView.live_units` of some rows: the units they touch and (n, L) per-unit features.
+Features = tuple[np.ndarray, dict[str, np.ndarray]]
+
+
+def take_rows(feats: Features, idx: np.ndarray) -> Features:
+    """The features of rows ``idx`` (the same units: untouched ones add no token)."""
+    return feats[0], {k: v[idx] for k, v in feats[1].items()}
 
 
 class DomainView:
@@ -80,7 +88,7 @@ class DomainView:
             out[key] = full
         return out
 
-    def live_units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def live_units(self, masks: np.ndarray, cols: np.ndarray | None = None) -> Features:
         """:meth:`_units` on the units some row touches only: ``(those units, (n, L) features)``.
 
         A local-search batch is thousands of rows that differ from its first row in two or three
@@ -90,21 +98,25 @@ class DomainView:
         masks = np.atleast_2d(np.asarray(masks, dtype=np.int64))
         n = masks.shape[0]
         lu, pos, cols, starts = self._live(masks, cols)
-        sub = masks[:, pos]
-        blocks = None
+        # a batch on the columns it uses (a search's super allocations) needs no copy
+        whole = pos.size == masks.shape[1] and bool(np.all(pos[1:] > pos[:-1]))
+        sub = masks if whole else masks[:, pos]
         if n >= DELTA_FROM and lu.size:
             diff = np.logical_or.reduceat(sub != sub[0][None, :], starts, axis=1)
             if diff.mean() <= DELTA_MAX_CHANGED:
-                blocks = self._delta_blocks(sub, cols, starts, np.nonzero(diff))
-        if blocks is None:
-            blocks = self._block_stats(sub, cols, starts)
+                return lu, self._delta_features(sub, cols, starts, lu, np.nonzero(diff))
+        return lu, self._features(self._block_stats(sub, cols, starts), lu)
+
+    def _features(self, blocks: tuple[np.ndarray, ...], units: np.ndarray) -> dict[str, np.ndarray]:
+        """Token features of blocks (:meth:`_block_stats`, (m, L)) of the units ``units`` (L,):
+        elementwise in each block's stats, so a block's features do not depend on the others."""
         cnt, trays, rails, cap, speed, hist = blocks
         intra = np.where(cnt >= 2, cap, 0.0)
-        multi = (trays >= 2) & (self.u_cls[lu][None, :] >= 0)
+        multi = (trays >= 2) & (self.u_cls[units][None, :] >= 0)
         if multi.any():
             r, b = np.nonzero(multi)
-            intra[r, b] = np.minimum(self.patterns.part_values(self.u_cls[lu[b]], hist[r, b]), cap[r, b])
-        return lu, {"cnt": cnt, "trays": trays, "rails": rails, "intra": intra, "speed": speed}
+            intra[r, b] = np.minimum(self.patterns.part_values(self.u_cls[units[b]], hist[r, b]), cap[r, b])
+        return {"cnt": cnt, "trays": trays, "rails": rails, "intra": intra, "speed": speed}
 
     def _block_stats(self, sub: np.ndarray, hosts: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per block (columns ``starts[i]:starts[i+1]`` of ``sub``, on ``hosts``): GPUs, trays used,
@@ -120,20 +132,21 @@ class DomainView:
                 np.minimum.reduceat(np.where(used, self.speed[hosts][None, :], np.inf), starts, axis=1),
                 np.stack([red((counts == c).astype(np.int64), starts, axis=1) for c in range(1, self.max_gpus + 1)], axis=-1))
 
-    def _delta_blocks(self, sub: np.ndarray, hosts: np.ndarray, starts: np.ndarray,
-                      changed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, ...]:
-        """:meth:`_block_stats` of every row from the first row's blocks and the ``changed``
-        (row, block) pairs' blocks, reduced as one row segmented block after block."""
+    def _delta_features(self, sub: np.ndarray, hosts: np.ndarray, starts: np.ndarray, lu: np.ndarray,
+                        changed: tuple[np.ndarray, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`_features` of every row from the first row's blocks and the ``changed`` (row,
+        block) pairs' blocks, reduced as one row segmented block after block (the stage-1.5 values
+        too: looked up for ~9,000 changed blocks, not every row's ~35 x 1,000)."""
         n = sub.shape[0]
-        out = [np.repeat(x, n, axis=0) for x in self._block_stats(sub[:1], hosts, starts)]
+        out = {k: np.repeat(x, n, axis=0) for k, x in self._features(self._block_stats(sub[:1], hosts, starts), lu).items()}
         r, b = changed
         if r.size:
             lo = starts[b]
             lens = np.r_[starts[1:], sub.shape[1]][b] - lo
             idx = ranges(lo, lens)
             part = self._block_stats(sub[np.repeat(r, lens), idx][None, :], hosts[idx], np.r_[0, np.cumsum(lens)[:-1]])
-            for whole, got in zip(out, part):
-                whole[r, b] = got[0]
+            for k, got in self._features(part, lu[b]).items():
+                out[k][r, b] = got[0]
         return out
 
     def inside(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
@@ -145,6 +158,16 @@ class DomainView:
         lo = np.where(used, u[None, :], self.ix.U).min(axis=1, initial=self.ix.U)
         one = lo == np.where(used, u[None, :], -1).max(axis=1, initial=-1)
         return one & (self.u_cls[np.minimum(lo, self.ix.U - 1)] >= 0) & (used.sum(axis=1) >= 2)
+
+    def inside_of(self, feats: Features) -> np.ndarray:
+        """:meth:`inside` of the rows whose :meth:`live_units` are ``feats``: one unit used, of a
+        domain class, on >= 2 of its trays (no second pass over the rows' columns)."""
+        lu, z = feats
+        used = z["cnt"] > 0
+        if lu.size == 0:
+            return np.zeros(used.shape[0], dtype=bool)
+        unit = lu[np.argmax(used, axis=1)]
+        return (used.sum(axis=1) == 1) & (self.u_cls[unit] >= 0) & (z["trays"].sum(axis=1) >= 2)
 
     def inside_values(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
         """Values of :meth:`inside` rows: the one domain's in-domain value (row sums, no per-unit
@@ -183,13 +206,51 @@ class DomainView:
         share one (the net reads nothing else: no positional encoding, domains compared only for
         equality), so a search's many tray choices of one per-domain pattern are one forward row.
         ``cols``: the rows are given on those host columns only."""
-        lu, z = self.live_units(masks, cols)  # the keys are order-free: untouched units add nothing
+        return self.keys_of(*self.live_units(masks, cols))  # order-free: untouched units add nothing
+
+    def keys_of(self, lu: np.ndarray, z: dict[str, np.ndarray]) -> np.ndarray:
+        """:meth:`keys` from :meth:`live_units` features (a prediction reduces its rows once for
+        the memo keys and the forward's tokens: :meth:`pack`). A batch whose rows differ from its
+        first row in few tokens gets the first row's key plus, per row, the mixes of its differing
+        tokens minus the first row's there: sums of 64-bit words wrap, so these are the same keys
+        (mixing every token of 1,000 rows x ~35 units was most of the keys' time)."""
         used = z["cnt"] > 0
-        n, u = used.shape
-        feats = np.stack([z["cnt"], z["trays"], z["rails"], z["intra"], np.where(used, z["speed"], 0.0),
-                          np.broadcast_to(self.u_rail[lu], (n, u)), np.broadcast_to(self.u_gtype[lu].astype(np.float64), (n, u))],
-                         axis=-1)
-        return mix_lanes(np.ascontiguousarray(feats).view(np.uint64), used)
+        n = used.shape[0]
+        if n >= DELTA_FROM:
+            diff = np.zeros(used.shape, dtype=bool)
+            for x in z.values():  # compared as bits (-0.0 is not 0.0 to a hash)
+                x = x.view(np.uint64) if x.dtype == np.float64 else x
+                diff |= x != x[:1]
+            if diff.mean() <= DELTA_MAX_CHANGED:
+                return self._delta_keys(lu, z, used, np.nonzero(diff))
+        return mix_lanes(self._token_bits(lu, z, used, (slice(None), slice(None))), used)
+
+    def _token_bits(self, lu: np.ndarray, z: dict[str, np.ndarray], used: np.ndarray, at: tuple) -> np.ndarray:
+        """(..., 7) uint64 feature bits the keys hash, of the tokens ``at`` (an index of the (n, L)
+        feature arrays: (rows, columns))."""
+        cnt = z["cnt"][at]
+        u = np.broadcast_to(np.arange(lu.size)[None, :], used.shape)[at]
+        feats = np.stack([cnt, z["trays"][at], z["rails"][at], z["intra"][at], np.where(used[at], z["speed"][at], 0.0),
+                          self.u_rail[lu][u], self.u_gtype[lu][u].astype(np.float64)], axis=-1).astype(np.float64, copy=False)
+        return np.ascontiguousarray(feats).view(np.uint64)
+
+    def _delta_keys(self, lu: np.ndarray, z: dict[str, np.ndarray], used: np.ndarray,
+                    changed: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """:meth:`keys_of` from the first row's tokens and the ``changed`` (row, unit) tokens
+        (row-major, as ``np.nonzero`` gives them)."""
+        n, width = used.shape
+        r, c = changed
+        # the first row's tokens and the changed ones, mixed in one pass (numpy calls, not cells,
+        # are most of the cost of a few thousand tokens)
+        at = (np.r_[np.zeros(width, dtype=np.int64), r], np.r_[np.arange(width), c])
+        h = np.where(used[at][:, None], mix_tokens(self._token_bits(lu, z, used, at)), np.uint64(0))
+        h0, new = h[:width], h[width:]
+        with np.errstate(over="ignore"):
+            out = np.repeat(h0.sum(axis=0, dtype=np.uint64)[None, :], n, axis=0)
+            if r.size:
+                starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+                out[r[starts]] += np.add.reduceat(new - h0[c], starts, axis=0)
+        return np.ascontiguousarray(out).view(np.dtype((np.void, 16))).ravel()
 
     def tokens(self, masks: np.ndarray, cols: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Padded unit tokens of rows over >= 2 units (``pad`` True = padding), as ``host_tokens``;

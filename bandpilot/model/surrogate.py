@@ -23,7 +23,7 @@ from bandpilot.topology.cluster import ClusterSpec, ranges, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.model.canonical import PatternKeys
 from bandpilot.model.domain_patterns import DomainPatterns
-from bandpilot.model.domain_tokens import DomainView
+from bandpilot.model.domain_tokens import DomainView, Features, take_rows
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
 from bandpilot.model.prior_proxy import PriorProxy
@@ -153,11 +153,13 @@ class Surrogate:
             masks = masks[None, :]
         if masks.ndim != 2 or masks.shape[1] != width:
             raise ModelError(f"masks have shape {masks.shape}; the model of {self.spec.name!r} needs (n, {width})")
-        nz = np.flatnonzero(masks.any(axis=0))  # a search's wide rows touch few hosts
-        hosts = nz if cols is None else cols[nz]
-        sub = masks[:, nz]
-        bad = (sub < 0) | ((sub & ~self._full[None, hosts]) != 0)
-        if bad.any():
+        # one OR per column: a GPU outside its host (or a negative mask's sign bit) shows in it
+        anyset = np.bitwise_or.reduce(masks, axis=0) if masks.shape[0] else np.zeros(width, dtype=np.int64)
+        if np.any(anyset & ~(self._full if cols is None else self._full[cols])):
+            nz = np.flatnonzero(masks.any(axis=0))
+            hosts = nz if cols is None else cols[nz]
+            sub = masks[:, nz]
+            bad = (sub < 0) | ((sub & ~self._full[None, hosts]) != 0)
             r, h = (int(x[0]) for x in np.nonzero(bad))
             h = int(hosts[h])
             raise ModelError(f"mask row {r} sets GPUs host {self.spec.hosts[h].name!r} does not have ({int(masks[r, h])})")
@@ -191,21 +193,27 @@ class Surrogate:
             hosts = np.arange(self.spec.n_hosts) if cols is None else cols
             out[single] = self.stage1[hosts[None, :], masks[single]].sum(axis=1)
         cross = np.flatnonzero(n_used >= 2)
+        if cross.size == masks.shape[0]:  # a search's batch: no copy of its rows
+            return self._predict_cross(masks, cols)
         if cross.size:
             out[cross] = self._predict_cross(masks[cross], cols)
         return out
 
     def _predict_cross(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
-        net = self.net_rows(masks, cols)
-        if not net.all():  # rows inside one NVLink domain: stage 1.5, exactly as measured
-            out = np.empty(masks.shape[0])
-            out[~net] = self.domain_view.inside_values(masks[~net], cols)
-            if net.any():
-                out[net] = self._predict_cross(masks[net], cols)
-            return out
-        # a domain model's memo and memory share one key (its domain tokens): computed once
-        keys = self.domain_view.keys(masks, cols) if self.kind == "domain" else None
-        out = self._predict_model(masks, keys, cols)
+        # a domain model's in-domain test, memo, memory and forward read one reduction of the rows
+        feats = self.domain_view.live_units(masks, cols) if self.kind == "domain" else None
+        if feats is None or not (inside := self.domain_view.inside_of(feats)).any():
+            return self._predict_net(masks, cols, feats)
+        out = np.empty(masks.shape[0])  # rows inside one NVLink domain: stage 1.5, exactly as measured
+        out[inside] = self.domain_view.inside_values(masks[inside], cols)
+        if not inside.all():
+            out[~inside] = self._predict_net(masks[~inside], cols, take_rows(feats, ~inside))
+        return out
+
+    def _predict_net(self, masks: np.ndarray, cols: np.ndarray | None, feats: Features | None) -> np.ndarray:
+        """Model output of rows the net predicts, with the measured-pattern memory's correction."""
+        keys = None if feats is None else self.domain_view.keys_of(*feats)
+        out = self._predict_model(masks, keys, cols, feats)
         if self.memory is not None and len(self.memory):
             out = out * np.exp(self.memory.correction(self.pattern_keys(masks) if keys is None else keys))
         return out
@@ -226,13 +234,15 @@ class Surrogate:
         resid = np.log(np.asarray(busbw, dtype=np.float64)) - np.log(self._predict_model(masks))
         self.memory = PatternMemory.build(self.pattern_keys(masks), resid)
 
-    def _predict_model(self, masks: np.ndarray, keys: np.ndarray | None = None, cols: np.ndarray | None = None) -> np.ndarray:
+    def _predict_model(self, masks: np.ndarray, keys: np.ndarray | None = None, cols: np.ndarray | None = None,
+                       feats: Features | None = None) -> np.ndarray:
         """Model output for cross-host rows, remembered while the weights, the stage-1 tables and
         the mode stay the same: a scheduler or a simulation asks about the same inputs decision
         after decision. A token-symmetric net (:mod:`~bandpilot.model.canonical`) is asked once
         per canonical pattern - rows alike up to host order and to which tokens share a domain (each
         token's domain-mate count kept) share one forward row, within a call and across calls;
-        other nets remember exact rows. ``cols``: a 'domain' model's rows on those host columns only."""
+        other nets remember exact rows. ``cols``: a 'domain' model's rows on those host columns only;
+        ``feats``: their :meth:`DomainView.live_units` (the tokens are built from them)."""
         if masks.shape[0] == 0 or not self.memo_enabled:
             return self._predict_uncached(masks, cols)
         rows = np.ascontiguousarray(masks, dtype=np.int64)
@@ -259,7 +269,7 @@ class Surrogate:
             else:
                 vals[i] = v
         if miss:
-            got = self._predict_uncached(rows[first[miss]], cols)
+            got = self._predict_uncached(rows[first[miss]], cols, None if feats is None else take_rows(feats, first[miss]))
             vals[miss] = got
             if len(table) + len(miss) > min(MEMO_ENTRIES, MEMO_KEY_BYTES // keys.dtype.itemsize):
                 table.clear()
@@ -287,7 +297,9 @@ class Surrogate:
             keyer = self._keyer = (self.stage1, PatternKeys(self.stage1, self._hosts, self._max_gpus))
         return keyer[1]
 
-    def _predict_uncached(self, masks: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
+    def _predict_uncached(self, masks: np.ndarray, cols: np.ndarray | None = None, feats: Features | None = None) -> np.ndarray:
+        if feats is not None:  # rows of distinct memo keys: no two share their (count, intra) columns
+            return self._forward(masks, cols=cols, feats=feats)
         if self.kind in ("hierarchical", "domain") and masks.shape[0] > 64:
             # Identical (count, intra) rows predict identically: dedupe before the forward pass.
             counts = np.bitwise_count(masks).astype(np.int64)
@@ -300,14 +312,15 @@ class Surrogate:
                 return self._forward(masks[first], cols=cols)[inverse.ravel()]
         return self._forward(masks, cols=cols)
 
-    def _forward(self, masks: np.ndarray, chunk: int = 8192, cols: np.ndarray | None = None) -> np.ndarray:
+    def _forward(self, masks: np.ndarray, chunk: int = 8192, cols: np.ndarray | None = None,
+                 feats: Features | None = None) -> np.ndarray:
         """Net output for rows, in chunks of at most ``chunk`` rows and :data:`FORWARD_TOKENS`
         squared-token cells: attention and the pairwise domain feature grow with rows x tokens^2,
         and a chunk of 8,192 super allocations over ~100 hosts each held GBs (the simulator's
         3.4 GB peak). Rows go in ascending token count, so short rows are not padded to long ones.
         A 'domain' model's tokens are the units a row uses, not its hosts: counted by hosts, a
         row over 1,000 trays (~30 domains) went through the net alone (``cols``: rows on those
-        host columns only)."""
+        host columns only; ``feats``: their :meth:`DomainView.live_units`, packed per chunk)."""
         n = masks.shape[0]
         out = np.empty(n)
         self.forward_rows += n
@@ -322,7 +335,7 @@ class Surrogate:
             n_tok = np.bincount(gr[0], minlength=n)
             g_start = np.concatenate([[0], np.cumsum(n_tok)])
         else:
-            n_tok = self._token_counts(masks, cols)
+            n_tok = self._token_counts(masks, cols) if feats is None else (feats[1]["cnt"] > 0).sum(axis=1)
         order = np.argsort(n_tok, kind="stable")
         with torch.inference_mode(), _threads_for(n):
             s = 0
@@ -330,7 +343,9 @@ class Surrogate:
                 t_max = int(n_tok[order[min(n, s + chunk) - 1]])
                 rows = max(1, min(chunk, FORWARD_TOKENS // max(1, t_max * t_max)))
                 idx = order[s : s + rows]
-                if keyer is None:
+                if feats is not None:
+                    tok = self.domain_view.pack(*take_rows(feats, idx))
+                elif keyer is None:
                     tok = self.tokens(masks[idx], cols)
                 else:  # this chunk's groups, renumbered to its rows
                     sel = ranges(g_start[idx], n_tok[idx])

@@ -405,11 +405,8 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
 
 def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_: np.ndarray, t_: np.ndarray) -> np.ndarray:
     """Rows of the moves ``t_`` GPUs ``a_`` -> ``b_`` on ``d`` (``cols``: every unit nonzero in some row), sorted, one per signature sequence."""
-    R = np.tile(d[cols], (a_.size, 1))
-    at = np.arange(a_.size)
-    R[at, np.searchsorted(cols, a_)] -= t_
-    R[at, np.searchsorted(cols, b_)] += t_
-    R = unit_rows.unique_sorted(R)  # np.unique's order gives the full rows' (other columns are equal)
+    # distinct rows in np.unique's order, which gives the full rows' (other columns are equal)
+    R = unit_rows.moves_sorted(d[cols], np.searchsorted(cols, a_), np.searchsorted(cols, b_), t_)
     # interchangeable unused targets: keep one per sequence of (unit signature, count)
     sig_id: dict[tuple, int] = {}
     sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)

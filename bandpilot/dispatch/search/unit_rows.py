@@ -199,3 +199,28 @@ def pattern_fill(ctx: Any, trays_of: dict[int, np.ndarray]):
         return got
 
     return fill
+
+
+def moves_sorted(base: np.ndarray, pa: np.ndarray, pb: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``unique_sorted`` of the rows ``base`` with ``t`` taken from column ``pa`` and added to
+    column ``pb`` (``t > 0``, ``pa != pb``), from the moves alone: a row differs from ``base`` by
+    -t at ``pa`` and +t at ``pb``, so rows are equal when their moves are, and their lexicographic
+    order is their differences': at the first column where two differ, the one whose first change
+    comes there and is negative is smaller (key ``sign * (columns - position)``, then the value,
+    then the same for the second change). A batch of ~5,000 moves over ~100 columns was sorted
+    row-wise by ``np.lexsort`` over every column."""
+    pa, pb, t = (np.asarray(x, dtype=np.int64) for x in (pa, pb, t))
+    if np.any(t <= 0) or np.any(pa == pb):
+        raise ValueError("a move takes t > 0 GPUs from one column to another")
+    a_first = pa < pb
+    v1 = np.where(a_first, -t, t)
+    s1 = np.sign(v1) * (base.size - np.minimum(pa, pb))
+    s2 = -np.sign(v1) * (base.size - np.maximum(pa, pb))
+    order = np.lexsort((s2, v1, s1))  # the second value is -v1: decided by v1
+    keys = np.stack([s1, v1, s2], axis=1)[order]
+    order = order[np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]] if order.size else order
+    R = np.tile(base, (order.size, 1))
+    at = np.arange(order.size)
+    R[at, pa[order]] -= t[order]
+    R[at, pb[order]] += t[order]
+    return R
