@@ -84,7 +84,7 @@ def run(jobs, truth, cfg: SimConfig, knobs: dict | None = None) -> dict:
 def label(c: SimConfig) -> str:
     pricing = f", {c.placement_pricing} pricing" if c.algorithm == "bandpilot" and c.placement_pricing != "now" else ""
     backfill = f"conservative {c.reservations}" if c.backfill == "conservative" else c.backfill
-    wait = " + start-or-wait" if c.start_or_wait == "on" else ""
+    wait = {"on": " + start-or-wait", "local": " + start-or-wait local"}.get(c.start_or_wait, "")
     return f"{c.policy} + {c.algorithm}{f' (locality {c.locality:g}{pricing})' if c.locality or pricing else ''} + {backfill}{wait}"
 
 
@@ -138,6 +138,8 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
         # the age slot for the request later-submitted jobs overtook most (scheduling/overtaken.py; README "Tenth round")
         f"{label(RECOMMENDED)} + age slot overtaken": replace(RECOMMENDED, age_slot="overtaken"),
+        # the default before issue 21's eleventh round: start-or-wait without the one-host rule (README "Eleventh round")
+        f"{label(replace(RECOMMENDED, start_or_wait='on'))} (the default before the eleventh round)": replace(RECOMMENDED, start_or_wait="on"),
         # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")
         f"{label(replace(RECOMMENDED, policy='hrrn-jct'))} (projected JCT past the cap)": replace(RECOMMENDED, policy="hrrn-jct"),
         # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default

@@ -269,8 +269,8 @@ class _Batch:
             work = load_overtaken(conn, pl.queue, now()) if self.age_slot == "overtaken" else None
             reserve_oldest(self.book, pl.queue, self.age_slot, work)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
-            if self.start_or_wait == "on":
-                self.starter = StartOrWait(self.book)
+            if self.start_or_wait != "off":
+                self.starter = StartOrWait(self.book, local=self.start_or_wait == "local")
         if self.preempt != "off":
             # asked first: a plan that starts the gang now beats a reservation for later
             kind = LasPreemptPostFilter if self.policy == "las" else PREEMPTORS[self.preempt]

@@ -63,6 +63,14 @@ mean / p95 / max -7 / -12 / -13 %, ``comm`` mean +0.02 %) but collapses seeds 14
 ``full`` and is worse than this default on all six figures over seeds 0-23 (README, "Tenth round"):
 a flag, not the default.
 
+``--start-or-wait local`` (:mod:`bandpilot.scheduling.startwait`: a gang that fits one host but
+was placed across hosts waits, at most 2 h and less than the communicating share of its expected run,
+for the nearest one-host placement, also after the 4 h hold bound) is the default since issue 21's
+eleventh round: on the held-out seeds 96-103 it is below ``on`` on all six figures (``full`` mean /
+p95 / max -8.4 / -16.1 / -3.9 %, ``comm`` -6.4 / -15.6 / -3.8 %), and over seeds 0-23 it is below
+``on`` on the mean, p95 and max of every 8-seed set under both demand models except the ``comm``
+max of 16-23 (+0.2 %); the largest JCT over 0-23 is -0.5 % / +6.1 % vs Slurm-like (README).
+
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
 and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).
@@ -76,6 +84,8 @@ RESERVATIONS = 2
 LOCALITY = 0.5
 PRICING = "now"
 PREEMPT = "off"
-START_OR_WAIT = "on"
+#: ``local`` (a gang that fits one host waits, at most 2 h, for a one-host placement): below ``on`` on
+#: all six figures on the held-out seeds 96-103 (README, issue 21, "Eleventh round").
+START_OR_WAIT = "local"
 #: ``--age-slot`` (:mod:`bandpilot.scheduling.age_slot`).
 AGE_SLOT = "off"

@@ -19,6 +19,15 @@ EASY reservation, without taking EASY's slot), and its deferral says why, e.g.
 ``waits for a better placement: ~0.4 h for h100-2:0-7 at 312 GB/s vs 151 GB/s now (saves ~1.3 h of 6.0 h)``.
 Recomputed every batch like every reservation. Off by default (``start_or_wait="off"``; README,
 issue 21, has the measurement).
+
+``start_or_wait="local"`` adds a locality rule for gangs that fit one host (issue 21, eleventh
+round): the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
+2-3 hosts of a quiet fragmented cluster looks nearly as fast as one host - until later jobs share
+its NICs and it runs many times its compute time. Such a gang, when the price rule says start now,
+waits instead for the earliest one-host placement among the same nearby ends, if that wait is shorter
+than the communicating share of its expected run time (what a spread placement at half the bandwidth
+would add). ``max_wait_s`` bounds each wait; ``max_hold_s`` does not apply: the traced collapses
+(seeds 14 and 15) are gangs that had already waited many hours and were then spread.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from bandpilot.queue.requests import Request
 from bandpilot.queue.views import format_gpus
 from bandpilot.scheduling.reservations import Book, Reservation
 
-START_WAIT_MODES = ("off", "on")
+START_WAIT_MODES = ("off", "on", "local")
 #: Largest added queueing considered (a nearby reservation, not a distant one).
 MAX_WAIT_S = 2 * 3600.0
 #: A request that has waited this long starts where it can.
@@ -62,8 +71,8 @@ class StartOrWait:
     reason = "waits_for_better_placement"
 
     def __init__(self, book: Book, max_wait_s: float = MAX_WAIT_S, max_hold_s: float = MAX_HOLD_S,
-                 min_gain_s: float = MIN_GAIN_S) -> None:
-        self.book = book
+                 min_gain_s: float = MIN_GAIN_S, local: bool = False) -> None:
+        self.book, self.local = book, local
         self.max_wait_s, self.max_hold_s, self.min_gain_s = max_wait_s, max_hold_s, min_gain_s
 
     def consider(self, req: Request, sel: Any) -> WaitPlan | None:
@@ -72,10 +81,11 @@ class StartOrWait:
         f, est = req.comm_fraction, book.estimates.of(req)
         b_now = float(getattr(sel, "predicted_gbps", None) or 0.0)
         waited = book.now - (req.submitted_at if req.submitted_at is not None else book.now)
-        if req.k < 2 or not f or est is None or b_now <= 0 or waited >= self.max_hold_s:
+        if req.k < 2 or not f or est is None or b_now <= 0:
             return None
         best: tuple[float, float, float, Any, float] | None = None  # (net, t, saved, sel, gbps)
-        for t in [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]:
+        steps = [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]
+        for t in steps if waited < self.max_hold_s else []:
             added = t - book.now
             s_t = book.place_at(req, t, est)
             if s_t is None:
@@ -85,6 +95,8 @@ class StartOrWait:
             net = saved - added
             if net > self.min_gain_s and (best is None or net > best[0]):
                 best = (net, t, saved, s_t, b_t)
+        if best is None and self.local:
+            best = self._one_host(req, sel, f * est, b_now)
         if best is None:
             return None
         net, t, saved, s_t, b_t = best
@@ -92,9 +104,31 @@ class StartOrWait:
         res = Reservation(req.id, req.k, len(book.reservations), t, gpus, book.spec.to_mask(gpus), b_t, est)
         book.hold(res)
         where = format_gpus(gpus)
-        detail = (f"waits for a better placement: ~{(t - book.now) / 3600:.1f} h for {where} at {b_t:.0f} GB/s "
+        what = "a one-host placement" if self.local and self._hosts(gpus) == 1 < self._hosts(sel.gpus) \
+            else "a better placement"
+        detail = (f"waits for {what}: ~{(t - book.now) / 3600:.1f} h for {where} at {b_t:.0f} GB/s "
                   f"vs {b_now:.0f} GB/s now (saves ~{saved / 3600:.1f} h of {est / 3600:.1f} h)")
         return WaitPlan(self.reason, detail, res, saved, t - book.now)
+
+    def _hosts(self, gpus: Any) -> int:
+        return int((self.book.spec.to_mask(list(gpus)) != 0).sum())
+
+    def _one_host(self, req: Request, sel: Any, comm_s: float, b_now: float) -> tuple | None:
+        """The earliest nearby end with a one-host placement for a gang that fits one host but was
+        placed across hosts, when waiting for it costs less than ``comm_s`` (the comm share of its run)."""
+        book = self.book
+        if req.k > int(max(book.spec.gpus_per_host)) or self._hosts(sel.gpus) < 2:
+            return None
+        est = book.estimates.of(req)
+        for t in [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]:
+            if t - book.now >= comm_s:
+                return None
+            s_t = book.place_at(req, t, est)
+            if s_t is not None and self._hosts(s_t.gpus) == 1:
+                b_t = float(getattr(s_t, "predicted_gbps", None) or 0.0)
+                saved = comm_s * max(b_t / b_now - 1.0, 0.0)
+                return (saved - (t - book.now), t, saved, s_t, b_t)
+        return None
 
 
 __all__ = ["START_WAIT_MODES", "StartOrWait", "WaitPlan", "check_start_wait"]

@@ -78,7 +78,7 @@ class SimConfig:
     locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
     placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
-    start_or_wait: str = recommended.START_OR_WAIT  # off | on (bandpilot.scheduling.startwait)
+    start_or_wait: str = recommended.START_OR_WAIT  # off | on | local (bandpilot.scheduling.startwait)
     age_slot: str = recommended.AGE_SLOT  # off | oldest | projected | priced | overtaken (bandpilot.scheduling.age_slot)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
