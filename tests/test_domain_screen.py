@@ -14,7 +14,7 @@ from bandpilot.data.synthetic import fabric_dataset
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.search import screen as screen_mod
 from bandpilot.dispatch.search.context import SearchContext
-from bandpilot.dispatch.search.domains import Units, _unit_starts
+from bandpilot.dispatch.search.domains import Units, _unit_moves, _unit_starts
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.model.tokens import to_torch
@@ -76,6 +76,29 @@ def test_prior_proxy_on_unit_rows_is_the_prior_of_their_mask_rows(sur):
 
     got = sur.screening_model().predict_units(D, part)
     assert np.allclose(got, want, rtol=1e-6)
+
+def test_prior_proxy_incremental_path_is_the_token_grid_bit_for_bit(sur):
+    """A batch of unit moves (each row the start but in a source and a target unit), and a batch of
+    rolled rows (many units changed): the first-row-patched reductions give the grid's floats."""
+    st = State.idle(sur.spec)
+    ctx = SearchContext(sur, st, st.free, 40)
+    units = Units(ctx)
+    d = np.array(_unit_starts(units, 40, 1, np.ones(units.U, dtype=bool))[0])
+    moves = _unit_moves(units, d, 1, units.free.copy())
+    assert moves.shape[0] > 5 and (moves != d).sum(axis=1).max() == 2
+    rng = np.random.default_rng(3)
+    rolled = np.concatenate([d[None], np.array([np.roll(d, int(s)) for s in rng.integers(1, 5, 40)])])
+
+    def part(u, t):
+        h, c = units.part_hosts(u, t)
+        return h, ctx.best_mask[h, c]
+
+    proxy = sur.screening_model()
+    for D in (np.concatenate([d[None], moves]), moves, rolled):
+        full = proxy.predict_units(D, part, incremental=False)
+        assert np.array_equal(proxy.predict_units(D, part), full)
+        assert np.all(np.isfinite(full))
+
 
 def _rolled_batch(model, st):
     """A search's context and units for k = 40 on ``st`` and a batch of distinct unit-count rows

@@ -204,32 +204,47 @@ class HierarchicalNet(nn.Module):
         }
 
     def _terms(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        f = nn.functional.softplus
         pad, cnt = t["pad"], t["cnt"]
-        eff = self.log_eff.exp()
+        log_nic_h, big, log_intra = self._token_terms(t)
+        mult = t.get("mult")  # merged identical tokens (tokens.grouped_host_tokens): counts weigh by it
+        n_hosts = (~pad).sum(dim=1).to(cnt.dtype) if mult is None else mult.sum(dim=1)
+        rows = {
+            "log_nic": log_nic_h.masked_fill(pad, float("inf")).amin(dim=1),
+            "n_hosts": n_hosts,
+            "min_cnt": cnt.masked_fill(pad, float("inf")).amin(dim=1).clamp_min(1.0),
+            "rail_min": t["rail"].masked_fill(pad, float("inf")).amin(dim=1),
+            "sum_cnt": (cnt.masked_fill(pad, 0.0) if mult is None else cnt * mult).sum(dim=1),
+            "xdom": t["xdom"],
+        }
+        log_intra_min = log_intra.masked_fill(pad | ~big, float("inf")).amin(dim=1)
+        return {"log_nic_h": log_nic_h, **self._row_terms(rows), "log_intra": log_intra, "log_intra_min": log_intra_min,
+                "has_intra": torch.isfinite(log_intra_min), "n_hosts": n_hosts, "min_cnt": rows["min_cnt"], "big": big}
+
+    def _token_terms(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prior's per-token values: NIC log bandwidth, ``cnt >= 2``, log stage-1 bandwidth."""
+        cnt = t["cnt"]
         log_nic_h = torch.log(torch.minimum(cnt, t["rails"]).clamp_min(1.0) * t["rail"]) + self.log_eff
         if self.host_speed:
             log_nic_h = log_nic_h + t["speed"].clamp(max=0.0)
-        log_nic = log_nic_h.masked_fill(pad, float("inf")).amin(dim=1)
-        mult = t.get("mult")  # merged identical tokens (tokens.grouped_host_tokens): counts weigh by it
-        n_hosts = (~pad).sum(dim=1).to(cnt.dtype) if mult is None else mult.sum(dim=1)
-        min_cnt = cnt.masked_fill(pad, float("inf")).amin(dim=1).clamp_min(1.0)
-        rail_unit = t["rail"].masked_fill(pad, float("inf")).amin(dim=1) * eff
+        return log_nic_h, cnt >= 2, torch.log(t["intra"].clamp_min(1e-6))
+
+    def _row_terms(self, r: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The prior's per-row network terms from its token reductions ``r`` (:meth:`_terms`'
+        ``rows``), apart so a caller that reduces tokens its own way (incrementally:
+        :meth:`prior_log_rows`) combines them with the same operations."""
+        f = nn.functional.softplus
+        eff = self.log_eff.exp()
+        n_hosts, min_cnt = r["n_hosts"], r["min_cnt"]
+        rail_unit = r["rail_min"] * eff
         peers = (n_hosts - 1.0).clamp_min(1.0)
         cap = rail_unit * (f(self.sw_base) + f(self.sw_peer) / peers) * (1.0 + f(self.cnt_gain) * torch.log(min_cnt))
         if self.imb is not None:
-            mean_cnt = (cnt.masked_fill(pad, 0.0) if mult is None else cnt * mult).sum(dim=1) / n_hosts.clamp_min(1.0)
-            cap = cap / (1.0 + f(self.imb) * (n_hosts >= 3).to(cnt.dtype) * (mean_cnt / min_cnt - 1.0))
-        log_cap = torch.log(cap) + t["xdom"] * self.log_xdom
+            mean_cnt = r["sum_cnt"] / n_hosts.clamp_min(1.0)
+            cap = cap / (1.0 + f(self.imb) * (n_hosts >= 3).to(min_cnt.dtype) * (mean_cnt / min_cnt - 1.0))
+        log_cap = torch.log(cap) + r["xdom"] * self.log_xdom
         p = 1.0 + f(self.sharp)
-        log_net = -torch.logsumexp(torch.stack([-p * log_nic, -p * log_cap]), dim=0) / p
-        big = cnt >= 2
-        log_intra = torch.log(t["intra"].clamp_min(1e-6))
-        log_intra_min = log_intra.masked_fill(pad | ~big, float("inf")).amin(dim=1)
-        has_intra = torch.isfinite(log_intra_min)
-        return {"log_nic_h": log_nic_h, "log_nic": log_nic, "log_cap": log_cap, "log_net": log_net,
-                "log_intra": log_intra, "log_intra_min": log_intra_min, "has_intra": has_intra,
-                "n_hosts": n_hosts, "min_cnt": min_cnt, "big": big}
+        log_net = -torch.logsumexp(torch.stack([-p * r["log_nic"], -p * log_cap]), dim=0) / p
+        return {"log_nic": r["log_nic"], "log_cap": log_cap, "log_net": log_net}
 
     def _features(self, t: dict[str, torch.Tensor], z: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token and global features (detached from the prior's parameters)."""
@@ -293,6 +308,16 @@ class HierarchicalNet(nn.Module):
         """Log bandwidth of the physics prior alone (no learned residual)."""
         z = self._terms(t)
         return torch.minimum(z["log_net"], z["log_intra_min"]) if self.min_intra else z["log_net"]
+
+    def prior_log_rows(self, tokens: dict[str, torch.Tensor], reduce: Any) -> torch.Tensor:
+        """:meth:`prior_log` of rows of ``tokens`` (one row of every distinct token) that a caller
+        reduces: ``reduce.min(values, eligible)``, ``reduce.rows`` (the per-row token count,
+        per-row sums of ``cnt``, the token ``rail`` minimum, ``xdom``) - the same operations on the
+        same reductions, so the same floats when the reductions are exact (mins; integer sums)."""
+        log_nic_h, big, log_intra = self._token_terms(tokens)
+        rows = {**reduce.rows, "log_nic": reduce.min(log_nic_h[0], None)}
+        log_net = self._row_terms(rows)["log_net"]
+        return torch.minimum(log_net, reduce.min(log_intra[0], big[0])) if self.min_intra else log_net
 
     @torch.no_grad()
     def calibrate_prior(self, t: dict[str, torch.Tensor], log_y: torch.Tensor, w: torch.Tensor | None = None) -> float:
@@ -409,6 +434,9 @@ class HierarchicalEnsemble(nn.Module):
 
     def prior_log(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.stack([m.prior_log(t) for m in self.members]).mean(dim=0)
+
+    def prior_log_rows(self, tokens: dict[str, torch.Tensor], reduce: Any) -> torch.Tensor:
+        return torch.stack([m.prior_log_rows(tokens, reduce) for m in self.members]).mean(dim=0)
 
     def prior_parameters(self) -> list[nn.Parameter]:
         return [q for m in self.members for q in m.prior_parameters()]

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from bandpilot.model.move_reduce import MoveReduce
 from bandpilot.model.unit_grid import token_grid, token_grid_dense
 
 #: ``part(u, t) -> (hosts, masks)``: the trays (sorted or not) and GPU masks unit ``u``'s share of
@@ -38,14 +39,24 @@ class PriorProxy:
         self.sur = sur
         self.view = sur.domain_view
 
-    def predict_units(self, D: np.ndarray, part: Part, cache: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    def predict_units(self, D: np.ndarray, part: Part, cache: dict[int, np.ndarray] | None = None,
+                      incremental: bool = True) -> np.ndarray:
         """Prior bandwidth of rows of per-unit GPU counts ``D`` (n, U), unit ``u``'s share of ``t``
         GPUs placed as ``part(u, t)``. ``cache``: part features already computed for the same
-        ``part`` (one search's batches share most parts), filled in here."""
+        ``part`` (one search's batches share most parts), filled in here. ``incremental``: each row's
+        token reductions patched from the first row's (:class:`~bandpilot.model.move_reduce.MoveReduce`:
+        a batch of moves costs its changed cells; the same floats as the token grid, which it falls
+        back to when its sums would not be exact)."""
         D = np.atleast_2d(np.asarray(D, dtype=np.int64))
         cache = {} if cache is None else cache
+        feats = lambda us, ts: self._cached_features(us, ts, part, cache)  # noqa: E731
+        if incremental and D.shape[0]:
+            red = MoveReduce(D, feats, PRIOR_FEATURES, self.view.u_rail)
+            if red.exact:
+                with torch.inference_mode():
+                    return torch.exp(self.sur.net.prior_log_rows(red.tokens, red)).double().numpy().reshape(D.shape[0])
         grid = token_grid if D.shape[0] else token_grid_dense  # a batch's moves share its first row
-        X, lu = grid(D, lambda us, ts: self._cached_features(us, ts, part, cache), len(PRIOR_FEATURES))
+        X, lu = grid(D, feats, len(PRIOR_FEATURES))
         used = X[..., 0] > 0
         # the prior reads every token alike, padding masked: the live units are the token axis as
         # they are (no packing of each row's units to the front)
