@@ -130,3 +130,16 @@ def test_jobs_of_parts_are_each_parts_jobs_on(fab, seed, frac):
         if b:
             want[j] = pred.jobs_on(np.sort(units.part_hosts(a, b)[0])).any(axis=1)
     assert want.any() and np.array_equal(got, want)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), frac=st.sampled_from([0.3, 0.6]), pick=st.integers(0, 2**30))
+def test_hosts_of_jobs_are_the_hosts_the_jobs_span(fab, seed, frac, pick):
+    """``hosts_of_jobs`` (the incidence read backwards, for ``move_classes``' units of contenders)
+    equals the hosts where the dense job masks of the picked jobs are non-zero."""
+    pred = _units(fab, seed, frac, 0).ctx.pred
+    assume(pred.n_jobs > 0)
+    jobs = np.random.default_rng(pick).random(pred.n_jobs) < 0.5
+    want = np.flatnonzero((pred.job_masks[jobs] != 0).any(axis=0))
+    assert np.array_equal(pred.hosts_of_jobs(jobs), want)
+    assert pred.hosts_of_jobs(np.zeros(pred.n_jobs, dtype=bool)).size == 0

@@ -197,6 +197,12 @@ class ContentionPredictor:
             out[part[held], self._inc_jobs[idx][held]] = True
         return out
 
+    def hosts_of_jobs(self, jobs: np.ndarray) -> np.ndarray:
+        """Hosts (sorted, unique) any job of the ``(n_jobs,)`` bool ``jobs`` spans: the
+        sparse host -> job incidence read backwards, never a dense job x host matrix."""
+        held = np.flatnonzero(jobs[self._inc_jobs])
+        return np.unique(self._exposed_cols[self._inc_e[held]])
+
     def _incidence(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Incidence entries of the exposed hosts ``rows`` (indices into them, entries per row)."""
         lo, hi = self._inc_ptr[rows], self._inc_ptr[rows + 1]

@@ -63,10 +63,9 @@ def unit_classes(units: Any, d: np.ndarray, u: np.ndarray, new: np.ndarray) -> n
         pairs = np.unique(np.concatenate([du * w + d[du], u * w + new]))  # new = 0: no part (pair t = 0)
         ptr, hosts, _ = units.parts(pairs // w, pairs % w)
         jobs = pred.jobs_of_parts(ptr, hosts).any(axis=0)
-        # their units: the predictor's sparse host -> job incidence (every host of a contending-
+        # their units, from the predictor's sparse host -> job incidence (every host of a contending-
         # capable job is in it), not a dense job x host matrix (25,002 hosts at 100,008 GPUs)
-        held = np.flatnonzero(jobs[pred._inc_jobs])
-        hot[units.unit[pred._exposed_cols[pred._inc_e[held]]]] = True
+        hot[units.unit[pred.hosts_of_jobs(jobs)]] = True
     ids: dict[tuple, int] = {}
     out = np.full(units.U, -1, dtype=np.int64)
     # only the changed units: a Python key per unit (1,389 units per round at 100,008 GPUs otherwise)
