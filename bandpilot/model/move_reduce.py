@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bandpilot.topology.cluster import dense_unique
+from bandpilot.model.unit_grid import changed_parts
 
 #: ``features(units, counts) -> (parts, F) float32``, column 0 the count ``cnt``.
 Features = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -31,15 +31,8 @@ class MoveReduce:
     reductions over its parts; ``tokens``: every part's token features (one row, ``names``)."""
 
     def __init__(self, D: np.ndarray, features: Features, names: tuple[str, ...], u_rail: np.ndarray) -> None:
-        n, U = D.shape
-        ref = D[0]
-        flat = np.flatnonzero(D != ref[None, :])  # the cells a move changed (row-major)
-        r, c = np.divmod(flat, U)
-        v = D.ravel()[flat]
-        ru = np.flatnonzero(ref)
-        width = max(int(ref.max(initial=0)), int(v.max(initial=0))) + 1
-        new_live = v > 0
-        keys, inv = dense_unique(np.concatenate([ru * width + ref[ru], c[new_live] * width + v[new_live]]), U * width)
+        n = D.shape[0]
+        ref, r, c, _, ru, width, new_live, keys, inv = changed_parts(D)
         F = features(keys // width, keys % width) if keys.size else np.zeros((0, len(names)), np.float32)
         P = keys.size
         self.tokens = {k: torch.from_numpy(np.ascontiguousarray(F[None, :, i])) for i, k in enumerate(names)}

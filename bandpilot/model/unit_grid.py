@@ -12,7 +12,7 @@ so the prior's values are the same floats; a batch without that structure costs 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -22,10 +22,27 @@ from bandpilot.topology.cluster import dense_unique
 Features = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def token_grid(D: np.ndarray, features: Features, nf: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(X, lu)``: ``X[i, j]`` the features of row ``i``'s part in unit ``lu[j]`` (zeros where the
-    row leaves the unit empty), ``lu`` every unit nonzero in some row, ascending."""
-    n, U = D.shape
+class Changed(NamedTuple):
+    """The cells of a batch ``D`` that differ from its first row ``ref`` (row ``r``, unit ``c``,
+    new count ``v``; ``live``: ``v > 0``), the first row's units ``ru``, and the batch's distinct
+    (unit, count) parts ``keys`` (``unit * width + count``, ascending): ``inv`` maps the first row's
+    parts, then the live changed cells', to them."""
+
+    ref: np.ndarray
+    r: np.ndarray
+    c: np.ndarray
+    v: np.ndarray
+    ru: np.ndarray
+    width: int
+    live: np.ndarray
+    keys: np.ndarray
+    inv: np.ndarray
+
+
+def changed_parts(D: np.ndarray) -> Changed:
+    """:class:`Changed` of ``D`` (shared by :func:`token_grid` and
+    :class:`~bandpilot.model.move_reduce.MoveReduce`)."""
+    U = D.shape[1]
     ref = D[0]
     # flat indices: a 2-D nonzero and gather over ~5,000 x 139 cells cost twice the 1-D ones
     flat = np.flatnonzero(D != ref[None, :])  # the cells a move changed (row-major)
@@ -35,8 +52,15 @@ def token_grid(D: np.ndarray, features: Features, nf: int) -> tuple[np.ndarray, 
     width = max(int(ref.max(initial=0)), int(v.max(initial=0))) + 1  # every other cell is the first row's
     live = v > 0
     # the parts: the first row's and the changed cells' (the same set as every nonzero cell's)
-    codes = np.concatenate([ru * width + ref[ru], c[live] * width + v[live]])
-    keys, inv = dense_unique(codes, U * width)
+    keys, inv = dense_unique(np.concatenate([ru * width + ref[ru], c[live] * width + v[live]]), U * width)
+    return Changed(ref, r, c, v, ru, width, live, keys, inv)
+
+
+def token_grid(D: np.ndarray, features: Features, nf: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, lu)``: ``X[i, j]`` the features of row ``i``'s part in unit ``lu[j]`` (zeros where the
+    row leaves the unit empty), ``lu`` every unit nonzero in some row, ascending."""
+    n, U = D.shape
+    _, r, c, _, ru, width, live, keys, inv = changed_parts(D)
     F = features(keys // width, keys % width) if keys.size else np.zeros((0, nf), np.float32)
     lu, col = dense_unique(np.concatenate([ru, c[live]]), U)
     first = np.zeros((lu.size, nf), dtype=np.float32)
