@@ -96,6 +96,12 @@ def test_pg_easy_backfill_reservations(store):
     scenario_easy(store, make_fabric(store.spec))
 
 
+def test_pg_start_or_wait_hold_bound(store):
+    from test_startwait import scenario_one_host_bound
+
+    scenario_one_host_bound(store, make_fabric(store.spec))
+
+
 def test_pg_preemption_in_one_transaction(store):
     from test_preemption import scenario_starving_gang_preempts
 

@@ -4,14 +4,18 @@ live batch and in the simulator that drives the same code."""
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling.startwait import MAX_HOLD_S
+from bandpilot.queue.schema import T_HOLDS
+from bandpilot.scheduling import startwait
+from bandpilot.scheduling.startwait import MAX_HELD_S, MAX_HOLD_S, load_held
 from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
+from bandpilot.simulation.trace import TraceJob
 from bandpilot.simulation.workloads import mixed_workload
 
 # fab (the emulated 4 x 8 H100) and store (a fresh SQLite queue on it): tests/conftest.py
@@ -121,3 +125,145 @@ def test_local_is_the_measured_default():
 
     # held-out seeds 96-103: below ``on`` on all six figures (README, issue 21, eleventh round)
     assert SimConfig().start_or_wait == recommended.START_OR_WAIT == "local"
+
+
+# ---- cumulative hold bound (issue 21, "Cumulative hold bound") ----------------------------------
+
+def _slipping(store, fab, clock, g, first=10.0, step=200.0, batches=12, reopen=None, forget=False):
+    """G (``g``: its fields) fits host 3 once R3 ends; R3 is overdue from 1,000 s on, so its expected
+    end slips to "in 500 s" at every batch (one batch per ``step`` s from ``first``). ``reopen(i)``: a
+    new Store on the same file before batch i (a process restart); ``forget``: the stored hold times
+    are dropped before each batch (the queue before the bound). Returns the store and (time,
+    outcome) of each batch until G starts."""
+    _half_busy(store, fab, clock)
+    q.submit(store, [{"id": "G", "k": 8, "submitted": 5, **g}])
+    clock.t, seen = first, []
+    for i in range(batches):
+        if reopen is not None and reopen(i):
+            url = store.url
+            store.close()
+            store = q.Store(url)
+        if forget:
+            with store.write() as conn:
+                conn.execute(sa.delete(T_HOLDS))
+        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="conservative", max_reservations=2,
+                              locality=0.5, start_or_wait="local")
+        (o,) = rep.outcomes
+        seen.append((clock.t, o))
+        if o.status == "assigned":
+            break
+        clock.t += step
+    return store, seen
+
+
+def _fresh(tmp_path, fab, name):
+    s = q.Store(f"sqlite:///{tmp_path / name}")
+    s.init_cluster(fab.spec)
+    return s
+
+
+def _spread(o) -> bool:
+    return o.status == "assigned" and len({x.rpartition(":")[0] for x in o.gpus}) == 2
+
+
+def scenario_one_host_bound(store, fab, forget=False):
+    """G (comm share 0.5 x 2,000 s = 1,000 s) is told "wait for a one-host placement" batch after
+    batch while R3's expected end slips; once the time held plus the next wait reaches its comm share
+    it starts across hosts (also run on PostgreSQL, tests/test_queue_pg.py). Returns the batches."""
+    clock = Clock()
+    with use_clock(clock):
+        store, seen = _slipping(store, fab, clock, {"time_limit_s": 2000, "comm_fraction": 0.5}, forget=forget)
+        if forget:
+            return seen
+        held = [o for _, o in seen[:-1]]
+        assert held and all(o.reason == "waits_for_better_placement" for o in held)
+        assert held[0].detail.startswith("waits for a one-host placement: ") and \
+            held[0].detail.endswith("; held 0.0 h of at most 0.3 h)"), held[0].detail
+        t_start, o = seen[-1]
+        assert _spread(o) and t_start - 10.0 <= 1000.0 + 200.0  # the bound plus one batch interval
+        assert q.list_requests(store, request_id="G")[0]["status"] == "assigned"
+        with store.read() as conn:  # a started request leaves the hold ledger
+            assert conn.execute(sa.select(T_HOLDS.c.request_id)).all() == []
+    return seen
+
+
+def test_one_host_holds_are_bounded_in_total_by_the_communicating_share(tmp_path, fab):
+    """The live queue; without the stored hold times G is held at every batch."""
+    scenario_one_host_bound(_fresh(tmp_path, fab, "bounded.db"), fab)
+    forget = scenario_one_host_bound(_fresh(tmp_path, fab, "forget.db"), fab, forget=True)
+    assert [o.status for _, o in forget] == ["deferred"] * 12  # the queue before the bound
+
+
+def test_a_store_before_v12_gains_the_hold_ledger(tmp_path, fab):
+    s = _fresh(tmp_path, fab, "old.db")
+    with s.write() as conn:
+        conn.execute(sa.text("DROP TABLE bp_holds"))
+        conn.execute(sa.text("DELETE FROM bp_schema WHERE version = 12"))
+    url = s.url
+    s.close()
+    s = q.Store(url)
+    try:
+        assert s.migrate() >= 12
+        scenario_one_host_bound(s, fab)
+    finally:
+        s.close()
+
+
+def test_a_long_waiting_gang_is_held_at_most_max_held_s_in_total_also_across_restarts(tmp_path, fab):
+    """The eleventh round's case: G has waited ~2.8 h when it is first held, so the price rule's
+    MAX_HOLD_S (since submission) ends soon and the one-host rule goes on holding it - until the
+    total held reaches MAX_HELD_S. Restarts in between give the same decisions (the hold times are
+    in the store); without them G is still held after MAX_HELD_S + 2 h."""
+    g = {"time_limit_s": 36000, "comm_fraction": 0.7}
+    kw = {"first": 10000.0, "step": 2000.0}
+    runs = {}
+    for name, extra in (("plain", {}), ("restart", {"reopen": lambda i: i in (1, 4)}), ("forget", {"forget": True})):
+        clock = Clock()
+        with use_clock(clock):
+            s, seen = _slipping(_fresh(tmp_path, fab, f"{name}.db"), fab, clock, g, **kw, **extra)
+            runs[name] = [(t, o.status, o.detail) for t, o in seen]
+            s.close()
+    assert runs["restart"] == runs["plain"]
+    t_start, status, _ = runs["plain"][-1]
+    assert status == "assigned" and MAX_HELD_S - 2000.0 <= t_start - 10000.0 <= MAX_HELD_S + 2000.0
+    assert runs["plain"][-2][2].endswith("of at most 4.0 h)"), runs["plain"][-2][2]
+    assert [st for _, st, _ in runs["forget"]] == ["deferred"] * 12
+
+
+def test_hold_times_are_read_from_the_store(store, fab):
+    clock = Clock()
+    with use_clock(clock):
+        _half_busy(store, fab, clock)
+        q.submit(store, [{"id": "G", "k": 8, "time_limit_s": 7200, "comm_fraction": 0.5, "submitted": 5}])
+        sched.run_batch(store, Dispatcher(fab), backfill="easy", locality=0.5, start_or_wait="local")
+        with store.read() as conn:
+            assert load_held(conn, 10.0) == {"G": 0.0}
+            assert load_held(conn, 610.0) == {"G": pytest.approx(600.0)}  # held since the batch at 10 s
+        clock.t = 610.0
+        (g,) = sched.run_batch(store, Dispatcher(fab), backfill="easy", locality=0.5, start_or_wait="local").outcomes
+        assert g.reason == "waits_for_better_placement" and "held 0.2 h of at most" in g.detail, g.detail
+        with store.read() as conn:
+            row = conn.execute(sa.select(T_HOLDS)).one()
+            assert (row.request_id, row.held_s, row.at, row.holding) == ("G", pytest.approx(600.0), 610.0, True)
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_the_simulator_bounds_the_total_hold_like_the_live_queue(fab, monkeypatch, memory):
+    """B3's limit (600 s) is far below its run (40,000 s): its expected end slips at every batch (the
+    1-GPU jobs make one every 600 s). G fits host 3 when B3 ends. The price rule holds it until it
+    has waited MAX_HOLD_S; the one-host rule then may hold it only while its total hold stays below
+    its comm share (0.5 x 20,000 s), already spent: it starts across hosts. Without the stored hold
+    times the one-host rule holds it on, until B3's real end."""
+    if not memory:
+        monkeypatch.setattr(startwait, "write_held", lambda *a, **k: None)
+    jobs = [TraceJob(f"B{i}", 0.0, 5, "t", 40000.0 if i == 3 else 100000.0, 0.3,
+                     time_limit_s=600.0 if i == 3 else None) for i in range(4)]
+    jobs += [TraceJob("G", 100.0, 8, "t", 20000.0, 0.5)]
+    jobs += [TraceJob(f"S{i}", 200.0 + 600 * i, 1, "t", 60.0, 0.1) for i in range(60)]
+    res = simulate(sorted(jobs, key=lambda j: j.submit_s), Dispatcher(fab), fab, SimConfig(start_or_wait="local"))
+    g = next(j for j in res.jobs if j.id == "G")
+    assert all(j.status == "done" for j in res.jobs)
+    if memory:
+        assert MAX_HOLD_S <= g.start_s - 100.0 <= MAX_HOLD_S + 600.0 and g.n_hosts > 1
+    else:
+        assert g.start_s >= 40000.0 and g.n_hosts == 1

@@ -23,6 +23,8 @@ PostgreSQL URL at scale:
                           predicted bandwidth there; recomputed by every batch
 ``bp_generations``        resizes of elastic jobs (v9): generation n >= 1 of a job, its GPUs, k,
                           epoch and why; generation 0 is the batch's assignment
+``bp_holds``              how long a pending request has been held by start-or-wait (v12), over
+                          all batches: the bound on its total hold survives a restart
 ========================  ==================================================================
 
 v8 adds the parallelism ``shape`` of a request and the ``ranks`` / ``placement`` (rank map, per-axis
@@ -278,6 +280,19 @@ T_RESERVE = sa.Table(
     sa.Column("computed_at", sa.Double, nullable=False),
 )
 
+#: Start-or-wait's hold time per request (v12, :mod:`bandpilot.scheduling.startwait`): ``held_s`` seconds
+#: held as of the batch at ``at``; ``holding``: that batch held it again (the hold lasts until the
+#: next batch, which adds the time since ``at``). Rewritten by every batch that runs start-or-wait.
+T_HOLDS = sa.Table(
+    "bp_holds",
+    metadata,
+    sa.Column("request_id", sa.String(200), sa.ForeignKey("bp_requests.id"), primary_key=True),
+    sa.Column("held_s", sa.Double, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("holding", sa.Boolean, nullable=False),
+    sa.CheckConstraint("held_s >= 0", name="ck_bp_holds_held"),
+)
+
 #: Resize generations of elastic jobs (v9): generation 0 is the batch's assignment (bp_assignments),
 #: each resize appends the next one and rewrites bp_assignments / bp_jobs in the same transaction.
 T_GEN = sa.Table(
@@ -366,6 +381,7 @@ MIGRATIONS: list[tuple[int, str, Callable[[sa.Connection], None]]] = [
     (9, "elastic requests (min_k, max_k, k_step) and resize generations", _m9_elastic),
     (10, "released jobs by end time (learned run times)", lambda conn: IX_JOBS_ENDED.create(conn, checkfirst=True)),
     (11, "declared compute scaling efficiency of a request", _m11_scaling),
+    (12, "start-or-wait hold time per request", lambda conn: T_HOLDS.create(conn, checkfirst=True)),
 ]
 
 

@@ -270,7 +270,7 @@ class _Batch:
             reserve_oldest(self.book, pl.queue, self.age_slot, work)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.start_or_wait != "off":
-                self.starter = StartOrWait(self.book, local=self.start_or_wait == "local")
+                self.starter = StartOrWait.load(conn, self.book, local=self.start_or_wait == "local")
         if self.preempt != "off":
             # asked first: a plan that starts the gang now beats a reservation for later
             kind = LasPreemptPostFilter if self.policy == "las" else PREEMPTORS[self.preempt]
@@ -420,6 +420,8 @@ class _Batch:
         report = self.report
         assert report.batch_id is not None
         _write_book(conn, self.book, report.batch_id, self.backfill, report)
+        if self.starter is not None:  # how long each request has been held, for the next batch
+            self.starter.save(conn, (o.request_id for o in report.assigned))
         flush_outcomes(conn, to_flush, report.batch_id, pl.notes, pl.whole, pl.max_seq)
         if report.commit == "batch":  # one transaction: finished once the notes are written
             report.finished_at = now()
