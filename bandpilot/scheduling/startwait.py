@@ -52,15 +52,18 @@ long, e.g. ``... (saves ~0.9 h of 6.0 h; held 1.2 h of at most 3.0 h)``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import sqlalchemy as sa
 
+from bandpilot.dispatch.state import State
 from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_HOLDS, T_REQ
 from bandpilot.queue.views import format_gpus
+from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.reservations import Book, Reservation
 
 START_WAIT_MODES = ("off", "on", "local")
@@ -77,6 +80,14 @@ MAX_HELD_S = 4 * 3600.0
 MIN_GAIN_S = 300.0
 #: Planning times tried per gang (each costs one dispatcher call).
 MAX_STEPS = 6
+#: Skip the planning times that cannot pay (a batch's cost: every gang that could start tried up to
+#: ``MAX_STEPS`` placements). Contention only lowers a prediction (``B(S, tau) <= B(S)``,
+#: :mod:`bandpilot.dispatch.contention`), so no placement at a later time beats the gang's best on
+#: the idle cluster, and ``saved(t) <= f x est x (B_idle / B_now - 1)``: a step whose added queueing
+#: leaves less than ``min_gain_s`` below that is not planned, nor any later one. The same decisions
+#: as planning every step when the dispatcher finds the idle cluster's best (checked on seeded
+#: cases, tests/test_startwait.py); False plans every step.
+PRUNE = True
 
 
 def check_start_wait(mode: str) -> str:
@@ -107,6 +118,7 @@ class StartOrWait:
         #: seconds each pending request has been held so far (:func:`load_held`); holds of this batch
         self.held: dict[str, float] = dict(held or {})
         self.holding: set[str] = set()
+        self._idle: dict[tuple, float] = {}  # (k, constraints, shape) -> best GB/s on the idle cluster
 
     @classmethod
     def load(cls, conn: sa.Connection, book: Book, **kw: Any) -> "StartOrWait":
@@ -124,9 +136,10 @@ class StartOrWait:
         held = self.held.get(req.id, 0.0)
         best: tuple[float, float, float, Any, float] | None = None  # (net, t, saved, sel, gbps)
         steps = [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]
+        cap = f * est * (self._idle_best(req) / b_now - 1.0) if PRUNE and steps else math.inf
         for t in steps if waited < self.max_hold_s else []:
             added = t - book.now
-            if held + added >= self.max_held_s:
+            if held + added >= self.max_held_s or cap - added <= self.min_gain_s:
                 break  # later steps wait longer still
             s_t = book.place_at(req, t, est)
             if s_t is None:
@@ -161,6 +174,24 @@ class StartOrWait:
                   f"vs {b_now:.0f} GB/s now (saves ~{saved / 3600:.1f} h of {est / 3600:.1f} h; "
                   f"held {held / 3600:.1f} h of at most {bound / 3600:.1f} h)")
         return WaitPlan(self.reason, detail, res, saved, t - book.now)
+
+    def _idle_best(self, req: Request) -> float:
+        """The gang's predicted GB/s on the idle cluster, by the batch's dispatcher without a locality
+        margin (once per size, constraints and shape per batch); 0 when it never fits."""
+        key = (req.k, req.constraints.key, repr(req.shape))
+        if key not in self._idle:
+            placer = self.book.placer
+            disp = placer.dispatcher
+            idle = Placer(self.book.spec, disp.with_locality(0.0) if hasattr(disp, "with_locality") else disp,
+                          placer.algorithm)
+            idle.set_state(State.idle(self.book.spec))
+            try:
+                sel = idle.place(req)
+                self._idle[key] = max(float(getattr(sel, "predicted_gbps", None) or 0.0),
+                                      float(getattr(sel, "standalone_gbps", None) or 0.0))
+            except Deferred:
+                self._idle[key] = 0.0
+        return self._idle[key]
 
     def _hosts(self, gpus: Any) -> int:
         return int((self.book.spec.to_mask(list(gpus)) != 0).sum())
