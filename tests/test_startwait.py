@@ -243,6 +243,7 @@ def test_hold_times_are_read_from_the_store(store, fab):
         clock.t = 610.0
         (g,) = sched.run_batch(store, Dispatcher(fab), backfill="easy", locality=0.5, start_or_wait="local").outcomes
         assert g.reason == "waits_for_better_placement" and "held 0.2 h of at most" in g.detail, g.detail
+        assert q.list_requests(store, request_id="G")[0]["detail"] == g.detail  # what queue show / the API show
         with store.read() as conn:
             row = conn.execute(sa.select(T_HOLDS)).one()
             assert (row.request_id, row.held_s, row.at, row.holding) == ("G", pytest.approx(600.0), 610.0, True)

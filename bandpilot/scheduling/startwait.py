@@ -26,8 +26,9 @@ round): the bandwidth ratio above is priced on the current co-tenants only, so a
 its NICs and it runs many times its compute time. Such a gang, when the price rule says start now,
 waits instead for the earliest one-host placement among the same nearby ends, if that wait is shorter
 than the communicating share of its expected run time (what a spread placement at half the bandwidth
-would add). ``max_wait_s`` bounds each wait; ``max_hold_s`` does not apply: the traced collapses
-(seeds 14 and 15) are gangs that had already waited many hours and were then spread.
+would add). ``max_wait_s`` bounds each wait; ``max_hold_s`` (time since submission) does not apply:
+the traced collapses (seeds 14 and 15) are gangs that had already waited many hours and were then
+spread. The time it has been *held* is bounded instead, below.
 
 Cumulative hold bound (issue 21, "Cumulative hold bound"): each hold is planned from running jobs'
 expected ends, and those slip (estimates are wrong; an overdue job is always expected to end soon),
