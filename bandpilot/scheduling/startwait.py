@@ -87,7 +87,7 @@ MAX_STEPS = 6
 #: the idle cluster, and ``saved(t) <= f x est x (B_idle / B_now - 1)``: a step whose added queueing
 #: leaves less than ``min_gain_s`` below that is not planned, nor any later one. The same decisions
 #: as planning every step when the dispatcher finds the idle cluster's best (checked on seeded
-#: cases, tests/test_startwait.py); False plans every step.
+#: cases, tests/test_startwait.py); only for BandPilot's search and plain gangs; False plans every step.
 PRUNE = True
 
 
@@ -119,7 +119,7 @@ class StartOrWait:
         #: seconds each pending request has been held so far (:func:`load_held`); holds of this batch
         self.held: dict[str, float] = dict(held or {})
         self.holding: set[str] = set()
-        self._idle: dict[tuple, float] = {}  # (k, constraints, shape) -> best GB/s on the idle cluster
+        self._idle: dict[tuple, float] = {}  # (k, constraints) -> best GB/s on the idle cluster
 
     @classmethod
     def load(cls, conn: sa.Connection, book: Book, **kw: Any) -> "StartOrWait":
@@ -137,7 +137,7 @@ class StartOrWait:
         held = self.held.get(req.id, 0.0)
         best: tuple[float, float, float, Any, float] | None = None  # (net, t, saved, sel, gbps)
         steps = [t for t in book.steps() if 0 < t - book.now <= self.max_wait_s][:MAX_STEPS]
-        cap = f * est * (self._idle_best(req) / b_now - 1.0) if PRUNE and steps else math.inf
+        cap = f * est * (self._idle_best(req) / b_now - 1.0) if self._prunes(req) and steps else math.inf
         for t in steps if waited < self.max_hold_s else []:
             added = t - book.now
             if held + added >= self.max_held_s or cap - added <= self.min_gain_s:
@@ -176,10 +176,15 @@ class StartOrWait:
                   f"held {held / 3600:.1f} h of at most {bound / 3600:.1f} h)")
         return WaitPlan(self.reason, detail, res, saved, t - book.now)
 
+    def _prunes(self, req: Request) -> bool:
+        """Only where the idle selection is the best bandwidth: BandPilot's search (a baseline such as
+        topo does not maximise it) on a plain gang (a shaped one is chosen by its step time)."""
+        return PRUNE and req.shape is None and self.book.placer.algorithm == "bandpilot"
+
     def _idle_best(self, req: Request) -> float:
         """The gang's predicted GB/s on the idle cluster, by the batch's dispatcher without a locality
-        margin (once per size, constraints and shape per batch); 0 when it never fits."""
-        key = (req.k, req.constraints.key, repr(req.shape))
+        margin (once per size and constraints per batch); 0 when it never fits."""
+        key = (req.k, req.constraints.key)
         if key not in self._idle:
             placer = self.book.placer
             disp = placer.dispatcher
