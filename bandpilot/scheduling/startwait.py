@@ -72,10 +72,10 @@ START_WAIT_MODES = ("off", "on", "local")
 MAX_WAIT_S = 2 * 3600.0
 #: A request that has waited this long starts where it can.
 MAX_HOLD_S = 4 * 3600.0
-#: Total time a request may be held by start-or-wait, over all its holds (either rule). Two maximal
-#: waits (``MAX_WAIT_S``), the ``on`` rule's ``MAX_HOLD_S``: a single hold is never cut by it (a first
-#: hold is decided as before the bound), a hold renewed because the expected end slipped is, once
-#: the ends it was promised have slipped by twice the longest wait it would accept.
+#: Total time a request may be held by start-or-wait, over all its holds (either rule): two maximal
+#: waits (``MAX_WAIT_S``), as the ``on`` rule's ``MAX_HOLD_S``. A single hold is never cut by it (a
+#: first hold is decided as before the bound); holds renewed because the expected end slipped stop
+#: once, with the next wait, they add up to twice the longest wait a single hold may promise.
 MAX_HELD_S = 4 * 3600.0
 #: Net service time a wait must save (estimates are rough: a wait that saves a minute is noise).
 MIN_GAIN_S = 300.0
