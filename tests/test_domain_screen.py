@@ -93,10 +93,15 @@ def test_prior_proxy_incremental_path_is_the_token_grid_bit_for_bit(sur):
         h, c = units.part_hosts(u, t)
         return h, ctx.best_mask[h, c]
 
+    def parts(us, ts):  # every pair's part at once (the screen's): the same floats
+        ptr, h, c = units.parts(us, ts)
+        return ptr, h, ctx.best_mask[h, c]
+
     proxy = sur.screening_model()
     for D in (np.concatenate([d[None], moves]), moves, rolled):
         full = proxy.predict_units(D, part, incremental=False)
         assert np.array_equal(proxy.predict_units(D, part), full)
+        assert np.array_equal(proxy.predict_units(D, part, parts=parts), full)
         assert np.all(np.isfinite(full))
 
 
