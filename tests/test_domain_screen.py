@@ -148,6 +148,27 @@ def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_fir
     assert len(seen) == 1 and seen[0] is D  # a fabric has no stand-in: the whole batch
 
 
+def test_screen_max_stops_a_batch_without_an_improvement_after_its_best_ranked(sur, monkeypatch):
+    """``SCREEN_MAX`` (a flag, off by default): a batch with no improvement ends once that many of
+    its best-ranked candidates are priced; off, every candidate is priced."""
+    st = State.idle(sur.spec)
+    ctx, units, D = _rolled_batch(sur, st)
+    assert D.shape[0] > 6
+    seen = []
+
+    def price(rows):
+        seen.append(rows)
+        return SimpleNamespace(value=float(rows.shape[0]), evaluated=rows.shape[0])
+
+    monkeypatch.setattr(screen_mod, "SCREEN_MAX", 6)
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1e9)
+    assert [c.shape[0] for c in seen] == [2, 4] and n == 6 and got.value == 4.0
+    seen.clear()
+    monkeypatch.setattr(screen_mod, "SCREEN_MAX", 0)
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1e9)
+    assert n == D.shape[0] and sum(c.shape[0] for c in seen) == D.shape[0]
+
+
 def test_fabric_first_prices_a_fabric_batch_in_order_until_a_chunk_improves(fab, monkeypatch):
     st = State.idle(fab.spec)
     ctx, units, D = _rolled_batch(fab, st)

@@ -29,6 +29,14 @@ from bandpilot.topology.cluster import dense_unique
 #: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
 SCREEN_TOP = 64
 
+#: Candidates of one batch a screened search prices at most (its stand-in's best-ranked; 0: every
+#: candidate until an improvement - the default, the exact screen). Not certified: a batch with no
+#: improvement among them ends the search there, though a lower-ranked move might have improved (the
+#: stand-in ranks without the model's residual), so it is a flag (`bench_scale --screen-max N`),
+#: judged on held-out seeds (README, issue 24): the slowest selects of a trained 10,008-GPU model
+#: are their last round, ~2,000 candidates priced to confirm that none improves.
+SCREEN_MAX = 0
+
 #: For a model without a stand-in (a fabric): its batches priced in their own order, this many
 #: candidates first (then twice as many at a time), until a chunk holds an improvement; 0: every batch
 #: whole (the exact path, `bench_scale --fabric-first 0`). Not certified (a later chunk may hold a
@@ -106,7 +114,7 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
                 evaluated += cand.evaluated
                 if got is None or cand.value > got.value:
                     got = cand
-            if (got is not None and got.value > bar) or ctx.pred.evaluations > budget:
+            if (got is not None and got.value > bar) or ctx.pred.evaluations > budget or 0 < SCREEN_MAX <= pos:
                 break
         return got, evaluated
 
