@@ -18,6 +18,7 @@ from bandpilot.dispatch.search.domains import Units, _unit_moves, _unit_starts
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.model.tokens import to_torch
+from bandpilot.model.unit_grid import changed_parts
 from tests.test_domain_model import nvl_spec
 
 
@@ -102,6 +103,7 @@ def test_prior_proxy_incremental_path_is_the_token_grid_bit_for_bit(sur):
         full = proxy.predict_units(D, part, incremental=False)
         assert np.array_equal(proxy.predict_units(D, part), full)
         assert np.array_equal(proxy.predict_units(D, part, parts=parts), full)
+        assert np.array_equal(proxy.predict_units(D, part, parts=parts, changed=changed_parts(D)), full)
         assert np.all(np.isfinite(full))
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bandpilot.model.move_reduce import MoveReduce
-from bandpilot.model.unit_grid import token_grid, token_grid_dense
+from bandpilot.model.unit_grid import Changed, token_grid, token_grid_dense
 
 #: ``part(u, t) -> (hosts, masks)``: the trays (sorted or not) and GPU masks unit ``u``'s share of
 #: ``t`` GPUs takes.
@@ -43,20 +43,21 @@ class PriorProxy:
         self.view = sur.domain_view
 
     def predict_units(self, D: np.ndarray, part: Part, cache: dict[int, np.ndarray] | None = None,
-                      incremental: bool = True, parts: Parts | None = None) -> np.ndarray:
+                      incremental: bool = True, parts: Parts | None = None, changed: Changed | None = None) -> np.ndarray:
         """Prior bandwidth of rows of per-unit GPU counts ``D`` (n, U), unit ``u``'s share of ``t``
         GPUs placed as ``part(u, t)``. ``cache``: part features already computed for the same
         ``part`` (one search's batches share most parts), filled in here. ``incremental``: each row's
         token reductions patched from the first row's (:class:`~bandpilot.model.move_reduce.MoveReduce`:
         a batch of moves costs its changed cells; the same floats as the token grid, which it falls
         back to when its sums would not be exact). ``parts``: ``part`` of many pairs at once (a
-        round's ~100-400 new parts without a Python call each)."""
+        round's ~100-400 new parts without a Python call each). ``changed``: ``changed_parts(D)``
+        when the caller has it."""
         D = np.atleast_2d(np.asarray(D, dtype=np.int64))
         cache = {} if cache is None else cache
         many = _one_by_one(part) if parts is None else parts
         feats = lambda us, ts: self._cached_features(us, ts, many, cache)  # noqa: E731
         if incremental and D.shape[0]:
-            red = MoveReduce(D, feats, PRIOR_FEATURES, self.view.u_rail)
+            red = MoveReduce(D, feats, PRIOR_FEATURES, self.view.u_rail, changed)
             if red.exact:
                 with torch.inference_mode():
                     return torch.exp(self.sur.net.prior_log_rows(red.tokens, red)).double().numpy().reshape(D.shape[0])

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.search.context import SearchContext
-from bandpilot.topology.cluster import dense_unique
+from bandpilot.model.unit_grid import Changed, changed_parts
 
 #: Candidates of a batch the model prices first when it offers a screening model (then twice as
 #: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
@@ -103,8 +103,9 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
     def screen(D: np.ndarray, price: Callable[[np.ndarray], Any], bar: float) -> tuple[Any, int]:
         if D.shape[0] <= first:
             return _whole(D, price, bar)
-        solo = proxy.predict_units(D, part, feats, parts=parts)
-        order = np.argsort(-_shared(ctx.pred, D, solo, units), kind="stable")
+        ch = changed_parts(D)  # the cells the moves changed: one pass for the stand-in and the contenders
+        solo = proxy.predict_units(D, part, feats, parts=parts, changed=ch)
+        order = np.argsort(-_shared(ctx.pred, D, solo, units, ch), kind="stable")
         got, evaluated, pos, step = None, 0, 0, first
         while pos < order.size:
             # each chunk in the batch's own order (ties among its candidates decided as before)
@@ -121,14 +122,14 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
     return screen
 
 
-def _shared(pred: Any, D: np.ndarray, solo: np.ndarray, units: Any) -> np.ndarray:
+def _shared(pred: Any, D: np.ndarray, solo: np.ndarray, units: Any, changed: Changed | None = None) -> np.ndarray:
     """The stand-in's values with a rough share under contention: a candidate whose trays hold
     contending jobs (the predictor's contenders: jobs on the exposed trays it uses) gets
     ``solo * solo / (solo + their demand)`` - the model's share with the capacity taken as the
     standalone value. Without it the stand-in ranked contended moves first on busy states."""
     if pred.n_jobs == 0:
         return solo
-    demand = _contended(pred, D, units).astype(float) @ pred.job_demand
+    demand = _contended(pred, D, units, changed).astype(float) @ pred.job_demand
     return np.where(demand > 0, solo * solo / (solo + demand), solo)
 
 
@@ -140,26 +141,26 @@ def _part_jobs(pred: Any, units: Any, u: np.ndarray, t: np.ndarray) -> np.ndarra
     return pred.jobs_of_parts(ptr, hosts)
 
 
-def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
+def _contended(pred: Any, D: np.ndarray, units: Any, changed: Changed | None = None) -> np.ndarray:
     """(rows, n_jobs) bool: the jobs some part of each row touches. A local-search batch's rows
     equal its first row but in the one or two units a move changed, so each row's count of parts
     per job is the first row's, less the changed units' old parts, plus their new ones - no pass
-    over every nonzero cell (the same booleans as OR-ing every nonzero cell's part)."""
+    over every nonzero cell (the same booleans as OR-ing every nonzero cell's part). ``changed``:
+    :func:`changed_parts` of ``D`` (the stand-in's, computed once per batch)."""
     if D.shape[0] == 0:
         return np.zeros((0, pred.n_jobs), dtype=bool)
-    ref = D[0]
-    r, c = np.nonzero(D != ref[None, :])
-    ru = np.flatnonzero(ref)
-    width = int(D.max(initial=0)) + 1
-    keys, inv = dense_unique(np.concatenate([ru * width + ref[ru], c * width + D[r, c]]), D.shape[1] * width)
-    bits = _part_jobs(pred, units, keys // width, keys % width).astype(np.int32)
+    ch = changed_parts(D) if changed is None else changed
+    ref, r, c, ru, width, inv = ch.ref, ch.r, ch.c, ch.ru, ch.width, ch.inv
+    bits = _part_jobs(pred, units, ch.keys // width, ch.keys % width).astype(np.int32)
     at = np.zeros(D.shape[1], dtype=np.int64)
     at[ru] = inv[: ru.size]
     cnt = np.tile(bits[inv[: ru.size]].sum(axis=0), (D.shape[0], 1))
     if r.size:
-        # old part out, new part in, per changed cell (a cell emptied in row 0 holds no part)
-        delta = bits[inv[ru.size :]] - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
-        # r ascends (row-major nonzero): the i-th change of every row at once, a row at most once
+        # old part out, new part in, per changed cell (a cell emptied holds no part: no jobs)
+        new = np.zeros((r.size, pred.n_jobs), dtype=np.int32)
+        new[ch.live] = bits[inv[ru.size :]]
+        delta = new - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
+        # r ascends (row-major): the i-th change of every row at once, a row at most once
         # per pass (a row changes <= 4 cells; np.add.reduceat over ~8,000 x jobs cost ~3 ms a batch)
         pos = np.arange(r.size) - np.r_[0, np.cumsum(np.bincount(r, minlength=D.shape[0]))[:-1]][r]
         for i in range(int(pos.max()) + 1):
