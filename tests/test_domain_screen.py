@@ -301,3 +301,47 @@ def test_bounded_domain_search_picks_as_without_bound(asym_sur, monkeypatch):
     assert len(new) > 30
     assert all(np.array_equal(a.mask, b.mask) and a.predicted_gbps == b.predicted_gbps for a, b in zip(new, old))
     assert sum(a.evaluations for a in new) < sum(b.evaluations for b in old)  # domains were skipped
+
+
+def test_domain_net_forward_is_the_host_nets_computation_bit_for_bit(sur, monkeypatch):
+    """The domain net's shortcuts - a token's domain-mates are itself (its tokens are distinct
+    domains), attention scores scaled and masked in place - give the floats of the host net's
+    (b, t, t) comparison and of out-of-place attention, on rows of 1-8 domains (both attention
+    paths: <= 8 tokens broadcast, more by matmul)."""
+    from bandpilot.model import networks
+
+    rng = np.random.default_rng(5)
+    rows = _rows(sur.spec, rng, n=200)
+    wide = np.zeros((40, sur.spec.n_hosts), dtype=np.int64)
+    wide[:, :] = rng.integers(0, 16, size=wide.shape) * (rng.random(wide.shape) < 0.6)
+    for masks in (rows[sur.net_rows(rows)], wide[sur.net_rows(wide)]):
+        t = to_torch(sur.tokens(masks))
+        assert t["pad"].shape[1] >= 2
+        mates = networks.HierarchicalNet._domain_mates(sur.net, t["dom"], t["pad"])
+        assert torch.equal(sur.net._domain_mates(t["dom"], t["pad"])[~t["pad"]], mates[~t["pad"]])
+        with torch.inference_mode():
+            got = sur.net(t)
+        monkeypatch.setattr(type(sur.net), "_domain_mates", networks.HierarchicalNet._domain_mates)
+        with torch.inference_mode():
+            assert torch.equal(sur.net(t), got)
+        monkeypatch.undo()
+
+    block = networks.EncoderBlock(16, 4, 32).eval()
+    x = torch.randn(6, 12, 16, generator=torch.Generator().manual_seed(0))
+    pad = torch.zeros(6, 12, dtype=torch.bool)
+    pad[:, 9:] = True
+    bias = torch.zeros(6, 12).masked_fill(pad, -1e9)
+
+    def out_of_place(x, bias):  # the attention before the in-place scaling
+        b, t, d = x.shape
+        q, k, v = block.qkv(block.norm1(x)).view(b, t, 3, block.heads, d // block.heads).unbind(2)
+        qh, kh, vh = (z.transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(qh @ kh.transpose(-1, -2) * ((d // block.heads) ** -0.5) + bias[:, None, None, :], dim=-1)
+        x = x + block.out((att @ vh).transpose(1, 2).reshape(b, t, d))
+        return x + block.ff(block.norm2(x))
+
+    with torch.inference_mode():
+        assert torch.equal(block(x, bias), out_of_place(x, bias))
+    y = block(x.requires_grad_(), bias).sum()  # and it trains: autograd keeps neither product
+    y.backward()
+    assert torch.isfinite(x.grad).all()
