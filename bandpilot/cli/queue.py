@@ -425,6 +425,7 @@ def dispatch_cmd(
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill); local: a gang that fits one host waits for a one-host placement within 2 h."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
+    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -445,6 +446,9 @@ def dispatch_cmd(
     from bandpilot.scheduling.age_slot import check_age_slot
 
     check_age_slot(age_slot)
+    from bandpilot.scheduling.replan import check_backfill_check
+
+    check_backfill_check(backfill_check)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -459,7 +463,8 @@ def dispatch_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
-                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot)
+                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot,
+                          backfill_check=backfill_check)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -89,3 +89,5 @@ PREEMPT = "off"
 START_OR_WAIT = "local"
 #: ``--age-slot`` (:mod:`bandpilot.scheduling.age_slot`).
 AGE_SLOT = "off"
+#: ``--backfill-check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' GPU sets.
+BACKFILL_CHECK = "set"
