@@ -238,8 +238,8 @@ def move_sequences(base: np.ndarray, sid: np.ndarray, pa: np.ndarray, pb: np.nda
     nonzero cells as codes ``(sid[column], count)`` in column order, zero-padded: ``(moves,
     nonzero columns of base + 1)``. Rows with equal sequences are alike up to which column of a
     signature holds a count. Built from the moves - the base's sequence with the source's cell
-    changed or dropped and the target's changed or inserted - not by compacting every full row
-    (an argsort per row of ~5,000 x ~100 cells was most of a 4,096-GPU gang's move building)."""
+    changed or dropped and the target's changed or inserted - not by building every full row and
+    compacting it with an argsort per row (~5,000 rows x ~100 cells per batch)."""
     pa, pb, t = (np.asarray(x, dtype=np.int64) for x in (pa, pb, t))
     S = np.flatnonzero(base)
     s, n = S.size, pa.size
