@@ -265,7 +265,7 @@ def main() -> None:
                     "(bandpilot.dispatch.search.move_classes.MOVE_CLASSES, default %(default)s; 0: every move)")
     ap.add_argument("--screen-max", type=int, default=screen_mod.SCREEN_MAX, help="a model with a stand-in (the "
                     "trained domain model) prices at most this many of a unit-move batch's best-ranked candidates "
-                    "(bandpilot.dispatch.search.screen.SCREEN_MAX, default %(default)s: every one until an improvement)")
+                    "(bandpilot.dispatch.search.screen.SCREEN_MAX, default %(default)s; 0: every one until an improvement)")
     args = ap.parse_args()
     screen_mod.FABRIC_FIRST = args.fabric_first
     screen_mod.SCREEN_MAX = args.screen_max

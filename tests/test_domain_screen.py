@@ -151,8 +151,9 @@ def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_fir
 
 
 def test_screen_max_stops_a_batch_without_an_improvement_after_its_best_ranked(sur, monkeypatch):
-    """``SCREEN_MAX`` (a flag, off by default): a batch with no improvement ends once that many of
-    its best-ranked candidates are priced; off, every candidate is priced."""
+    """``SCREEN_MAX`` (448 by default): a batch with no improvement ends once that many of its
+    best-ranked candidates are priced; 0, every candidate is priced."""
+    assert screen_mod.SCREEN_MAX == 448  # the default (README, issue 24)
     st = State.idle(sur.spec)
     ctx, units, D = _rolled_batch(sur, st)
     assert D.shape[0] > 6

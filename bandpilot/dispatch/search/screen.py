@@ -29,13 +29,16 @@ from bandpilot.model.unit_grid import Changed, changed_parts
 #: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
 SCREEN_TOP = 64
 
-#: Candidates of one batch a screened search prices at most (its stand-in's best-ranked; 0: every
-#: candidate until an improvement - the default, the exact screen). Not certified: a batch with no
-#: improvement among them ends the search there, though a lower-ranked move might have improved (the
-#: stand-in ranks without the model's residual), so it is a flag (`bench_scale --screen-max N`),
-#: judged on held-out seeds (README, issue 24): the slowest selects of a trained 10,008-GPU model
-#: are their last round, ~2,000 candidates priced to confirm that none improves.
-SCREEN_MAX = 0
+#: Candidates of one batch a screened search prices at most (its stand-in's best-ranked: the first
+#: three chunks, 64 + 128 + 256; 0: every candidate until an improvement, the exact screen,
+#: `bench_scale --screen-max 0`). Not certified: a batch with no improvement among them ends the
+#: search there, though a lower-ranked move might have improved (the stand-in ranks without the
+#: model's residual). The default because it kept the picks: same mask and value on 359 of 360
+#: selects of a trained 10,008-GPU model (seeds 0, 1, 5, 6 and held-out 13, 14; the other one the
+#: same true bandwidth) and on 180 of 180 of held-out seeds 15-17, with CPU p99 down by a quarter to
+#: a third (README, issue 24) - as ``FABRIC_FIRST`` below. Why it pays: the slowest selects are
+#: their last round, ~2,000 candidates priced to confirm that none improves.
+SCREEN_MAX = 448
 
 #: For a model without a stand-in (a fabric): its batches priced in their own order, this many
 #: candidates first (then twice as many at a time), until a chunk holds an improvement; 0: every batch
