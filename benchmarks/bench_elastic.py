@@ -13,7 +13,8 @@ Elastic rows: the default (``fit-k`` admission, ``welfare`` pricing, resizes may
 work, only longer jobs yield; ``srpt-suspend``: shortest remaining work first at 2 x min_k each, the
 others suspended to 0 GPUs at their boundary; ``srpt-host``: the same without suspension; ``hesrpt-suspend``:
 heSRPT shares by rank in remaining work; ``srpt-marginal``: srpt-suspend with each claim sized by marginal
-gain on the job's priced speed curve; ``no relocation``: resizes grow around the old GPUs only, the default
+gain on the job's priced speed curve; ``srpt-fill``: srpt-suspend whose round's leftover GPUs go to waiting
+requests at a smaller legal size; ``no relocation``: resizes grow around the old GPUs only, the default
 before; ``current-share``: growths priced from the collective share at the job's current size, a flag;
 ``fill-idle``: GPUs free when nothing waits offered to the jobs at a boundary, a flag).
 ``--scale N``: N Helios-shaped jobs on the emulated 1,024-GPU cluster instead (FIFO vs elastic, wall time).
@@ -74,6 +75,9 @@ CONFIGS = {
     # srpt-suspend with claims sized by marginal gain on each job's priced speed curve (a flag)
     "elastic, srpt-marginal admission, current-share pricing": SimConfig(policy="utility", elastic=True,
                                                                        admission="srpt-marginal", current_share=True),
+    # srpt-suspend whose round's leftover GPUs go to waiting requests at a smaller legal size (a flag)
+    "elastic, srpt-fill admission, current-share pricing": SimConfig(policy="utility", elastic=True,
+                                                                   admission="srpt-fill", current_share=True),
     # GPUs free when nothing waits offered to the jobs at a boundary (running jobs keep their size), a flag
     "elastic, srpt-suspend admission, current-share pricing, fill-idle": SimConfig(
         policy="utility", elastic=True, admission="srpt-suspend", current_share=True, fill_idle=True),
@@ -132,7 +136,8 @@ SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="uti
          "elastic-srpt-suspend-cs": SimConfig(policy="utility", elastic=True, admission="srpt-suspend", current_share=True),
          "elastic-srpt-suspend-cs-fill": SimConfig(policy="utility", elastic=True, admission="srpt-suspend",
                                                    current_share=True, fill_idle=True),
-         "elastic-srpt-marginal-cs": SimConfig(policy="utility", elastic=True, admission="srpt-marginal", current_share=True)}
+         "elastic-srpt-marginal-cs": SimConfig(policy="utility", elastic=True, admission="srpt-marginal", current_share=True),
+         "elastic-srpt-fill-cs": SimConfig(policy="utility", elastic=True, admission="srpt-fill", current_share=True)}
 
 
 def main() -> int:

@@ -138,6 +138,10 @@ def mixed(truth, seeds: int) -> str:
         f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
         # the age slot for the request later-submitted jobs overtook most (scheduling/overtaken.py; README "Tenth round")
         f"{label(RECOMMENDED)} + age slot overtaken": replace(RECOMMENDED, age_slot="overtaken"),
+        # backfill onto a reservation's GPUs if it can be planned again at the same start (scheduling/replan.py;
+        # README "Twelfth round"): for every request / only for one that has waited hrrn's 8 h cap
+        f"{label(RECOMMENDED)} + backfill check replan": replace(RECOMMENDED, backfill_check="replan"),
+        f"{label(RECOMMENDED)} + backfill check replan-waited": replace(RECOMMENDED, backfill_check="replan-waited"),
         # the default before issue 21's eleventh round: start-or-wait without the one-host rule (README "Eleventh round")
         f"{label(replace(RECOMMENDED, start_or_wait='on'))} (the default before the eleventh round)": replace(RECOMMENDED, start_or_wait="on"),
         # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")

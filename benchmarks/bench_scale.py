@@ -263,8 +263,12 @@ def main() -> None:
     ap.add_argument("--move-classes", type=int, choices=(0, 1), default=int(move_classes.MOVE_CLASSES),
                     help="a model without a stand-in prices one unit move per class of interchangeable moves "
                     "(bandpilot.dispatch.search.move_classes.MOVE_CLASSES, default %(default)s; 0: every move)")
+    ap.add_argument("--screen-max", type=int, default=screen_mod.SCREEN_MAX, help="a model with a stand-in (the "
+                    "trained domain model) prices at most this many of a unit-move batch's best-ranked candidates "
+                    "(bandpilot.dispatch.search.screen.SCREEN_MAX, default %(default)s; 0: every one until an improvement)")
     args = ap.parse_args()
     screen_mod.FABRIC_FIRST = args.fabric_first
+    screen_mod.SCREEN_MAX = args.screen_max
     move_classes.MOVE_CLASSES = bool(args.move_classes)
     ks = KS[::2] if args.quick else KS
     clusters = dict(list(CLUSTERS.items())[:1]) if args.quick else CLUSTERS

@@ -18,6 +18,7 @@ from bandpilot.dispatch.search.domains import Units, _unit_moves, _unit_starts
 from bandpilot.dispatch.state import State
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.model.tokens import to_torch
+from bandpilot.model.unit_grid import changed_parts
 from tests.test_domain_model import nvl_spec
 
 
@@ -93,10 +94,16 @@ def test_prior_proxy_incremental_path_is_the_token_grid_bit_for_bit(sur):
         h, c = units.part_hosts(u, t)
         return h, ctx.best_mask[h, c]
 
+    def parts(us, ts):  # every pair's part at once (the screen's): the same floats
+        ptr, h, c = units.parts(us, ts)
+        return ptr, h, ctx.best_mask[h, c]
+
     proxy = sur.screening_model()
     for D in (np.concatenate([d[None], moves]), moves, rolled):
         full = proxy.predict_units(D, part, incremental=False)
         assert np.array_equal(proxy.predict_units(D, part), full)
+        assert np.array_equal(proxy.predict_units(D, part, parts=parts), full)
+        assert np.array_equal(proxy.predict_units(D, part, parts=parts, changed=changed_parts(D)), full)
         assert np.all(np.isfinite(full))
 
 
@@ -141,6 +148,28 @@ def test_screen_prices_best_ranked_chunks_first_and_a_fabric_whole_at_fabric_fir
     monkeypatch.setattr(screen_mod, "FABRIC_FIRST", 0)  # the exact path (the default is batch order)
     screen_mod.screen_for(fctx, Units(fctx), budget=10**9, top=1)(D, price, 1e9)
     assert len(seen) == 1 and seen[0] is D  # a fabric has no stand-in: the whole batch
+
+
+def test_screen_max_stops_a_batch_without_an_improvement_after_its_best_ranked(sur, monkeypatch):
+    """``SCREEN_MAX`` (448 by default): a batch with no improvement ends once that many of its
+    best-ranked candidates are priced; 0, every candidate is priced."""
+    assert screen_mod.SCREEN_MAX == 448  # the default (README, issue 24)
+    st = State.idle(sur.spec)
+    ctx, units, D = _rolled_batch(sur, st)
+    assert D.shape[0] > 6
+    seen = []
+
+    def price(rows):
+        seen.append(rows)
+        return SimpleNamespace(value=float(rows.shape[0]), evaluated=rows.shape[0])
+
+    monkeypatch.setattr(screen_mod, "SCREEN_MAX", 6)
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1e9)
+    assert [c.shape[0] for c in seen] == [2, 4] and n == 6 and got.value == 4.0
+    seen.clear()
+    monkeypatch.setattr(screen_mod, "SCREEN_MAX", 0)
+    got, n = screen_mod.screen_for(ctx, units, budget=10**9, top=2)(D, price, 1e9)
+    assert n == D.shape[0] and sum(c.shape[0] for c in seen) == D.shape[0]
 
 
 def test_fabric_first_prices_a_fabric_batch_in_order_until_a_chunk_improves(fab, monkeypatch):
@@ -273,3 +302,47 @@ def test_bounded_domain_search_picks_as_without_bound(asym_sur, monkeypatch):
     assert len(new) > 30
     assert all(np.array_equal(a.mask, b.mask) and a.predicted_gbps == b.predicted_gbps for a, b in zip(new, old))
     assert sum(a.evaluations for a in new) < sum(b.evaluations for b in old)  # domains were skipped
+
+
+def test_domain_net_forward_is_the_host_nets_computation_bit_for_bit(sur, monkeypatch):
+    """The domain net's shortcuts - a token's domain-mates are itself (its tokens are distinct
+    domains), attention scores scaled and masked in place - give the floats of the host net's
+    (b, t, t) comparison and of out-of-place attention, on rows of 1-8 domains (both attention
+    paths: <= 8 tokens broadcast, more by matmul)."""
+    from bandpilot.model import networks
+
+    rng = np.random.default_rng(5)
+    rows = _rows(sur.spec, rng, n=200)
+    wide = np.zeros((40, sur.spec.n_hosts), dtype=np.int64)
+    wide[:, :] = rng.integers(0, 16, size=wide.shape) * (rng.random(wide.shape) < 0.6)
+    for masks in (rows[sur.net_rows(rows)], wide[sur.net_rows(wide)]):
+        t = to_torch(sur.tokens(masks))
+        assert t["pad"].shape[1] >= 2
+        mates = networks.HierarchicalNet._domain_mates(sur.net, t["dom"], t["pad"])
+        assert torch.equal(sur.net._domain_mates(t["dom"], t["pad"])[~t["pad"]], mates[~t["pad"]])
+        with torch.inference_mode():
+            got = sur.net(t)
+        monkeypatch.setattr(type(sur.net), "_domain_mates", networks.HierarchicalNet._domain_mates)
+        with torch.inference_mode():
+            assert torch.equal(sur.net(t), got)
+        monkeypatch.undo()
+
+    block = networks.EncoderBlock(16, 4, 32).eval()
+    x = torch.randn(6, 12, 16, generator=torch.Generator().manual_seed(0))
+    pad = torch.zeros(6, 12, dtype=torch.bool)
+    pad[:, 9:] = True
+    bias = torch.zeros(6, 12).masked_fill(pad, -1e9)
+
+    def out_of_place(x, bias):  # the attention before the in-place scaling
+        b, t, d = x.shape
+        q, k, v = block.qkv(block.norm1(x)).view(b, t, 3, block.heads, d // block.heads).unbind(2)
+        qh, kh, vh = (z.transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(qh @ kh.transpose(-1, -2) * ((d // block.heads) ** -0.5) + bias[:, None, None, :], dim=-1)
+        x = x + block.out((att @ vh).transpose(1, 2).reshape(b, t, d))
+        return x + block.ff(block.norm2(x))
+
+    with torch.inference_mode():
+        assert torch.equal(block(x, bias), out_of_place(x, bias))
+    y = block(x.requires_grad_(), bias).sum()  # and it trains: autograd keeps neither product
+    y.backward()
+    assert torch.isfinite(x.grad).all()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bandpilot.dispatch.search.screen import _part_jobs
-from bandpilot.model.unit_grid import token_grid, token_grid_dense
+from bandpilot.model.unit_grid import changed_parts, token_grid, token_grid_dense
 from bandpilot.topology.cluster import dense_unique
 
 
@@ -100,6 +100,7 @@ def test_contended_jobs_from_changed_cells_equal_or_over_parts(seed):
     got, want = _contended(pred, D, units), _contended_dense(pred, D, units)
     assert want.any() and not want.all()
     assert np.array_equal(got, want)
+    assert np.array_equal(_contended(pred, D, units, changed_parts(D)), want)  # the screen's shared cells
     E = rng.integers(0, 3, size=(40, 30)) * (rng.random((40, 30)) < 0.3)  # no shared first row
     assert np.array_equal(_contended(pred, E, units), _contended_dense(pred, E, units))
 

@@ -75,7 +75,8 @@ class BatchLoop:
                             backfill=recommended.BACKFILL, max_reservations=recommended.RESERVATIONS,
                             locality=recommended.LOCALITY,
                             pricing=recommended.PRICING, preempt=recommended.PREEMPT,
-                            start_or_wait=recommended.START_OR_WAIT, age_slot=recommended.AGE_SLOT).to_dict()
+                            start_or_wait=recommended.START_OR_WAIT, age_slot=recommended.AGE_SLOT,
+                            backfill_check=recommended.BACKFILL_CHECK).to_dict()
         except BandPilotError as exc:  # no champion yet, a busy store: say so, try again next tick
             if self.status["error"] != str(exc):
                 log.warning("batch loop: %s", exc)

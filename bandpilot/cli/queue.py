@@ -278,7 +278,7 @@ def rebalance_cmd(
     current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k (a flag: README issue 22)."),
     fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits; a flag: README issue 22)."),
     relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. A resize may move the job onto a fresh placement, priced like a growth."),
-    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it) | srpt-fill (srpt-suspend; GPUs the round leaves free while requests wait go to them, shortest remaining work first, each at the largest size up to its claim that fits one host)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -425,6 +425,7 @@ def dispatch_cmd(
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill); local: a gang that fits one host waits for a one-host placement within 2 h (all its holds together: below its communicating share of run time and 4 h)."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
+    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -445,6 +446,9 @@ def dispatch_cmd(
     from bandpilot.scheduling.age_slot import check_age_slot
 
     check_age_slot(age_slot)
+    from bandpilot.scheduling.replan import check_backfill_check
+
+    check_backfill_check(backfill_check)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -459,7 +463,8 @@ def dispatch_cmd(
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
-                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot)
+                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot,
+                          backfill_check=backfill_check)
     if as_json:
         _echo_json(rep.to_dict())
         return

@@ -37,11 +37,12 @@ def simulate_cmd(
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill); local: a gang that fits one host but was placed across hosts also waits for the nearest one-host placement within 2 h when that is shorter than its communicating share of run time (all its holds together: below that share and 4 h)."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
+    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("auto", "--elastic", help="auto (default): on when some job of the trace declares min_k < max_k, else off (a trace without ranges runs exactly as with off) | on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
-    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline) | srpt (by estimated remaining work: a newcomer claims half its k, only jobs with more remaining work yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it)."),
+    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (seed 001's text: while its k fits the GPUs idle now; baseline) | srpt (by estimated remaining work: a newcomer claims half its k, only jobs with more remaining work yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it) | srpt-fill (srpt-suspend; GPUs the round leaves free while requests wait go to them, shortest remaining work first, each at the largest size up to its claim that fits one host)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
     current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k (a flag: README issue 22)."),
     fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits; a flag: README issue 22)."),
@@ -70,7 +71,6 @@ def simulate_cmd(
         return
     from bandpilot.simulation.elastic import elastic_for
     from bandpilot.simulation.run import load_setup, run_one
-    from bandpilot.simulation.trace import parse_trace
 
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
@@ -78,7 +78,7 @@ def simulate_cmd(
                     backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
                     blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
                     start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot,
-                    relocate=relocate, current_share=current_share, fill_idle=fill_idle)
+                    backfill_check=backfill_check, relocate=relocate, current_share=current_share, fill_idle=fill_idle)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
@@ -86,7 +86,7 @@ def simulate_cmd(
         from bandpilot.simulation.presets import apply_preset
 
         cfg = apply_preset(cfg, baseline, setup.dispatcher.model.spec)
-    jobs = parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
+    jobs = _parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
     cfg = replace(cfg, elastic=elastic_for(elastic, jobs))
     _, s = run_one(jobs, setup, cfg, out, figures=figures, log=log)
     h = 3600.0
@@ -146,3 +146,9 @@ def report_cmd(
         return
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
 
+
+def _parse_trace(path: Path, n_gpus: int):
+    """The trace's jobs (imported here: the CLI starts without the simulator's trace parser)."""
+    from bandpilot.simulation.trace import parse_trace
+
+    return parse_trace(path, n_gpus=n_gpus)

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bandpilot.model.unit_grid import changed_parts
+from bandpilot.model.unit_grid import Changed, changed_parts
 
 #: ``features(units, counts) -> (parts, F) float32``, column 0 the count ``cnt``.
 Features = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -30,9 +30,10 @@ class MoveReduce:
     """The distinct (unit, count) parts of a batch of per-unit count rows ``D`` and each row's
     reductions over its parts; ``tokens``: every part's token features (one row, ``names``)."""
 
-    def __init__(self, D: np.ndarray, features: Features, names: tuple[str, ...], u_rail: np.ndarray) -> None:
+    def __init__(self, D: np.ndarray, features: Features, names: tuple[str, ...], u_rail: np.ndarray,
+                 changed: Changed | None = None) -> None:
         n = D.shape[0]
-        ref, r, c, _, ru, width, new_live, keys, inv = changed_parts(D)
+        ref, r, c, _, ru, width, new_live, keys, inv = changed_parts(D) if changed is None else changed
         F = features(keys // width, keys % width) if keys.size else np.zeros((0, len(names)), np.float32)
         P = keys.size
         self.tokens = {k: torch.from_numpy(np.ascontiguousarray(F[None, :, i])) for i, k in enumerate(names)}

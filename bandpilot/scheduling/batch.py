@@ -46,6 +46,7 @@ from bandpilot.scheduling.overrun_preempt import OverrunPreemptPostFilter
 from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
 from bandpilot.scheduling.overtaken import load_overtaken
 from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
+from bandpilot.scheduling.replan import CHECKS, SetCheck, check_backfill_check
 from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
 from bandpilot.scheduling.policies import (
     ESTIMATE_POLICIES, POLICIES, Pending, order_pending, utility_quotas,
@@ -122,6 +123,7 @@ def run_batch(
     preempt: str = "off",
     start_or_wait: str = "off",
     age_slot: str = "off",
+    backfill_check: str = "set",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
     """Assign pending requests with ``dispatcher``, in ``policy`` order.
@@ -150,6 +152,8 @@ def run_batch(
     ``waits_for_better_placement``, holding a reservation).
     ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
     longest-waiting request / the largest projected JCT first, in place of the last policy slot.
+    ``backfill_check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' planned
+    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start.
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -163,10 +167,7 @@ def run_batch(
         check_demand_model(demand)
     except ValueError as exc:
         raise RequestError(str(exc)) from None
-    check_backfill(backfill)
-    check_preempt(preempt)
-    check_start_wait(start_or_wait)
-    check_age_slot(age_slot)
+    _check_modes(backfill, preempt, start_or_wait, age_slot, backfill_check)
     if locality is not None:
         if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
             raise RequestError(f"locality must be in [0, 1), got {locality!r}")
@@ -181,8 +182,18 @@ def run_batch(
     check_model(store, dispatcher)
     b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
     b.after_each, b.preempt, b.start_or_wait, b.age_slot = after_each, preempt, start_or_wait, age_slot
+    b.backfill_check = backfill_check
     (b.in_one_transaction if commit == "batch" else b.per_request)()
     return b.report
+
+
+def _check_modes(backfill: str, preempt: str, start_or_wait: str, age_slot: str, backfill_check: str) -> None:
+    """Each mode a known one (a one-line RequestError otherwise), before anything is touched."""
+    check_backfill(backfill)
+    check_preempt(preempt)
+    check_start_wait(start_or_wait)
+    check_age_slot(age_slot)
+    check_backfill_check(backfill_check)
 
 
 class _Batch:
@@ -202,6 +213,8 @@ class _Batch:
         self.preemptor: PreemptPostFilter | None = None
         self.preempt = self.start_or_wait = self.age_slot = "off"
         self.starter: StartOrWait | None = None
+        self.backfill_check = "set"
+        self.check: SetCheck = SetCheck(self.placer, None)  # how a request may start beside reservations
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
 
@@ -269,6 +282,7 @@ class _Batch:
             work = load_overtaken(conn, pl.queue, now()) if self.age_slot == "overtaken" else None
             reserve_oldest(self.book, pl.queue, self.age_slot, work)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
+            self.check = CHECKS[self.backfill_check](self.placer, self.book)
             if self.start_or_wait != "off":
                 self.starter = StartOrWait.load(conn, self.book, local=self.start_or_wait == "local")
         if self.preempt != "off":
@@ -349,7 +363,7 @@ class _Batch:
         out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=self.version, at=ts)
         hidden = self.book.hidden_for(req) if self.book is not None else None
         try:
-            sel = placer.place(req, hidden)
+            sel = self.check.place(req, hidden)
         except Deferred as d:  # nothing fits: the PostFilter plug-ins say what to record
             plan = placer.post_filter(req, d, hidden)
             if isinstance(plan, PreemptPlan) and plan.victims:

@@ -51,8 +51,9 @@ from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, D
 from bandpilot.scheduling.elastic_marginal import curves_of
 from bandpilot.scheduling.elastic_remaining import remaining_work
 from bandpilot.scheduling.elastic_srpt import record_resume, suspend_job, was_suspended
+from bandpilot.scheduling.elastic_fragments import fill_fragments
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
-    SEED_HOSTS, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
+    SEED_HOSTS, _best_gbps, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.policies import ESTIMATE_POLICIES, order_pending, utility_prior
 from bandpilot.topology.cluster import popcount
@@ -167,7 +168,7 @@ def rebalance(
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
                      PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k),
                      etas, scaling == "declared", _placer(dispatcher, algorithm) if _relocating(relocate, blind) else None,
-                     {r.id: r.k for r in running}, current_share)
+                     {r.id: r.k for r in running}, current_share, rem=rem)
         _resize_all(conn, rep, state, held, ctx)
         state = store.load_state(conn, spec)
         _admit(conn, rep, state, reqs, dispatcher, algorithm, ctx)
@@ -221,6 +222,7 @@ class _Round:
     k_req: dict[str, int] = field(default_factory=dict)  # running jobs' requested k (their declared share's size)
     share_now: bool | None = None  # price a growth from the collective share at the current size (None: CURRENT_SHARE)
     priced: set[str] = field(default_factory=set)  # jobs whose growth was priced this round (fill_idle skips them)
+    rem: dict[str, float] = field(default_factory=dict)  # estimated remaining work (srpt rules; srpt-fill's order)
 
     def f_now(self, jid: str, cur: int, b0: float) -> float:
         """The job's collective share at its current size (:func:`current_share`) or, without
@@ -411,6 +413,8 @@ def _admit(conn, rep, state, reqs, dispatcher, algorithm, rnd: _Round) -> None:
             waiting.append(rid)
     leftovers = [r for r in reqs if r not in rep.quotas] if ADMISSIONS[rnd.admission].fill_leftovers else []
     waiting += [r for r in reqs if r not in rep.quotas and r not in leftovers]
+    if ADMISSIONS[rnd.admission].fill_fragments and not rnd.blind:  # srpt-fill: what the round left free
+        state, waiting = fill_fragments(state, waiting, reqs, rnd.rem, int(state.spec.gpus_per_host.max()), place)
     for rid in leftovers:
         req = reqs[rid]
         fit = [k for k in req.sizes() if k <= min(req.k, state.n_free)]
@@ -421,19 +425,6 @@ def _admit(conn, rep, state, reqs, dispatcher, algorithm, rnd: _Round) -> None:
         if not ok:
             waiting.append(rid)
     rep.waiting = waiting
-
-
-_BEST: dict[tuple[str, int], float] = {}
-
-
-def _best_gbps(dispatcher: Any, k: int) -> float:
-    """Predicted bandwidth of the best ``k``-GPU placement on the idle cluster (cached): the
-    reference the job's declared collective share refers to."""
-    spec = dispatcher.model.spec
-    key = (spec.fingerprint(), k)
-    if key not in _BEST:
-        _BEST[key] = float(dispatcher.select(k, State.idle(spec), "bandpilot").predicted_gbps or 0.0)
-    return _BEST[key]
 
 
 def _size_options(req: Request, q: int, one_host: int = 0) -> list[int]:

@@ -19,7 +19,9 @@ at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, cla
 
 ``srpt-host``, ``srpt-suspend`` (:mod:`bandpilot.scheduling.elastic_srpt`), ``hesrpt-suspend``
 (:mod:`bandpilot.scheduling.elastic_hesrpt`) and ``srpt-marginal`` (claims sized by marginal gain on each
-job's priced speed curve, :mod:`bandpilot.scheduling.elastic_marginal`) replace the quotas themselves.
+job's priced speed curve, :mod:`bandpilot.scheduling.elastic_marginal`) replace the quotas themselves;
+``srpt-fill`` is ``srpt-suspend`` whose leftover fragments go to waiting requests
+(:mod:`bandpilot.scheduling.elastic_fragments`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Admission:
     suspend: bool = False  # with host_srpt/hesrpt: a running job may get 0 GPUs (suspended at its boundary)
     hesrpt: bool = False  # quotas by heSRPT shares of the rank in remaining work (bandpilot.scheduling.elastic_hesrpt)
     marginal: bool = False  # with host_srpt: claims by marginal gain on each job's speed curve (elastic_marginal)
+    fill_fragments: bool = False  # after the round, waiting requests fill what is still free (elastic_fragments)
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
@@ -111,6 +114,12 @@ ADMISSIONS = {a.name: a for a in (
               "by remaining work, each claiming the size whose time saved beats the GPU-time it costs the "
               "jobs behind (up to one host); a running job that gets none is suspended at its epoch boundary",
               srpt=True, host_srpt=True, suspend=True, marginal=True),
+    # srpt-suspend whose round, when GPUs it counted stay free (a refused growth, a failed placement) while
+    # requests wait, admits them there at a smaller legal size (bandpilot.scheduling.elastic_fragments)
+    Admission("srpt-fill", lambda c, n: c.lo, False,
+              "srpt-suspend; GPUs still free after the round while requests wait go to them, shortest remaining "
+              "work first, each at the largest size up to its claim that fits one host's free GPUs",
+              srpt=True, host_srpt=True, suspend=True, fill_fragments=True),
 )}
 DEFAULT_ADMISSION = "fit-k"
 

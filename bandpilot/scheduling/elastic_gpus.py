@@ -145,3 +145,16 @@ def shrink_gpus(model: Any, state: State, mask: np.ndarray, n_remove: int, *, bl
         mask = rows[best]
         value = float(p.value[best])
     return mask, value
+
+
+_BEST: dict[tuple[str, int], float] = {}
+
+
+def _best_gbps(dispatcher: Any, k: int) -> float:
+    """Predicted bandwidth of the best ``k``-GPU placement on the idle cluster (cached): the
+    reference the job's declared collective share refers to."""
+    spec = dispatcher.model.spec
+    key = (spec.fingerprint(), k)
+    if key not in _BEST:
+        _BEST[key] = float(dispatcher.select(k, State.idle(spec), "bandpilot").predicted_gbps or 0.0)
+    return _BEST[key]

@@ -72,6 +72,13 @@ p95 / max -8.4 / -16.1 / -3.9 %, ``comm`` -6.4 / -15.6 / -3.8 %), and over seeds
 ``on`` on the mean, p95 and max of every 8-seed set under both demand models except the ``comm``
 max of 16-23 (+0.2 %); the largest JCT over 0-23 is -0.5 % / +6.1 % vs Slurm-like (README).
 
+``--backfill-check replan-waited`` (:mod:`bandpilot.scheduling.replan`: a request that has waited
+8 h may start on a reservation's planned GPUs if the reservation can be planned again at the same
+start on no more hosts) is below this default on all six figures on the tuning seeds 0-7 (``full``
+-0.2 / -1.3 / -1.9 %, ``comm`` -0.5 / -1.3 / -3.8 %) but not on the held-out seeds 104-111: ``full``
+-11.3 / -12.8 / -5.5 %, ``comm`` +1.8 / +5.1 / +7.6 %, the maximum over both models +0.8 % (README,
+issue 21, "Twelfth round"): a flag, not the default.
+
 A drain target (:data:`~bandpilot.scheduling.reservations.DRAIN_AFTER_S`: a starving EASY holder
 keeps the slot across batches) is off: on seeds 0-1 it costs the mean (``full`` 4.04 -> 5.4-5.9 h)
 and its best maximum (52.5 / 52.9 h) is still above Slurm-like's (43.0 / 47.7 h).
@@ -90,3 +97,5 @@ PREEMPT = "off"
 START_OR_WAIT = "local"
 #: ``--age-slot`` (:mod:`bandpilot.scheduling.age_slot`).
 AGE_SLOT = "off"
+#: ``--backfill-check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' GPU sets.
+BACKFILL_CHECK = "set"

@@ -86,6 +86,7 @@ class Reservation:
     expected_s: float | None
     drain: bool = False  # a drain target: kept by this gang across batches until it starts
     submitted_at: float | None = None  # the holder's submission (the delay budget compares waits)
+    req: Request | None = field(default=None, repr=False, compare=False)  # the holder (a replan re-places it)
 
     @property
     def end_at(self) -> float:
@@ -273,7 +274,7 @@ class Book:
                 continue
             gpus = list(sel.gpus)
             r = Reservation(req.id, req.k, len(self.reservations), t, gpus, self.spec.to_mask(gpus),
-                            _f(getattr(sel, "predicted_gbps", None)), est, submitted_at=req.submitted_at)
+                            _f(getattr(sel, "predicted_gbps", None)), est, submitted_at=req.submitted_at, req=req)
             self.reservations.append(r)
             return r
         return None

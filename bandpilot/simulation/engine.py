@@ -48,6 +48,7 @@ from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batc
 from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
 from bandpilot.scheduling.startwait import START_WAIT_MODES
 from bandpilot.scheduling.age_slot import AGE_SLOT_MODES
+from bandpilot.scheduling.replan import BACKFILL_CHECKS
 from bandpilot.scheduling.elastic import ADMISSIONS, CURRENT_SHARE, DEFAULT_ADMISSION, DEFAULT_RELOCATE, FILL_IDLE
 from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, DEFAULT_SCALING_MODE, PRICERS, SCALING_MODES
 from bandpilot.queue.learning import DEFAULT_LAMBDA
@@ -80,6 +81,7 @@ class SimConfig:
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
     start_or_wait: str = recommended.START_OR_WAIT  # off | on | local (bandpilot.scheduling.startwait)
     age_slot: str = recommended.AGE_SLOT  # off | oldest | projected | priced | overtaken (bandpilot.scheduling.age_slot)
+    backfill_check: str = recommended.BACKFILL_CHECK  # set | replan (bandpilot.scheduling.replan)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
@@ -116,6 +118,8 @@ class SimConfig:
             raise SimulationError(f"unknown start-or-wait mode {self.start_or_wait!r}: use one of {', '.join(START_WAIT_MODES)}")
         if self.age_slot not in AGE_SLOT_MODES:
             raise SimulationError(f"unknown age slot {self.age_slot!r}: use one of {', '.join(AGE_SLOT_MODES)}")
+        if self.backfill_check not in BACKFILL_CHECKS:
+            raise SimulationError(f"unknown backfill check {self.backfill_check!r}: use one of {', '.join(BACKFILL_CHECKS)}")
         if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
             raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.admission not in ADMISSIONS:
@@ -301,7 +305,8 @@ class _Sim:
         rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
                         demand=self.cfg.demand, backfill=self.cfg.backfill, max_reservations=self.cfg.reservations,
                         locality=self.cfg.locality, pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
-                        start_or_wait=self.cfg.start_or_wait, age_slot=self.cfg.age_slot)
+                        start_or_wait=self.cfg.start_or_wait, age_slot=self.cfg.age_slot,
+                        backfill_check=self.cfg.backfill_check)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:

@@ -18,7 +18,7 @@ from bandpilot.simulation.engine import SimConfig
 
 # Every queue knob a preset does not name would leak in from the caller's config (the defaults
 # move as the recommended configuration changes): a baseline pins them all.
-_PLAIN: dict[str, Any] = {"start_or_wait": "off", "reservations": 1, "age_slot": "off"}
+_PLAIN: dict[str, Any] = {"start_or_wait": "off", "reservations": 1, "age_slot": "off", "backfill_check": "set"}
 
 PRESETS: dict[str, dict[str, Any]] = {
     "slurm": {"policy": "fifo", "backfill": "easy", "algorithm": "topo", "locality": 0.0, "placement_pricing": "now", "preempt": "off",

@@ -405,16 +405,21 @@ def _unit_moves(units: Units, d: np.ndarray, seg: int, cap: np.ndarray) -> np.nd
 
 def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_: np.ndarray, t_: np.ndarray) -> np.ndarray:
     """Rows of the moves ``t_`` GPUs ``a_`` -> ``b_`` on ``d`` (``cols``: every unit nonzero in some row), sorted, one per signature sequence."""
-    # distinct rows in np.unique's order, which gives the full rows' (other columns are equal)
-    R = unit_rows.moves_sorted(d[cols], np.searchsorted(cols, a_), np.searchsorted(cols, b_), t_)
+    # distinct moves in np.unique's order of their rows (other columns are equal)
+    pa, pb = np.searchsorted(cols, a_), np.searchsorted(cols, b_)
+    o = unit_rows.moves_order(cols.size, pa, pb, t_)
+    pa, pb, t_ = pa[o], pb[o], np.asarray(t_, dtype=np.int64)[o]
     # interchangeable unused targets: keep one per sequence of (unit signature, count)
     sig_id: dict[tuple, int] = {}
     sid = np.array([sig_id.setdefault(units.signature(int(u)), len(sig_id) + 1) for u in cols], dtype=np.int64)
-    code = np.where(R > 0, sid[None, :] * (int(R.max()) + 1) + R, 0)
-    seq = np.take_along_axis(code, np.argsort(code == 0, axis=1, kind="stable"), axis=1)
-    first = unit_rows.first_rows(seq)
+    if len(sig_id) == cols.size:  # no two units alike (a trained model's trays all differ): distinct moves, distinct sequences
+        first = np.arange(pa.size)
+    else:
+        first = unit_rows.first_rows(unit_rows.move_sequences(d[cols], sid, pa, pb, t_))
     out = np.tile(d, (first.size, 1))
-    out[:, cols] = R[first]
+    at = np.arange(first.size)
+    out[at, cols[pa[first]]] -= t_[first]
+    out[at, cols[pb[first]]] += t_[first]
     return out
 
 

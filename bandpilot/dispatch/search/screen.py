@@ -23,11 +23,22 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.search.context import SearchContext
-from bandpilot.topology.cluster import dense_unique
+from bandpilot.model.unit_grid import Changed, changed_parts
 
 #: Candidates of a batch the model prices first when it offers a screening model (then twice as
 #: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
 SCREEN_TOP = 64
+
+#: Candidates of one batch a screened search prices at most (its stand-in's best-ranked: the first
+#: three chunks, 64 + 128 + 256; 0: every candidate until an improvement, the exact screen,
+#: `bench_scale --screen-max 0`). Not certified: a batch with no improvement among them ends the
+#: search there, though a lower-ranked move might have improved (the stand-in ranks without the
+#: model's residual). The default because it kept the picks: same mask and value on 359 of 360
+#: selects of a trained 10,008-GPU model (seeds 0, 1, 5, 6 and held-out 13, 14; the other one the
+#: same true bandwidth) and on 180 of 180 of held-out seeds 15-17, with CPU p99 down by a quarter to
+#: a third (README, issue 24) - as ``FABRIC_FIRST`` below. Why it pays: the slowest selects are
+#: their last round, ~2,000 candidates priced to confirm that none improves.
+SCREEN_MAX = 448
 
 #: For a model without a stand-in (a fabric): its batches priced in their own order, this many
 #: candidates first (then twice as many at a time), until a chunk holds an improvement; 0: every batch
@@ -86,13 +97,18 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
         hosts, counts = units.part_hosts(u, t)
         return hosts, ctx.best_mask[hosts, counts]
 
+    def parts(us: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ptr, hosts, counts = units.parts(us, ts)  # part_hosts of every pair at once (the same trays)
+        return ptr, hosts, ctx.best_mask[hosts, counts]
+
     feats: dict = {}  # part features, shared by the search's batches
 
     def screen(D: np.ndarray, price: Callable[[np.ndarray], Any], bar: float) -> tuple[Any, int]:
         if D.shape[0] <= first:
             return _whole(D, price, bar)
-        solo = proxy.predict_units(D, part, feats)
-        order = np.argsort(-_shared(ctx.pred, D, solo, units), kind="stable")
+        ch = changed_parts(D)  # the cells the moves changed: one pass for the stand-in and the contenders
+        solo = proxy.predict_units(D, part, feats, parts=parts, changed=ch)
+        order = np.argsort(-_shared(ctx.pred, D, solo, units, ch), kind="stable")
         got, evaluated, pos, step = None, 0, 0, first
         while pos < order.size:
             # each chunk in the batch's own order (ties among its candidates decided as before)
@@ -102,21 +118,21 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
                 evaluated += cand.evaluated
                 if got is None or cand.value > got.value:
                     got = cand
-            if (got is not None and got.value > bar) or ctx.pred.evaluations > budget:
+            if (got is not None and got.value > bar) or ctx.pred.evaluations > budget or 0 < SCREEN_MAX <= pos:
                 break
         return got, evaluated
 
     return screen
 
 
-def _shared(pred: Any, D: np.ndarray, solo: np.ndarray, units: Any) -> np.ndarray:
+def _shared(pred: Any, D: np.ndarray, solo: np.ndarray, units: Any, changed: Changed | None = None) -> np.ndarray:
     """The stand-in's values with a rough share under contention: a candidate whose trays hold
     contending jobs (the predictor's contenders: jobs on the exposed trays it uses) gets
     ``solo * solo / (solo + their demand)`` - the model's share with the capacity taken as the
     standalone value. Without it the stand-in ranked contended moves first on busy states."""
     if pred.n_jobs == 0:
         return solo
-    demand = _contended(pred, D, units).astype(float) @ pred.job_demand
+    demand = _contended(pred, D, units, changed).astype(float) @ pred.job_demand
     return np.where(demand > 0, solo * solo / (solo + demand), solo)
 
 
@@ -128,26 +144,30 @@ def _part_jobs(pred: Any, units: Any, u: np.ndarray, t: np.ndarray) -> np.ndarra
     return pred.jobs_of_parts(ptr, hosts)
 
 
-def _contended(pred: Any, D: np.ndarray, units: Any) -> np.ndarray:
+def _contended(pred: Any, D: np.ndarray, units: Any, changed: Changed | None = None) -> np.ndarray:
     """(rows, n_jobs) bool: the jobs some part of each row touches. A local-search batch's rows
     equal its first row but in the one or two units a move changed, so each row's count of parts
     per job is the first row's, less the changed units' old parts, plus their new ones - no pass
-    over every nonzero cell (the same booleans as OR-ing every nonzero cell's part)."""
+    over every nonzero cell (the same booleans as OR-ing every nonzero cell's part). ``changed``:
+    :func:`changed_parts` of ``D`` (the stand-in's, computed once per batch)."""
     if D.shape[0] == 0:
         return np.zeros((0, pred.n_jobs), dtype=bool)
-    ref = D[0]
-    r, c = np.nonzero(D != ref[None, :])
-    ru = np.flatnonzero(ref)
-    width = int(D.max(initial=0)) + 1
-    keys, inv = dense_unique(np.concatenate([ru * width + ref[ru], c * width + D[r, c]]), D.shape[1] * width)
-    bits = _part_jobs(pred, units, keys // width, keys % width).astype(np.int32)
+    ch = changed_parts(D) if changed is None else changed
+    ref, r, c, ru, width, inv = ch.ref, ch.r, ch.c, ch.ru, ch.width, ch.inv
+    bits = _part_jobs(pred, units, ch.keys // width, ch.keys % width).astype(np.int32)
     at = np.zeros(D.shape[1], dtype=np.int64)
     at[ru] = inv[: ru.size]
     cnt = np.tile(bits[inv[: ru.size]].sum(axis=0), (D.shape[0], 1))
     if r.size:
-        # old part out, new part in, per changed cell (a cell emptied in row 0 holds no part)
-        delta = bits[inv[ru.size :]] - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
-        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # r ascends (row-major nonzero)
-        cnt[r[starts]] += np.add.reduceat(delta, starts, axis=0)
+        # old part out, new part in, per changed cell (a cell emptied holds no part: no jobs)
+        new = np.zeros((r.size, pred.n_jobs), dtype=np.int32)
+        new[ch.live] = bits[inv[ru.size :]]
+        delta = new - np.where((ref[c] > 0)[:, None], bits[at[c]], 0)
+        # r ascends (row-major): the i-th change of every row at once, a row at most once
+        # per pass (a row changes <= 4 cells; np.add.reduceat over ~8,000 x jobs cost ~3 ms a batch)
+        pos = np.arange(r.size) - np.r_[0, np.cumsum(np.bincount(r, minlength=D.shape[0]))[:-1]][r]
+        for i in range(int(pos.max()) + 1):
+            sel = pos == i
+            cnt[r[sel]] += delta[sel]
     return cnt > 0
 

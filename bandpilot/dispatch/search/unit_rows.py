@@ -203,24 +203,66 @@ def pattern_fill(ctx: Any, trays_of: dict[int, np.ndarray]):
 
 def moves_sorted(base: np.ndarray, pa: np.ndarray, pb: np.ndarray, t: np.ndarray) -> np.ndarray:
     """``unique_sorted`` of the rows ``base`` with ``t`` taken from column ``pa`` and added to
-    column ``pb`` (``t > 0``, ``pa != pb``), from the moves alone: a row differs from ``base`` by
-    -t at ``pa`` and +t at ``pb``, so rows are equal when their moves are, and their lexicographic
-    order is their differences': at the first column where two differ, the one whose first change
-    comes there and is negative is smaller (key ``sign * (columns - position)``, then the value,
-    then the same for the second change). A batch of ~5,000 moves over ~100 columns was sorted
-    row-wise by ``np.lexsort`` over every column."""
+    column ``pb`` (``t > 0``, ``pa != pb``): the rows of :func:`moves_order`'s moves."""
+    order = moves_order(base.size, pa, pb, t)
+    pa, pb, t = (np.asarray(x, dtype=np.int64)[order] for x in (pa, pb, t))
+    R = np.tile(base, (order.size, 1))
+    at = np.arange(order.size)
+    R[at, pa] -= t
+    R[at, pb] += t
+    return R
+
+
+def moves_order(width: int, pa: np.ndarray, pb: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Indices of the distinct moves (``t`` from column ``pa`` to column ``pb`` of one base row of
+    ``width`` columns) in the lexicographic order of their rows, from the moves alone: a row
+    differs from the base by -t at ``pa`` and +t at ``pb``, so rows are equal when their moves are,
+    and their order is their differences': at the first column where two differ, the one whose
+    first change comes there and is negative is smaller (key ``sign * (columns - position)``, then
+    the value, then the same for the second change). A batch of ~5,000 moves over ~100 columns was
+    sorted row-wise by ``np.lexsort`` over every column."""
     pa, pb, t = (np.asarray(x, dtype=np.int64) for x in (pa, pb, t))
     if np.any(t <= 0) or np.any(pa == pb):
         raise ValueError("a move takes t > 0 GPUs from one column to another")
     a_first = pa < pb
     v1 = np.where(a_first, -t, t)
-    s1 = np.sign(v1) * (base.size - np.minimum(pa, pb))
-    s2 = -np.sign(v1) * (base.size - np.maximum(pa, pb))
+    s1 = np.sign(v1) * (width - np.minimum(pa, pb))
+    s2 = -np.sign(v1) * (width - np.maximum(pa, pb))
     order = np.lexsort((s2, v1, s1))  # the second value is -v1: decided by v1
     keys = np.stack([s1, v1, s2], axis=1)[order]
-    order = order[np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]] if order.size else order
-    R = np.tile(base, (order.size, 1))
-    at = np.arange(order.size)
-    R[at, pa[order]] -= t[order]
-    R[at, pb[order]] += t[order]
-    return R
+    return order[np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]] if order.size else order
+
+
+def move_sequences(base: np.ndarray, sid: np.ndarray, pa: np.ndarray, pb: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per move (``t`` from column ``pa`` to ``pb`` of ``base``; ``t <= base[pa]``) its row's
+    nonzero cells as codes ``(sid[column], count)`` in column order, zero-padded: ``(moves,
+    nonzero columns of base + 1)``. Rows with equal sequences are alike up to which column of a
+    signature holds a count. Built from the moves - the base's sequence with the source's cell
+    changed or dropped and the target's changed or inserted - not by building every full row and
+    compacting it with an argsort per row (~5,000 rows x ~100 cells per batch)."""
+    pa, pb, t = (np.asarray(x, dtype=np.int64) for x in (pa, pb, t))
+    S = np.flatnonzero(base)
+    s, n = S.size, pa.size
+    va, vb = base[pa] - t, base[pb] + t
+    if np.any(va < 0):
+        raise ValueError("a move takes at most the GPUs its source column holds")
+    W = int(max(base.max(initial=0), vb.max(initial=0))) + 1  # counts < W: codes are injective
+    rows = np.arange(n)
+    ra = np.searchsorted(S, pa)  # the source holds GPUs: it is a base column
+    rb = np.searchsorted(S, pb)
+    in_b = rb < s
+    in_b[in_b] = S[rb[in_b]] == pb[in_b]
+    drop, ins = va == 0, ~in_b
+    codes = np.tile(sid[S] * W + base[S], (n, 1))
+    codes[rows, ra] = sid[pa] * W + va
+    codes[rows[in_b], rb[in_b]] = sid[pb[in_b]] * W + vb[in_b]
+    # each base cell's place: one left past a dropped source, one right from an inserted target on
+    j = np.arange(s)[None, :]
+    p1 = j - (drop[:, None] & (j > ra[:, None]))
+    ip = rb - (drop & (rb > ra))  # the inserted target's place among the remaining cells
+    f = p1 + (ins[:, None] & (p1 >= ip[:, None]))
+    keep = ~(drop[:, None] & (j == ra[:, None]))
+    seq = np.zeros((n, s + 1), dtype=np.int64)
+    seq[np.broadcast_to(rows[:, None], f.shape)[keep], f[keep]] = codes[keep]
+    seq[rows[ins], ip[ins]] = sid[pb[ins]] * W + vb[ins]
+    return seq
