@@ -30,7 +30,7 @@ from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.policies import HRRN_AGE_CAP_S
-from bandpilot.scheduling.reservations import Book, Reservation, _Running
+from bandpilot.scheduling.reservations import Book, Reservation
 
 BACKFILL_CHECKS = ("set", "replan", "replan-waited")
 #: ``replan-waited``: only a request that has waited this long may start on a reservation's re-planned
@@ -109,19 +109,13 @@ def replan_around(book: Book, req: Request, gpus: list[str], demand: float) -> b
     if not hit or any(r.req is None or r.drain for r in hit):
         return False
     saved = [(r, r.gpus, r.mask, r.predicted_gbps) for r in hit]
-    free = book.free
-    book.free = free & ~mask  # as if it had started (Book.started does it for real once it has)
-    book.running.append(_Running(req.id, mask, end, demand, book.now, est))
-    try:
+    with book.as_if_started(req, mask, demand):
         for r in hit:
             if not _move(book, r):
                 for x, g, m, p in saved:
                     x.gpus, x.mask, x.predicted_gbps = g, m, p
                 return False
         return True
-    finally:
-        book.running.pop()
-        book.free = free
 
 
 def _move(book: Book, r: Reservation) -> bool:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import sqlalchemy as sa
@@ -208,13 +209,30 @@ class Book:
                 out |= r.mask
         return out if out.any() else None
 
+    def _run_now(self, req: Request, mask: np.ndarray, demand: float) -> None:
+        """``req`` running on ``mask`` from now, its GPUs back at its expected end (the caller takes them)."""
+        est = self.estimates.of(req)
+        self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand, self.now, est))
+
     def started(self, req: Request, gpus: list[str], demand: float) -> None:
         """A request started in this batch: its GPUs come back at its expected end."""
         mask = self.spec.to_mask(gpus)
-        est = self.estimates.of(req)
-        self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand, self.now, est))
+        self._run_now(req, mask, demand)
         self.free &= ~mask
         self.reservations = [r for r in self.reservations if r.request_id != req.id]  # a drain target that started
+
+    @contextmanager
+    def as_if_started(self, req: Request, mask: np.ndarray, demand: float) -> Iterator[None]:
+        """Plan as if ``req`` had started on ``mask`` now (a what-if: running set and free GPUs restored
+        on exit; the reservations are the caller's to keep or restore)."""
+        free, n = self.free, len(self.running)
+        self._run_now(req, mask, demand)
+        self.free = free & ~mask  # a new array: ``free`` is restored as it was
+        try:
+            yield
+        finally:
+            del self.running[n:]
+            self.free = free
 
     def evicted(self, ids: Iterable[str]) -> None:
         """Preempted jobs no longer run: their GPUs are free now."""
