@@ -180,7 +180,7 @@ class ReclaimPostFilter(PreemptPostFilter):
         # whose reservation, planned with the loans' GPUs free, would start now)
         elig = [c for c in self.cands.values()
                 if self.loans[c.id].until <= self.now or self._leader or req.id in self.loans[c.id].holders]
-        return elig, "loan ended"
+        return elig, "loans reclaimed"
 
     def post_filter(self, u: Unschedulable) -> Plan | None:
         self._leader = u.hidden is None or not u.hidden.any()
