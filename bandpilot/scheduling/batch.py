@@ -153,7 +153,8 @@ def run_batch(
     ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
     longest-waiting request / the largest projected JCT first, in place of the last policy slot.
     ``backfill_check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' planned
-    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start.
+    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start;
+    ``lend``: a preemptible one starts on them on loan, reclaimed by the gang (:mod:`~bandpilot.scheduling.loans`).
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
