@@ -142,6 +142,9 @@ def mixed(truth, seeds: int) -> str:
         # README "Twelfth round"): for every request / only for one that has waited hrrn's 8 h cap
         f"{label(RECOMMENDED)} + backfill check replan": replace(RECOMMENDED, backfill_check="replan"),
         f"{label(RECOMMENDED)} + backfill check replan-waited": replace(RECOMMENDED, backfill_check="replan-waited"),
+        # preemptible loans onto reserved GPUs until the reservation's start, reclaimed then (scheduling/loans.py;
+        # README "Thirteenth round")
+        f"{label(RECOMMENDED)} + backfill check lend": replace(RECOMMENDED, backfill_check="lend"),
         # the default before issue 21's eleventh round: start-or-wait without the one-host rule (README "Eleventh round")
         f"{label(replace(RECOMMENDED, start_or_wait='on'))} (the default before the eleventh round)": replace(RECOMMENDED, start_or_wait="on"),
         # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")

@@ -425,7 +425,7 @@ def dispatch_cmd(
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill); local: a gang that fits one host waits for a one-host placement within 2 h (all its holds together: below its communicating share of run time and 4 h)."),
     age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
-    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT)."),
+    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited | lend: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT); lend: set, plus preemptible requests start on the reserved GPUs on loan until the reservation starts, when its gang reclaims them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -486,3 +486,6 @@ def dispatch_cmd(
         typer.echo(f"reservation {r['request_id']}: {q.describe_reservation(r)}")
     for pl in rep.preempted:
         typer.echo(f"preempted: {pl['detail']}")
+    for o in rep.assigned:  # --backfill-check lend: a job started on a reservation's GPUs until its start
+        if (o.detail or "").startswith("on loan"):
+            typer.echo(f"loan {o.request_id}: {o.detail}")

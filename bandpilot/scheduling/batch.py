@@ -153,7 +153,8 @@ def run_batch(
     ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
     longest-waiting request / the largest projected JCT first, in place of the last policy slot.
     ``backfill_check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' planned
-    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start.
+    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start;
+    ``lend``: a preemptible one starts on them on loan, reclaimed by the gang (:mod:`~bandpilot.scheduling.loans`).
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
@@ -283,6 +284,9 @@ class _Batch:
             reserve_oldest(self.book, pl.queue, self.age_slot, work)
             self.placer.add_post_filter(ReservationPostFilter(self.book))
             self.check = CHECKS[self.backfill_check](self.placer, self.book)
+            plugins = self.check.prepare(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
+                                         self.estimates(conn))  # lend: the reclaim of loans (scheduling/loans.py)
+            self.placer.post_filters[:0] = plugins
             if self.start_or_wait != "off":
                 self.starter = StartOrWait.load(conn, self.book, local=self.start_or_wait == "local")
         if self.preempt != "off":
@@ -384,6 +388,7 @@ class _Batch:
         if res == "skipped":
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
+        self.check.written(conn, req, ts, out)  # lend: the loan's marker, in the assignment's transaction
         return self.started(req, sel, out)
 
     def preempt_for(self, conn: sa.Connection, p: Pending, plan: PreemptPlan, batch_id: int, out: Outcome) -> Outcome:
@@ -407,8 +412,11 @@ class _Batch:
         self.placer.set_state(st)
         if self.book is not None:
             self.book.evicted(plan.victims)
-        assert self.preemptor is not None
-        self.preemptor.evicted(plan.victims)
+        for f in self.placer.post_filters:  # the planning plug-in counts its plan; the others drop the victims
+            if f.name == plan.plugin and hasattr(f, "evicted"):
+                f.evicted(plan.victims)
+            elif hasattr(f, "forget"):
+                f.forget(plan.victims)
         self.report.preempted.append({"request_id": req.id, "victims": list(plan.victims), "detail": plan.detail,
                                       "lost_gpu_h": plan.cost_gpu_h, "at": ts})
         out = self.started(req, plan.selection, out)

@@ -108,6 +108,7 @@ class PreemptPlan(Plan):
     cost_gpu_h: float = 0.0
     remaining: tuple[tuple[str, float | None], ...] = ()  # (victim, expected remaining run time)
     attained: tuple[tuple[str, float], ...] = ()  # (victim, GPU-seconds it ran this time): LAS's service received
+    action: str = "preempt"  # the audit row's action (``reclaim``: a loan taken back, bandpilot.scheduling.loans)
 
 
 class PreemptPostFilter:
@@ -146,10 +147,14 @@ class PreemptPostFilter:
         return [(h.name, np.array([i])) for i, h in enumerate(self.spec.hosts)]
 
     def evicted(self, ids: tuple[str, ...]) -> None:
-        """The batch carried a plan out: its victims are no longer running."""
+        """The batch carried this plug-in's plan out: its victims are no longer running."""
+        self.forget(ids)
+        self.plans += 1
+
+    def forget(self, ids: tuple[str, ...]) -> None:
+        """Another plug-in's plan evicted ``ids``: they are no longer candidates."""
         for v in ids:
             self.cands.pop(v, None)
-        self.plans += 1
 
     # -- planning -------------------------------------------------------------------------------
     def post_filter(self, u: Unschedulable) -> Plan | None:
@@ -250,7 +255,7 @@ def evict(conn: sa.Connection, plan: PreemptPlan, gang: Request, ts: float) -> N
                                remaining_s=remaining, ts=ts):
             raise EvictionConflict(f"victim {vid!r} is no longer running")
     conn.execute(sa.insert(T_AUDIT).values(
-        at=ts, actor="scheduler", action="preempt", target=gang.id, outcome="ok",
+        at=ts, actor="scheduler", action=plan.action, target=gang.id, outcome="ok",
         detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h,
                            "attained_gpu_s": dict(plan.attained)}, sort_keys=True)))
 

@@ -1,5 +1,5 @@
 """May a request start now on GPUs a reservation planned to use? The backfill check
-(``--backfill-check set|replan``; issue 21, the largest JCT, README "Twelfth round").
+(``--backfill-check set|replan|replan-waited|lend``; issue 21, the largest JCT, README "Twelfth round").
 
 * ``set`` (the default) - a request may not take the planned GPU set of any reservation that starts
   before it is expected to end (:meth:`~bandpilot.scheduling.reservations.Book.hidden_for`): a request
@@ -11,6 +11,10 @@
   end. If each one still fits, on no more hosts than its planned set (a placement lives for hours:
   moving a reservation must not spread it), the request starts and those reservations keep their start
   on their new GPU sets; otherwise nothing changes and the request protects them as before.
+
+* ``lend`` - ``set``, plus preemptible requests that have waited 8 h start on the reserved GPUs on
+  loan, reclaimed when the reservation's gang fits (:mod:`bandpilot.scheduling.loans`; README
+  "Thirteenth round").
 
 Why (README issue 21, "Twelfth round" trace, seed 4 ``comm``): the default's largest JCT is a
 4-GPU job with a 12 h limit that waits 57 h (13 h under Slurm-like); in many of its batches it fits
@@ -25,14 +29,18 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import sqlalchemy as sa
 
+from bandpilot.dispatch.state import State
 from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
+from bandpilot.scheduling.estimates import Estimates
+from bandpilot.scheduling.loans import LendCheck
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.policies import HRRN_AGE_CAP_S
 from bandpilot.scheduling.reservations import Book, Reservation
 
-BACKFILL_CHECKS = ("set", "replan", "replan-waited")
+BACKFILL_CHECKS = ("set", "replan", "replan-waited", "lend")  # lend: bandpilot.scheduling.loans
 #: ``replan-waited``: only a request that has waited this long may start on a reservation's re-planned
 #: GPUs - ``hrrn``'s age cap, reused (not searched): a request past it is one ``hrrn`` ages as if it
 #: were shorter than it is. Why a gate (README issue 21, "Twelfth round"): ``replan`` for every
@@ -52,9 +60,16 @@ class SetCheck:
     def __init__(self, placer: Placer, book: Book | None) -> None:
         self.placer, self.book = placer, book
 
+    def prepare(self, conn: sa.Connection, state: State, placer: Placer, now: float, estimates: Estimates) -> list[Any]:
+        """Read what the check needs from the store; the PostFilter plug-ins it brings (none)."""
+        return []
+
     def place(self, req: Request, hidden: np.ndarray | None) -> Any:
         """A selection for ``req`` now, or raise :class:`~bandpilot.scheduling.placer.Deferred`."""
         return self.placer.place(req, hidden)
+
+    def written(self, conn: sa.Connection, req: Request, ts: float, out: Any) -> None:
+        """``req`` was assigned in ``conn``'s transaction (a loan writes its marker there)."""
 
 
 class ReplanCheck(SetCheck):
@@ -91,7 +106,7 @@ class WaitedReplanCheck(ReplanCheck):
         return REPLAN_AFTER_S
 
 
-CHECKS = {"set": SetCheck, "replan": ReplanCheck, "replan-waited": WaitedReplanCheck}
+CHECKS: dict[str, Any] = {"set": SetCheck, "replan": ReplanCheck, "replan-waited": WaitedReplanCheck, "lend": LendCheck}
 
 
 def _hosts(mask: np.ndarray) -> int:

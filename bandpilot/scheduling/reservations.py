@@ -150,6 +150,7 @@ class Book:
         self.reservations: list[Reservation] = []
         self.holds = 0  # reservations of gangs waiting for a better placement (not EASY's slots)
         self.last_holder: tuple[str, float] | None = None  # (request id, submitted_at) of last batch's rank 0
+        self.loans: dict[str, float] = {}  # job on loan -> when it is reclaimable (bandpilot.scheduling.loans)
 
     @classmethod
     def load(cls, conn: sa.Connection, mode: str, state: State, placer: Placer, now: float,
@@ -209,10 +210,21 @@ class Book:
                 out |= r.mask
         return out if out.any() else None
 
+    def lend(self, loans: dict[str, float]) -> None:
+        """Running jobs on loan (job -> when its GPUs are planned free; :mod:`bandpilot.scheduling.loans`
+        passes now: a gang that fits with them reclaims them), so a loan never pushes a reservation back."""
+        self.loans = dict(loans)
+        for r in self.running:
+            if r.id in self.loans:
+                r.end = min(r.end, max(self.loans[r.id], self.now))
+
     def _run_now(self, req: Request, mask: np.ndarray, demand: float) -> None:
         """``req`` running on ``mask`` from now, its GPUs back at its expected end (the caller takes them)."""
         est = self.estimates.of(req)
-        self.running.append(_Running(req.id, mask, expected_end(self.now, est, self.now), demand, self.now, est))
+        end = expected_end(self.now, est, self.now)
+        if req.id in self.loans:  # started on loan: reclaimed at the loan's end
+            end = min(end, max(self.loans[req.id], self.now))
+        self.running.append(_Running(req.id, mask, end, demand, self.now, est))
 
     def started(self, req: Request, gpus: list[str], demand: float) -> None:
         """A request started in this batch: its GPUs come back at its expected end."""

@@ -81,7 +81,7 @@ class SimConfig:
     preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
     start_or_wait: str = recommended.START_OR_WAIT  # off | on | local (bandpilot.scheduling.startwait)
     age_slot: str = recommended.AGE_SLOT  # off | oldest | projected | priced | overtaken (bandpilot.scheduling.age_slot)
-    backfill_check: str = recommended.BACKFILL_CHECK  # set | replan (bandpilot.scheduling.replan)
+    backfill_check: str = recommended.BACKFILL_CHECK  # set | replan | replan-waited | lend (bandpilot.scheduling.replan, .loans)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
