@@ -27,16 +27,9 @@ def nvl(domains: int = 3, trays: int = 4):
 
 
 @pytest.fixture(scope="module")
-def nfab():
+def fab():
+    """The domain cluster; conftest's ``store`` fixture builds its queue store on it."""
     return make_fabric(nvl())
-
-
-@pytest.fixture
-def nstore(tmp_path, nfab):
-    s = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
-    s.init_cluster(nfab.spec)
-    yield s
-    s.close()
 
 
 def _domain(spec, gpu: str) -> str:
@@ -57,13 +50,13 @@ def _full_cluster(store, fab) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("k", [8, 16, 24])
-def test_a_plan_on_a_domain_cluster_evicts_only_preemptible_jobs_and_starts_the_gang(nstore, nfab, k):
-    spec = nfab.spec
-    held = _full_cluster(nstore, nfab)
+def test_a_plan_on_a_domain_cluster_evicts_only_preemptible_jobs_and_starts_the_gang(store, fab, k):
+    spec = fab.spec
+    held = _full_cluster(store, fab)
     with use_clock(lambda: 1.0):
-        q.submit(nstore, [{"id": "G", "k": k, "submitted": 1, "time_limit_s": 2 * H}])
+        q.submit(store, [{"id": "G", "k": k, "submitted": 1, "time_limit_s": 2 * H}])
     with use_clock(lambda: 5 * H + 300):  # G waited 5 h: starving; the P jobs lost 300 s since their checkpoint
-        rep = sched.run_batch(nstore, Dispatcher(nfab), policy="hrrn", backfill="conservative", preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="conservative", preempt="on")
     out = {o.request_id: o for o in rep.outcomes}
     assert out["G"].status == "assigned" and len(out["G"].gpus) == k, out["G"].detail
     assert len(rep.preempted) == 1 and rep.preempted[0]["request_id"] == "G"
@@ -75,7 +68,7 @@ def test_a_plan_on_a_domain_cluster_evicts_only_preemptible_jobs_and_starts_the_
     assert not gang & set(held["N1"] + held["N2"])
     if k <= 16:  # fits one NVLink domain: planned inside one
         assert len({_domain(spec, g) for g in gang}) == 1
-    with nstore.read() as conn:
+    with store.read() as conn:
         status = dict(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status)).all())
     assert status["N1"] == status["N2"] == "assigned" and all(status[v] == "pending" for v in victims)
-    assert q.check_invariants(nstore) == []
+    assert q.check_invariants(store) == []
