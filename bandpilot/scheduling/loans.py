@@ -149,7 +149,6 @@ class LendCheck:
         until = min(r.start_at for r in hit)
         if until - book.now < period:  # reclaimed before its first checkpoint: the loan would keep nothing
             return None, None
-        book.loans[req.id] = until  # the book plans its GPUs free from then (Book.started)
         return sel, Loan(req.id, until, tuple(dict.fromkeys(r.request_id for r in hit)))
 
     def written(self, conn: sa.Connection, req: Request, ts: float, out: Any) -> None:
@@ -159,6 +158,8 @@ class LendCheck:
             return
         write_loan(conn, loan, ts)
         self.loans[req.id] = loan
+        if self.book is not None:  # only a loan that started: the book plans its GPUs free from its end (Book.started)
+            self.book.loans[req.id] = loan.until
         out.detail = loan.describe()
 
 
