@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint bench install browser clean-state help
+.PHONY: run test test-fast lint docs bench install browser clean-state help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -29,18 +29,23 @@ browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips w
 	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
 	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
 
-test: $(STAMP) browser  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
+test: $(STAMP) browser  ## layer contracts (import-linter) + docs build + full test suite (includes the slow end-to-end tests)
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP) browser  ## layer contracts + test suite without the slow end-to-end tests
+test-fast: $(STAMP) browser  ## layer contracts + docs build + test suite without the slow end-to-end tests
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
 lint: $(STAMP)  ## layer contracts only (import-linter, config in pyproject.toml)
 	$(BIN)/lint-imports
 
-bench: $(STAMP)  ## speed and accuracy benchmarks (figures quoted in the README)
+docs: $(STAMP)  ## build the documentation site into site/ (offline; `.venv/bin/mkdocs serve` for a live preview)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+bench: $(STAMP)  ## speed and accuracy benchmarks (figures in docs/benchmarks.md)
 	$(BIN)/python -m benchmarks
 
 clean-state:  ## remove local stores (mlruns, data, queue, prefect home); keeps .venv
