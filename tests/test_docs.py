@@ -15,6 +15,8 @@ from doc_blocks import LANGS, ROOT, RUN_LANGS, bad_cli_uses, blocks, cli_command
 
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md"))
+#: blocks the README shares word for word: tests/test_readme.py runs them once
+README_CODE = {b["code"] for b in blocks((ROOT / "README.md").read_text()) if b["not_run"] is None}
 
 
 def _all_blocks() -> list[tuple[str, dict]]:
@@ -22,7 +24,8 @@ def _all_blocks() -> list[tuple[str, dict]]:
 
 
 def _runnable(lang: str) -> list[tuple[str, dict]]:
-    return [(where, b) for where, b in _all_blocks() if b["lang"] == lang and b["not_run"] is None]
+    return [(where, b) for where, b in _all_blocks()
+            if b["lang"] == lang and b["not_run"] is None and b["code"] not in README_CODE]
 
 
 def _nav_pages(node) -> list[str]:
