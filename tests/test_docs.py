@@ -28,6 +28,14 @@ def _runnable(lang: str) -> list[tuple[str, dict]]:
             if b["lang"] == lang and b["not_run"] is None and b["code"] not in README_CODE]
 
 
+def _mkdocs_config() -> dict:
+    class _Loader(yaml.SafeLoader):  # mkdocs.yml may hold !!python/name tags (e.g. emoji functions)
+        pass
+
+    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *a: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)
+
+
 def _nav_pages(node) -> list[str]:
     if isinstance(node, str):
         return [node]
@@ -47,14 +55,23 @@ def test_every_docs_block_is_tagged_and_code_runs_or_says_why():
 
 
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists():
-    class _Loader(yaml.SafeLoader):
-        pass
-
-    _Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *a: None)
-    nav = _nav_pages(yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_Loader)["nav"])
+    nav = _nav_pages(_mkdocs_config()["nav"])
     pages = {str(p.relative_to(DOCS)) for p in PAGES}
     assert not [n for n in nav if n not in pages], "nav names a missing page"
     assert not sorted(pages - set(nav)), "a page of docs/ is not in the nav"
+
+
+def test_the_site_builds_offline_in_make_test():
+    cfg = _mkdocs_config()
+    assert cfg["theme"]["font"] is False, "Material would fetch Google Fonts"
+    plugins = [next(iter(p)) if isinstance(p, dict) else p for p in cfg["plugins"]]
+    assert not {"social", "privacy", "optimize"} & set(plugins), "a plugin that downloads at build time"
+    make = (ROOT / "Makefile").read_text()
+    for target in ("test", "test-fast"):
+        recipe = make.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        lines = [ln.strip() for ln in recipe.splitlines()[1:]]
+        assert lines[0].endswith("lint-imports") and "mkdocs build --strict" in lines[1], (target, lines)
+    assert "/site/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_the_docs_name_only_commands_that_exist():
@@ -75,14 +92,8 @@ def project(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("item", _runnable("python"), ids=lambda i: f"{i[0]}:{i[1]['line']}")
-def test_python_blocks_of_the_docs_run(project: Path, item):
+@pytest.mark.parametrize("item", _runnable("python") + _runnable("bash"), ids=lambda i: f"{i[0]}:{i[1]['line']}")
+def test_code_blocks_of_the_docs_run(project: Path, item):
     where, block = item
-    run_python(block, project, f"{where}:{block['line']}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("item", _runnable("bash"), ids=lambda i: f"{i[0]}:{i[1]['line']}")
-def test_bash_blocks_of_the_docs_run(project: Path, item):
-    where, block = item
-    run_bash(block, project, f"{where}:{block['line']}")
+    runner = run_python if block["lang"] == "python" else run_bash
+    runner(block, project, f"{where}:{block['line']}")
