@@ -1,4 +1,4 @@
-"""MkDocs hook: makes ``bandpilot``'s click command importable for mkdocs-click.
+"""MkDocs hooks: ``bandpilot``'s click command for mkdocs-click, and Sphinx roles shown as code.
 
 The CLI's commands register themselves on the typer app when their modules are imported (and the Prefect flows
 add ``pipeline``, ``serve`` and ``stage`` through the ``bandpilot.commands`` entry point), so the full command
@@ -8,6 +8,7 @@ at start-up, and publishes the click command as ``bandpilot_cli_reference.comman
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -24,3 +25,17 @@ def _command():
 _module = types.ModuleType("bandpilot_cli_reference")
 _module.command = _command()
 sys.modules["bandpilot_cli_reference"] = _module
+
+
+# The docstrings use Sphinx roles (:class:`~a.b.C`, :func:`f`); mkdocstrings renders the role's name literally.
+_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([^<]+)</code>")
+
+
+def _role(m: re.Match) -> str:
+    tilde, target = m.group(1), m.group(2)
+    return f"<code>{target.rsplit('.', 1)[-1] if tilde else target}</code>"
+
+
+def on_page_content(html: str, **kwargs) -> str:
+    """Show a Sphinx role as its code name (``~`` keeps the last component, as Sphinx does)."""
+    return _ROLE.sub(_role, html)
