@@ -1,4 +1,4 @@
-"""Run every benchmark module in turn and print its Markdown tables (figures for the README).
+"""Run every benchmark module in turn and print its Markdown tables (the figures of docs/benchmarks.md).
 
 Usage: ``python -m benchmarks [NAME ...] [--FLAG ...]`` with names like ``dispatch`` or
 ``bench_surrogate``; everything from the first argument starting with ``-`` on is passed to each named
