@@ -1,4 +1,4 @@
-"""NVLink-domain benchmark (issue 13): ``select`` on the 1,152-GPU NVL72x16 emulated cluster, and the
+"""NVLink-domain benchmark: ``select`` on the 1,152-GPU NVL72x16 emulated cluster, and the
 fragmentation of a batch queue under churn.
 
     python -m benchmarks.bench_domains [--states 4] [--seed 0] [--quick] [--skip latency quality queue churn]

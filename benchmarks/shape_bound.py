@@ -1,4 +1,4 @@
-"""A certified lower bound on the step time of ANY placement of a shape (issue 23's headroom).
+"""A certified lower bound on the step time of ANY placement of a shape (the shape search's headroom).
 
 The gap benchmark's oracle is a hill climb: a placement it finds is an upper bound on the optimum,
 so "the best found is 13.8 % below blind" says nothing about what no search found. This module

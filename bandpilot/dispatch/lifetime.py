@@ -1,4 +1,4 @@
-"""What bandwidth will a placement get over its whole run? Lifetime pricing (issue 21, item 4).
+"""What bandwidth will a placement get over its whole run? Lifetime pricing.
 
 The contention predictor (:mod:`bandpilot.dispatch.contention`) prices a candidate against the jobs
 running *now*. A placement lives for hours: co-tenants that end soon stop pressing, and the free

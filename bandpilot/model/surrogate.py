@@ -39,7 +39,7 @@ SMALL_BATCH = 8192
 #: 128): the attention scores and the pairwise domain feature are that many cells per head /
 #: feature. At 8 Mi cells a 2,000-job simulation on 128 hosts peaked at 2.2-2.4 GB RSS (one chunk
 #: of super allocations held ~450 MB); at 128 Ki it peaks at 1.24 GB and runs no slower (41.7 vs
-#: 50.7-52.6 CPU s, the same placements; README, issue 24). Below ~32 Ki per-chunk overhead shows.
+#: 50.7-52.6 CPU s, the same placements; ``python -m benchmarks simulate``). Below ~32 Ki per-chunk overhead shows.
 FORWARD_TOKENS = 128 * 1024
 
 
