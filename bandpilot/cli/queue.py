@@ -291,7 +291,8 @@ def rebalance_cmd(
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
-    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    from bandpilot.config import model_uri
+    uri = model or model_uri(st.spec.name)
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
                     policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing,
@@ -459,7 +460,8 @@ def dispatch_cmd(
         else:
             typer.echo(f"no batch: {idle}")
         return
-    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    from bandpilot.config import model_uri
+    uri = model or model_uri(st.spec.name)
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bandpilot.config import model_name
 from bandpilot.topology.cluster import ClusterSpec, ranges, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.model.canonical import PatternKeys
@@ -93,7 +94,7 @@ class Surrogate:
         self.meta = dict(meta or {})
         self.replay = replay
         self.uri = uri
-        self.name = name or f"bandpilot-{spec.name}"
+        self.name = name or model_name(spec.name)
         self.model_version = model_version
         self._hosts = host_arrays(spec)
         self._hosts["speed"] = host_speed(stage1, self._hosts["gtype"], spec.full_masks)
