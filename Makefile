@@ -29,16 +29,15 @@ browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips w
 	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
 	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
 
-test: $(STAMP) browser  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
-	$(BIN)/lint-imports
+test: $(STAMP) browser lint  ## lint + full test suite (includes the slow end-to-end tests)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP) browser  ## layer contracts + test suite without the slow end-to-end tests
-	$(BIN)/lint-imports
+test-fast: $(STAMP) browser lint  ## lint + test suite without the slow end-to-end tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
-lint: $(STAMP)  ## layer contracts only (import-linter, config in pyproject.toml)
+lint: $(STAMP)  ## layer contracts (import-linter), no cross-module private names (config in pyproject.toml)
 	$(BIN)/lint-imports
+	$(BIN)/python tools/check_private_imports.py
 
 bench: $(STAMP)  ## speed and accuracy benchmarks (figures quoted in the README)
 	$(BIN)/python -m benchmarks

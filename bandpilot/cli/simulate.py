@@ -11,7 +11,8 @@ import typer
 
 from bandpilot.cli.main import app
 from bandpilot.dispatch import strategies
-from bandpilot.cli.queue import JSON_OPT, STORE_OPT, _echo_json, _store, queue_app
+from bandpilot.cli.common import cli_store, echo_json
+from bandpilot.cli.queue import JSON_OPT, STORE_OPT, queue_app
 from bandpilot.errors import BandPilotError
 from bandpilot.scheduling import recommended as rec
 
@@ -140,9 +141,9 @@ def report_cmd(
     from bandpilot import queue as q
 
     doc = {"job": job, "entropy": entropy, **({"epoch": epoch} if epoch is not None else {})}
-    res = q.report_entropy(_store(store), doc, lam=lam)[0]
+    res = q.report_entropy(cli_store(store), doc, lam=lam)[0]
     if as_json:
-        _echo_json(res)
+        echo_json(res)
         return
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
 

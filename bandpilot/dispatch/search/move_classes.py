@@ -53,7 +53,7 @@ def unit_classes(units: Any, d: np.ndarray, u: np.ndarray, new: np.ndarray) -> n
     ``new`` GPUs. Units holding a GPU of a job that some part of the round touches get an id of
     their own."""
     ctx, pred = units.ctx, units.ctx.pred
-    order, _, _, _, n = unit_rows._fill_table(units)
+    order, _, _, _, n = unit_rows.fill_table(units)
     hot = np.zeros(units.U, dtype=bool)
     if pred.n_jobs:
         # every (unit, count) part of the round - ``d``'s and the changed cells' (a row equals ``d``

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.search.shape import Placement, _host_aligned, _unit_gpus, group_ranks
+from bandpilot.dispatch.search.shape import Placement, host_aligned, unit_gpus, group_ranks
 from bandpilot.dispatch.search.shape_delta import MoveScorer
 from bandpilot.dispatch.search.shape_refine import best_move, tp_aligned
 from bandpilot.dispatch.shape import Shape
@@ -102,7 +102,7 @@ def nonlocal_moves(spec: ClusterSpec, p: Placement, free: np.ndarray, shape: Sha
     units = np.flatnonzero(room_u >= tp)
     units = units[np.lexsort((units, -room_u[units], exp_u[units] > 0))]
     units = _per_rack(units, rack[by_unit[start[units]]], on_rack, targets)
-    slots = {int(u): _host_aligned(_unit_gpus(spec, spare, by_unit[start[u]:start[u + 1]]), tp)[:tp] for u in units}
+    slots = {int(u): host_aligned(unit_gpus(spec, spare, by_unit[start[u]:start[u + 1]]), tp)[:tp] for u in units}
     # (its own unit too: a group over two trays of a domain may fit one tray's spare GPUs)
     G = k // tp
     gh = h0.reshape(G, tp)
