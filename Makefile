@@ -35,9 +35,11 @@ test: $(STAMP) browser lint  ## lint + full test suite (includes the slow end-to
 test-fast: $(STAMP) browser lint  ## lint + test suite without the slow end-to-end tests
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
-lint: $(STAMP)  ## layer contracts (import-linter), no cross-module private names (config in pyproject.toml)
+lint: $(STAMP)  ## layer contracts (import-linter), no cross-module private names, ruff, mypy (config in pyproject.toml)
 	$(BIN)/lint-imports
 	$(BIN)/python tools/check_private_imports.py
+	$(BIN)/ruff check --quiet .
+	$(BIN)/mypy
 
 bench: $(STAMP)  ## speed and accuracy benchmarks (figures quoted in the README)
 	$(BIN)/python -m benchmarks

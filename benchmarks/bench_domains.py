@@ -204,7 +204,7 @@ def churn(fab, n: int, seed: int, algorithm: str, frag_tie: float | None = None)
             st = st.without_job(jid)
         try:
             sel = d.select(r["k"], st, algorithm, constraints=dict(r.get("constraints") or {}))
-        except Exception:  # noqa: BLE001 - a request that does not fit now is dropped
+        except Exception:  # a request that does not fit now is dropped
             dropped += 1
             continue
         st = st.with_job(r["id"], sel.gpus, float(sel.standalone_gbps))

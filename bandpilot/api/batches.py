@@ -83,7 +83,7 @@ class BatchLoop:
                 log.warning("batch loop: %s", exc)
             self.status["error"] = str(exc)
             return None
-        except Exception as exc:  # noqa: BLE001 - the API keeps serving whatever one batch hit
+        except Exception as exc:  # the API keeps serving whatever one batch hit
             log.exception("batch loop failed")
             self.status["error"] = f"{exc.__class__.__name__}: {exc}"
             return None

@@ -284,8 +284,8 @@ class Dispatcher:
             rule = self.shape_bandwidth_seed
             with one_blas_thread():  # small numpy products: a 2-thread pool spins on a busy machine
                 got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
-                                       lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
-                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule,
+                                       lambda job=seed_job: strategies.get("bandpilot").run(job).mask,  # type: ignore[misc]
+                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule,  # type: ignore[misc]
                                        default_refiners(self.spec) if self.shape_refiners is None else self.shape_refiners)
             if place is None or got.step_ms < place.step_ms:
                 place = got

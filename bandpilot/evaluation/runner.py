@@ -187,7 +187,7 @@ def _run(scen: list[Scenario], init: tuple, n_workers: int, tick: Callable[[int]
         return rows, time.process_time() - c0
     import multiprocessing as mp
 
-    import bandpilot.dispatch.contention  # noqa: F401 - imported before forking: workers import nothing
+    import bandpilot.dispatch.contention  # imported before forking: workers import nothing
     import bandpilot.dispatch.dispatcher  # noqa: F401
 
     n_chunks = min(len(scen), max(n_workers * 16, math.ceil(len(scen) / 32)))  # <= 32 scenarios a chunk

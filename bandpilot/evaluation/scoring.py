@@ -90,7 +90,7 @@ def _select(ctx: ScoringContext, k: int, state: State, algorithm: str, seed: int
         timed.reset()
     sel = ctx.dispatcher.select(k, state, algorithm=algorithm)
     if isinstance(timed, TimedModel):
-        sel.predict_ms = timed.elapsed_ms  # type: ignore[attr-defined]
+        sel.predict_ms = timed.elapsed_ms
     return sel
 
 

@@ -97,7 +97,7 @@ def report_entropy(
         last: dict[str, tuple[int, float]] = {}
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            status.update(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status).where(T_REQ.c.id.in_(chunk))).all())
+            status.update(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status).where(T_REQ.c.id.in_(chunk))).tuples().all())
             for rid, ep, h in conn.execute(_LAST, {"b_ids": chunk}):
                 last[rid] = (int(ep), float(h))
         rows, utils = [], {}

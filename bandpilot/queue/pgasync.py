@@ -127,7 +127,8 @@ class _Pool:
     fresh one is opened when needed."""
 
     def __init__(self, connect: Callable[[], Awaitable[Any]], size: int) -> None:
-        self._connect, self._idle, self._slots = connect, [], asyncio.Semaphore(size)
+        self._connect, self._slots = connect, asyncio.Semaphore(size)
+        self._idle: list[Any] = []
         self._in_use: set[Any] = set()
 
     @asynccontextmanager
@@ -184,7 +185,7 @@ class PgAsync:
     async def _spec(self) -> Any:
         spec = self.store.loaded_spec
         if spec is None:  # first use, or the cluster was replaced: one read off the event loop
-            from starlette.concurrency import run_in_threadpool  # noqa: PLC0415 - anyio via starlette
+            from starlette.concurrency import run_in_threadpool  # anyio via starlette
 
             spec = await run_in_threadpool(lambda: self.store.spec)
         return spec

@@ -19,7 +19,7 @@ Other dialects go through SQLAlchemy (one fetchall: row-by-row iteration cost ~3
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -71,7 +71,7 @@ def request_of(row: Mapping[str, Any]) -> Request:
 _SQL: dict[tuple[int, str], str] = {}
 
 
-def plain_rows(conn: sa.Connection, stmt: Any) -> list[tuple]:
+def plain_rows(conn: sa.Connection, stmt: Any) -> Sequence[Any]:
     """Every row of ``stmt`` (a SELECT without bound parameters other than literals) as a tuple."""
     name = conn.dialect.name
     if name != "sqlite":
@@ -80,7 +80,9 @@ def plain_rows(conn: sa.Connection, stmt: Any) -> list[tuple]:
     sql = _SQL.get(key)
     if sql is None:  # module-level statements: compiled once per process
         sql = _SQL[key] = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
-    cur = conn.connection.dbapi_connection.cursor()
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None  # a connection in use is open
+    cur = dbapi.cursor()
     try:
         cur.execute(sql)
         return cur.fetchall()
