@@ -257,8 +257,9 @@ class Surrogate:
         token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in params[1]))
         memo = getattr(self, "_memo", None)
         if memo is None or memo[0] != token:
-            memo = self._memo = (token, {})
-        table = memo[1]
+            memo = (token, {})
+            self._memo: tuple[Any, dict[Any, Any]] = memo
+        table: dict[Any, Any] = memo[1]
         uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         vals = np.empty(uniq.size)
         ukeys = uniq.tolist()
