@@ -450,8 +450,9 @@ def _audit(conn: sa.Connection) -> None:
     """The audit row of the request being served (:data:`AUDIT_CONTEXT`), once, in its write."""
     entry = AUDIT_CONTEXT.get()
     if entry is not None and not entry["written"]:
-        res = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"})
-        entry["written"], entry["id"] = True, res.inserted_primary_key[0]
+        key = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"}).inserted_primary_key
+        assert key is not None  # a single-row INSERT's own key
+        entry["written"], entry["id"] = True, key[0]
 
 
 def _ping_when_idle(engine: sa.Engine, idle_s: float) -> None:
