@@ -4,6 +4,7 @@ history; a measured figure names the benchmark command that reproduces it)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -61,3 +62,23 @@ def test_no_issue_numbers_or_numbered_rounds_in_the_code():
         f"{f} {', '.join(h)}" for f, h in unexpected.items())
     stale = sorted(PENDING_REWRITE - found.keys())
     assert not stale, f"clean now, drop from PENDING_REWRITE: {', '.join(stale)}"
+
+
+def _help_texts(path: Path) -> list[str]:
+    """What ``--help`` shows of a benchmark: its docstring's first line (the description) and the
+    ``help=`` strings of its options."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree)
+    texts = [doc.split("\n")[0]] if doc else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == "help" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    texts.append(kw.value.value)
+    return texts
+
+
+def test_no_history_in_the_benchmarks_help():
+    found = {p.name: hits for p in sorted((ROOT / "benchmarks").glob("*.py"))
+             if (hits := [w for t in _help_texts(p) for _, w in history_mentions(t)])}
+    assert not found, f"history in a benchmark's --help: {found}"
