@@ -29,18 +29,19 @@ browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips w
 	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
 	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
 
-test: $(STAMP) browser  ## layer contracts (import-linter) + docs build + full test suite (includes the slow end-to-end tests)
-	$(BIN)/lint-imports
+test: $(STAMP) browser lint  ## lint + docs build + full test suite (includes the slow end-to-end tests)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP) browser  ## layer contracts + docs build + test suite without the slow end-to-end tests
-	$(BIN)/lint-imports
+test-fast: $(STAMP) browser lint  ## lint + docs build + test suite without the slow end-to-end tests
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
-lint: $(STAMP)  ## layer contracts only (import-linter, config in pyproject.toml)
+lint: $(STAMP)  ## layer contracts (import-linter), no cross-module private names, ruff, mypy (config in pyproject.toml)
 	$(BIN)/lint-imports
+	$(BIN)/python tools/check_private_imports.py
+	$(BIN)/ruff check --quiet .
+	$(BIN)/mypy
 
 docs: $(STAMP)  ## build the documentation site into site/ (offline; `.venv/bin/mkdocs serve` for a live preview)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site

@@ -153,6 +153,18 @@ def portable(path: str | Path | None) -> str:
     return str(p)
 
 
+def model_name(cluster: str) -> str:
+    """The registered name of ``cluster``'s bandwidth model: one name per cluster, so a registry
+    serves several clusters and a promotion never crosses them."""
+    return f"bandpilot-{cluster}"
+
+
+def model_uri(cluster: str, alias: str = "champion") -> str:
+    """The registry URI of ``cluster``'s model under ``alias``; the default ``champion`` is the
+    version the promotion gate last accepted, which every command dispatches with unless told."""
+    return f"models:/{model_name(cluster)}@{alias}"
+
+
 def default_tracking_uri(root: Path | None = None) -> str:
     """MLflow on SQLite under ``mlruns/`` (the plain folder store is deprecated in MLflow 3)."""
     root = root or project_root()

@@ -198,7 +198,7 @@ def main() -> int:
         url, schema = PG, f"bpbench_{uuid.uuid4().hex[:8]}"
         try:
             sa.create_engine(PG, connect_args={"connect_timeout": 2}).connect().close()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"error: no PostgreSQL at {PG} ({type(exc).__name__}); pass --store", file=sys.stderr)
             return 2
     store = q.Store(url, schema=schema)

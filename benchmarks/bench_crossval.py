@@ -1,4 +1,4 @@
-"""Surrogate vs plain baselines under pattern-grouped k-fold cross-validation (issue 11's protocol).
+"""Surrogate vs plain baselines under pattern-grouped k-fold cross-validation (unseen allocation patterns held out).
 
     python -m benchmarks.bench_crossval [--seeds 3] [--n 250] [--folds 5]
 

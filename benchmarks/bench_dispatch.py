@@ -38,11 +38,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict
-from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.fabric.emulator import make_fabric
-from bandpilot.dispatch.state import State
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, popcount, spec_from_dict  # noqa: E402
+from bandpilot.dispatch.contention import ContentionPredictor  # noqa: E402
+from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
+from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.dispatch.state import State  # noqa: E402
 
 PROFILES = ("idle", "moderate", "heavy")
 

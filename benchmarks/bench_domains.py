@@ -1,4 +1,4 @@
-"""NVLink-domain benchmark (issue 13): ``select`` on the 1,152-GPU NVL72x16 emulated cluster, and the
+"""NVLink-domain benchmark: ``select`` on the 1,152-GPU NVL72x16 emulated cluster, and the
 fragmentation of a batch queue under churn.
 
     python -m benchmarks.bench_domains [--states 4] [--seed 0] [--quick] [--skip latency quality queue churn]
@@ -204,7 +204,7 @@ def churn(fab, n: int, seed: int, algorithm: str, frag_tie: float | None = None)
             st = st.without_job(jid)
         try:
             sel = d.select(r["k"], st, algorithm, constraints=dict(r.get("constraints") or {}))
-        except Exception:  # noqa: BLE001 - a request that does not fit now is dropped
+        except Exception:  # a request that does not fit now is dropped
             dropped += 1
             continue
         st = st.with_job(r["id"], sel.gpus, float(sel.standalone_gbps))

@@ -1,4 +1,4 @@
-"""Elastic jobs (issue 22): per-epoch GPU quotas by utility vs fixed gangs, by JCT.
+"""Elastic jobs: per-epoch GPU quotas by utility vs fixed gangs, by JCT.
 
     python -m benchmarks elastic             # or: python -m benchmarks.bench_elastic [--seeds 10]
     python -m benchmarks.bench_elastic --first-seed 10 --seeds 8 --only "best non-elastic"   # held-out seeds

@@ -1,4 +1,4 @@
-"""Jobs finish sooner (issue 21): reservations, backfill, lifetime locality and queue order, by JCT.
+"""Jobs finish sooner: reservations, backfill, lifetime locality and queue order, by JCT.
 
     python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001,batch,plan,helios]
 

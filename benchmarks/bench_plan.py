@@ -1,4 +1,4 @@
-"""Profiling-plan cost (issue 24): wall time, CPU time and peak RSS of ``bandpilot profile``'s plan
+"""Profiling-plan cost: wall time, CPU time and peak RSS of ``bandpilot profile``'s plan
 (:func:`bandpilot.data.domain_planning.plan_domains`) on NVL72 clusters of 1,152, 10,008 and
 100,008 GPUs (288 / 2,502 / 25,002 trays), each size in its own process so the peak is its own.
 

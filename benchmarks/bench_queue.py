@@ -29,10 +29,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bandpilot import queue as q
-from bandpilot import scheduling as sched
-from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict
-from bandpilot.config import setup_env
+from bandpilot import queue as q  # noqa: E402
+from bandpilot import scheduling as sched  # noqa: E402
+from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict  # noqa: E402
+from bandpilot.config import setup_env  # noqa: E402
 
 TARGETS = {"small": 30.0, "large": 300.0, "100k": 60.0}  # 100k: batch time (bench_scale.bench_queue_100k)
 

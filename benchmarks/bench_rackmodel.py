@@ -1,4 +1,4 @@
-"""Issue 24 item 3: the rack-scale surrogate on ``nvl72x16``, end to end.
+"""The rack-scale surrogate on ``nvl72x16``, end to end.
 
 1. ``bandpilot profile -c nvl72x16 --samples N`` on the emulator (2 % measurement noise): stage 1
    per tray, stage 1.5 per class of domains, N cross-domain allocations (domain_planning).

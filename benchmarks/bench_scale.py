@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 24): ``select`` on 100,008 and 10,008 GPUs of NVL72 domains, idle and
+"""Scale benchmark: ``select`` on 100,008 and 10,008 GPUs of NVL72 domains, idle and
 30-70 % busy, k from 1 to 4,096; peak memory and load times.
 
     python -m benchmarks scale            # or: python -m benchmarks.bench_scale [--states 3] [--quick]

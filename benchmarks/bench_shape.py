@@ -1,4 +1,4 @@
-"""Parallelism-shape placement benchmark (issue 23): step time of shape-aware placement vs baselines.
+"""Parallelism-shape placement benchmark: step time of shape-aware placement vs baselines.
 
     python -m benchmarks shape            (python -m benchmarks.bench_shape [--busy 2] [--seed 0])
 

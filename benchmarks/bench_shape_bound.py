@@ -1,4 +1,4 @@
-"""How much can ANY placement gain over blind on issue 23's mix? A certified bound (emulated clusters).
+"""How much can ANY placement gain over blind on the shape benchmark's mix? A certified bound (emulated clusters).
 
     python -m benchmarks shape_bound   (python -m benchmarks.bench_shape_bound [--busy 2] [--seed 0])
 

@@ -1,4 +1,4 @@
-"""How far is the shape search from the best achievable placement? (issue 23, emulated mix)
+"""How far is the shape search from the best achievable placement? (the shape benchmark's emulated mix)
 
     python -m benchmarks.bench_shape_gap [--busy 2] [--seed 0] [--clusters h100-128 nvl72x16]
 

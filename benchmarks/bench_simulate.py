@@ -1,4 +1,4 @@
-"""Workload simulation (issue 14): job completion time by queue policy and placement algorithm.
+"""Workload simulation: job completion time by queue policy and placement algorithm.
 
     python -m benchmarks simulate            # or: python -m benchmarks.bench_simulate [--seeds 10] [--scale-jobs 10000]
     python -m benchmarks.bench_simulate --seeds 0 --scale-jobs 0 --scale-surrogate 1000   # the surrogate scale run alone

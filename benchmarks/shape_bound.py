@@ -1,4 +1,4 @@
-"""A certified lower bound on the step time of ANY placement of a shape (issue 23's headroom).
+"""A certified lower bound on the step time of ANY placement of a shape (the shape search's headroom).
 
 The gap benchmark's oracle is a hill climb: a placement it finds is an upper bound on the optimum,
 so "the best found is 13.8 % below blind" says nothing about what no search found. This module
@@ -50,7 +50,7 @@ import numpy as np
 from bandpilot.dispatch.search.shape import group_ranks
 from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import popcount
-from benchmarks.shape_lemmas import (IN, MIX, SPAN, cross_sets, exposed_sets, tenant_bound,  # noqa: F401
+from benchmarks.shape_lemmas import (IN, MIX, SPAN, cross_sets, exposed_sets, tenant_bound,
                                      tenant_hosts)
 
 
@@ -375,7 +375,7 @@ def _status_time(fb: FabricBounds, x: _Structure, st: dict[str, str], groups: di
     and for an orthogonal all-spanning axis ``b`` (a b-group meets an a-group in <= 1 rank) a
     b-group's ranks on a host sit in distinct a-groups, so <= ``X_a`` per host: it spans at least
     ``size / X_a`` hosts with at most ``X_a`` GPUs on each."""
-    t, span, k = 0.0, [], int(x.lab.size)
+    t, span = 0.0, []
     cap_of, fixed, shape_of, n_of = {}, {}, {}, {}
     for a in groups:
         size = groups[a].shape[1]

@@ -8,6 +8,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from bandpilot import config
 from bandpilot.scheduling import recommended as rec
 from flows._common import prepare
 
@@ -82,10 +83,10 @@ def dispatch_flow(
     start_or_wait: str = rec.START_OR_WAIT,
     age_slot: str = rec.AGE_SLOT,
 ) -> dict[str, Any]:
-    """Assign the pending requests of ``cluster``'s queue with ``models:/bandpilot-<cluster>@champion``."""
+    """Assign the pending requests of ``cluster``'s queue with its champion model (:func:`bandpilot.config.model_uri`)."""
     prepare()
     log = get_run_logger()
-    uri = model_uri or f"models:/bandpilot-{cluster}@champion"
+    uri = model_uri or config.model_uri(cluster)
     url = store_url_for(cluster, store_url)
     from bandpilot import queue as q
 

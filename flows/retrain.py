@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from bandpilot.config import model_name
 from flows._common import content_hash, prepare, resolve
 
 
@@ -136,7 +137,7 @@ def retrain_flow(
     registry.tracking_setup()
     log = get_run_logger()
     fp = fingerprint_task(data_dir, params_file, sweep_trials)
-    name = f"bandpilot-{fp['cluster']}"
+    name = model_name(fp["cluster"])
     version = None if force else find_version(name, fp["pipeline_key"])
     trained = version is None
     if trained:

@@ -10,6 +10,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
+from bandpilot import config
 from flows._common import prepare, resolve
 from flows.dispatch import store_url_for
 from flows.ingest import dvc_track_task
@@ -69,7 +70,7 @@ def verify_flow(
     from bandpilot.topology.cluster import load_cluster
 
     name = load_cluster(resolve(cluster)).name
-    uri = model_uri or f"models:/bandpilot-{name}@champion"
+    uri = model_uri or config.model_uri(name)
     out = verify_task(cluster, uri, runner, store_url_for(name, store_url))
     create_markdown_artifact(markdown=out.pop("markdown"), key=f"verify-{name}", description="Verify verdicts per host")
     if out["healthy"]:

@@ -50,7 +50,7 @@ def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow  # trains, gates and dispatches a (tiny) cluster end to end
-def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):  # noqa: F811
+def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):
     from flows.pipeline import pipeline_flow
 
     res = pipeline_flow(params_file="params/pipeline.yaml")

@@ -4,7 +4,6 @@ the elastic growth pricing, so a job that scales badly is grown less."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

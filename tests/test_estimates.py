@@ -4,7 +4,6 @@ trace's optional run-time and preemption columns."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest

@@ -315,7 +315,7 @@ def test_extra_columns_bitdiff_and_timestamp() -> None:
 
 
 def test_rows_without_header_are_inferred() -> None:
-    rows_only = "\n".join(l for l in ALL_REDUCE_PLAIN.split("\n") if l and not l.startswith(("#", "$")))
+    rows_only = "\n".join(ln for ln in ALL_REDUCE_PLAIN.split("\n") if ln and not ln.startswith(("#", "$")))
     r = parse(rows_only, "rows.txt")
     assert len(r.rows) == 7 and r.avg_busbw is None and r.busbw_at(1024) == 0.13
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nccl_multi_logs import FIVE_COLLECTIVES  # noqa: E402
-from test_nccl import ALL_GATHER_MPI_TAGGED, ALL_REDUCE_PLAIN, BROADCAST_LEGACY, line_of  # noqa: E402
+from nccl_multi_logs import FIVE_COLLECTIVES
+from test_nccl import ALL_GATHER_MPI_TAGGED, ALL_REDUCE_PLAIN, BROADCAST_LEGACY, line_of
 
-from bandpilot.topology.nccl_log import NcclParseError, parse, parse_all, same_collective  # noqa: E402
+from bandpilot.topology.nccl_log import NcclParseError, parse, parse_all, same_collective
 
 NAMES = ["all_reduce_perf", "all_gather_perf", "reduce_scatter_perf", "alltoall_perf", "sendrecv_perf"]
 

@@ -105,7 +105,6 @@ def test_lead_contender_bound_prunes_under_contention_and_keeps_every_near_tie()
     fab = make_fabric(load_cluster("params/clusters/h100-128.yaml"))
     rng = np.random.default_rng(7)
     pruned_some = 0
-    spec = fab.spec
     for _ in range(3):
         st = _busy128(fab, rng)
         for k in (12, 20):

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
 
 # Helpers and fixtures live in test_queue.py (pytest puts tests/ on sys.path).
-from test_queue import GreedyDispatcher, assert_consistent, h100, new_store, reqs, scenario_concurrent, scenario_kill9
-from test_queue import disp, spec, store, url  # noqa: F401  (pytest fixtures)
+from test_queue import GreedyDispatcher, assert_consistent, h100, new_store, reqs, scenario_concurrent, scenario_kill9  # noqa: E402
+from test_queue import disp, spec, store, url  # noqa: E402, F401  (pytest fixtures)
 
 
 # ------------------------------------------------------------------------------------------

@@ -61,6 +61,10 @@ def test_register_load_by_alias_reproduces_predictions(ds_dir, het, store):
     from bandpilot.model.artifacts import resolve
 
     assert resolve(f"models:/{name}@champion") == (name, "1", mv.run_id)
+    from bandpilot.config import model_uri
+
+    # the URI every command dispatches with by default names what registration wrote
+    assert resolve(model_uri(res.surrogate.spec.name)) == (name, "1", mv.run_id)
 
     masks = random_cross_masks(het.spec, 300, seed=11)
     want = res.surrogate.predict_masks(masks)

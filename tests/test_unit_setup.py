@@ -42,7 +42,7 @@ def _unit_cases(fab):
 
 def test_coarse_counts_equal_count_vectors_per_unit(fab):
     n = 0
-    for ctx, units, k in _unit_cases(fab):
+    for ctx, units, _k in _unit_cases(fab):
         got = unit_setup.coarse_counts(units)
         want = np.array([ctx.count_vectors(units.allowed(u), coarse=True) for u in range(units.U)])
         assert np.array_equal(got, want)  # same floats (same convolutions in the same order)
@@ -60,7 +60,7 @@ def test_greedy_on_cols_equals_the_dense_greedy_row(fab):
 
 def test_enumerate_coarse_equals_enumerate_per_unit(fab):
     rows = 0
-    for ctx, units, k in _unit_cases(fab):
+    for ctx, units, _k in _unit_cases(fab):
         counts = unit_setup.coarse_counts(units)
         for u in np.flatnonzero(counts <= domains.PER_DOMAIN_LIMIT).tolist():
             cols = units.members[u]

@@ -47,7 +47,7 @@ class _Sampler:
                 if self.store.initialized:
                     with self.store.write() as conn:
                         sample_fragmentation(conn, self.store.spec, now())
-            except Exception:  # noqa: BLE001 - a busy store skips one sample; the API keeps serving
+            except Exception:  # a busy store skips one sample; the API keeps serving
                 continue
 
     def close(self) -> None:

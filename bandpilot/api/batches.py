@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Any
 
+from bandpilot import config
 from bandpilot.errors import BandPilotError
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import nothing_to_place
@@ -44,7 +45,7 @@ class BatchLoop:
             self.tick()
 
     def uri(self) -> str:
-        return self.model_uri or f"models:/bandpilot-{self.store.spec.name}@champion"
+        return self.model_uri or config.model_uri(self.store.spec.name)
 
     def _dispatcher(self, uri: str) -> Any:
         from bandpilot.dispatch.dispatcher import Dispatcher
@@ -82,7 +83,7 @@ class BatchLoop:
                 log.warning("batch loop: %s", exc)
             self.status["error"] = str(exc)
             return None
-        except Exception as exc:  # noqa: BLE001 - the API keeps serving whatever one batch hit
+        except Exception as exc:  # the API keeps serving whatever one batch hit
             log.exception("batch loop failed")
             self.status["error"] = f"{exc.__class__.__name__}: {exc}"
             return None

@@ -16,7 +16,7 @@ import base64
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Sequence
 from urllib.parse import unquote_to_bytes
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes; anything near this is abuse or a mistake
@@ -53,7 +53,7 @@ def problem_bytes(status: int, message: str) -> bytes:
     return b"\r\n".join(head) + b"\r\n\r\n" + data
 
 
-async def send_problem(send: Any, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def send_problem(send: Any, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     data = json.dumps({"error": message, "status": status}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),

@@ -113,5 +113,5 @@ class TokenBody(_Body):
 
 
 class EntropyBody(_Body):
-    entropy: float = Field(..., ge=0, le=1, allow_inf_nan=False, description="Normalized entropy at an epoch boundary (seed 001).")
+    entropy: float = Field(..., ge=0, le=1, allow_inf_nan=False, description="Normalized entropy at an epoch boundary: updates the job's entropy-guided utility.")
     epoch: Optional[int] = Field(None, ge=0, le=INT32_MAX, description="Epoch number (default: the next one).")

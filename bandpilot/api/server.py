@@ -42,7 +42,7 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
     from bandpilot.queue.store import Store
 
     # ws="none": the API has no websockets, and uvicorn's default imports a websockets stack at start-up
-    common = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
+    common: dict[str, Any] = dict(host=host, port=port, log_level=log_level, access_log=False, timeout_graceful_shutdown=graceful_s,
                   http=PROTOCOL, ws="none")
     if workers > 1:
         os.environ[_ENV] = json.dumps({"store": Store(store_url).url, "sample_s": sample_s, "token_ttl": token_ttl,

@@ -55,7 +55,8 @@ def api_cmd(
 
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}", param_hint="--policy")
-    uri = model or f"models:/bandpilot-{s.spec.name}@champion"
+    from bandpilot.config import model_uri
+    uri = model or model_uri(s.spec.name)
     loop = f"batches every {dispatch_s:g} s with {uri}" if dispatch_s else "no batches (--dispatch-s 0)"
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}; {loop}", err=True)
     if workers > 1:

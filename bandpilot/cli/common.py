@@ -44,6 +44,15 @@ def cli_store(url: str | None, *, create: bool = False) -> Any:
     return Store(store_url(url), create=create)
 
 
+def echo_json(doc: Any) -> None:
+    """``--json`` output: indented, anything not JSON (a path, a time) as its string."""
+    import json
+
+    import typer
+
+    typer.echo(json.dumps(doc, indent=2, default=str))
+
+
 def shape_flags(shape: str | None, traffic: str | None, compute_ms: float | None):
     """The --shape with its --traffic / --compute-ms, parsed once (None without --shape); used by
     ``select`` and ``queue submit``."""

@@ -275,14 +275,14 @@ def rebalance_cmd(
     blind_growth: bool = typer.Option(False, "--blind-growth", help="Grow/shrink by GPU id, ignoring predicted bandwidth (baseline)."),
     growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="welfare (growths and admission sizes priced by their total effect on the job and its NIC co-tenants) | self (the job's own epoch time only; baseline)."),
     scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="declared (a growth's compute share priced by the request's declared scaling; undeclared: perfect) | perfect (every job as perfect; the pricing before)."),
-    current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k (a flag: README issue 22)."),
-    fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits; a flag: README issue 22)."),
+    current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k."),
+    fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits)."),
     relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. A resize may move the job onto a fresh placement, priced like a growth."),
-    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (seed 001's text: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it) | srpt-fill (srpt-suspend; GPUs the round leaves free while requests wait go to them, shortest remaining work first, each at the largest size up to its claim that fits one host)."),
+    admission: str = typer.Option("fit-k", "--admission", help="fit-k (admit while the requested k of every admitted job fits) | min-k (while min_k fits, then every job that fits) | idle (the entropy-guided scheduling paper's rule: while its k fits the GPUs idle now) | srpt (by estimated remaining work; only jobs with more remaining yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it) | srpt-fill (srpt-suspend; GPUs the round leaves free while requests wait go to them, shortest remaining work first, each at the largest size up to its claim that fits one host)."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Epoch-boundary round (seed 001's quotas): resize elastic jobs by utility and admit pending ones, one transaction."""
+    """Epoch-boundary round (entropy-guided quotas): resize elastic jobs by utility and admit pending ones, one transaction."""
     from bandpilot import scheduling as sched
     from bandpilot.scheduling.elastic import rebalance
 
@@ -291,7 +291,8 @@ def rebalance_cmd(
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
-    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    from bandpilot.config import model_uri
+    uri = model or model_uri(st.spec.name)
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = rebalance(st, dispatcher, at_boundary=jobs or None, blind=blind_growth, algorithm=algorithm, demand=demand,
                     policy=policy, pricing=growth_pricing, admission=admission, scaling=scaling_pricing,
@@ -424,8 +425,8 @@ def dispatch_cmd(
     placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
     preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
     start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill); local: a gang that fits one host waits for a one-host placement within 2 h (all its holds together: below its communicating share of run time and 4 h)."),
-    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; issue 21, the largest JCT)."),
-    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited | lend: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (issue 21, the largest JCT); lend: set, plus preemptible requests start on the reserved GPUs on loan until the reservation starts, when its gang reclaims them."),
+    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; aimed at the largest JCT)."),
+    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited | lend: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (aimed at the largest JCT); lend: set, plus preemptible requests start on the reserved GPUs on loan until the reservation starts, when its gang reclaims them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
@@ -459,7 +460,8 @@ def dispatch_cmd(
         else:
             typer.echo(f"no batch: {idle}")
         return
-    uri = model or f"models:/bandpilot-{st.spec.name}@champion"
+    from bandpilot.config import model_uri
+    uri = model or model_uri(st.spec.name)
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
     rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
                           backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,

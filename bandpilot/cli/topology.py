@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from bandpilot.cli.queue import STORE_OPT, _store, cluster_app
+from bandpilot.cli.common import cli_store
+from bandpilot.cli.queue import STORE_OPT, cluster_app
 from bandpilot.errors import RequestError
 
 FORMATS = ("text", "slurm", "slurm-block", "slurm-tree")
@@ -30,7 +31,7 @@ def topology_cmd(
 
     if fmt not in FORMATS:
         raise RequestError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
-    spec = load_cluster(resolve_spec(cluster)) if cluster else _store(store).spec
+    spec = load_cluster(resolve_spec(cluster)) if cluster else cli_store(store).spec
     has_domains = bool(spec.nvlink_domains) or any(h.domain for h in spec.hosts)
     if fmt == "slurm-tree" or (fmt == "slurm" and not has_domains):
         text = slurm_tree(spec)

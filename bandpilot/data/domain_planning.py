@@ -124,7 +124,7 @@ def _domain_patterns(gpus_per_tray: int, trays: int, samples: int, rng: np.rando
     chosen: list[tuple[int, ...]] = []
     for i, ps in enumerate(by_t):
         quota = (i + 1) * samples // len(by_t) - i * samples // len(by_t)
-        idx = rng.choice(len(ps), size=min(quota, len(ps)), replace=False) if ps else []
+        idx = rng.choice(len(ps), size=min(quota, len(ps)), replace=False) if ps else np.empty(0, dtype=np.int64)
         chosen += [ps[int(j)] for j in sorted(idx)]
     return chosen
 

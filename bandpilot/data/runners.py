@@ -170,11 +170,11 @@ class EmulatorRunner:
         coll = m.collective
         gather = _canon(coll) in ("allgather", "reducescatter", "alltoall")
         redop = "sum" if _canon(coll) in ("allreduce", "reduce", "reducescatter") else "none"
-        truth, measured = self._values.pop(m.id, None) or self._measure([m])[m.id]
+        truth, measured = self._values.pop(m.id) if m.id in self._values else self._measure([m])[m.id]
         noise = float(getattr(self.fabric, "noise", 0.0))
         g = lambda s: s / (s + _HALF_SIZE)  # noqa: E731
         rows = []
-        for i, size in enumerate(m.sizes):
+        for size in m.sizes:
             count = size // 4
             shown = (count // n) * n * 4 if gather else count * 4  # nccl-tests rounds to whole ranks
             if size == m.bytes:

@@ -2,7 +2,7 @@
 GPU masks, never one entry per host of the cluster.
 
 A dense row over all hosts made the 10,008-GPU profile (38,415 rows x 2,502 trays, 96 M cells)
-fail to write (issue 24); a row uses one host (stage 1) up to a few hundred. In memory the rows
+fail to write; a row uses one host (stage 1) up to a few hundred. In memory the rows
 are CSR arrays (:class:`SparseMasks`); in the frame and the Parquet file they are the list
 columns ``hosts`` (ascending host indices in spec order) and ``host_masks`` (the GPU bitmask on
 each of those hosts, > 0).

@@ -84,7 +84,7 @@ def _first_fitting_host(free: np.ndarray, k: int, pick: int | None = None) -> np
     return np.where(np.arange(free.size) == h, free, 0)
 
 
-def random(job: Job) -> np.ndarray:
+def _random(job: Job) -> np.ndarray:
     rng, free = job.rng(), job.free
     if job.constraints.single_host:
         fits = np.flatnonzero(popcount(free) >= job.k)
@@ -92,7 +92,7 @@ def random(job: Job) -> np.ndarray:
     return random_select(job.state.spec, free, job.k, rng)
 
 
-def default(job: Job) -> np.ndarray:
+def _default(job: Job) -> np.ndarray:
     free = _first_fitting_host(job.free, job.k) if job.constraints.single_host else job.free
     return default_select(job.state.spec, free, job.k)
 
@@ -137,7 +137,7 @@ bandpilot = one_domain(searched(search.bandpilot))  # ``ideal`` too, guided by t
 eha = one_domain(searched(search.eha))
 pts = one_domain(searched(search.pts))
 exact = one_domain(searched(_exact))
-random = one_domain(random)
-default = one_domain(default)
+random = one_domain(_random)
+default = one_domain(_default)
 topo = one_domain(_topo)
 block = one_domain(_block)

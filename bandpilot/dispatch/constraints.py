@@ -169,13 +169,13 @@ class Constraints:
         unknown = sorted(set(doc) - set(known))
         if unknown:
             raise _bad(f"{where}: unknown constraint {unknown[0]!r} (known: {', '.join(known)})")
-        flags = {}
+        flags: dict[str, Any] = {}
         for key in ("single_host", "single_domain", "whole_domains"):
             v = doc.get(key, False)
             if not isinstance(v, bool):
                 raise _bad(f"{where}: constraint {key!r} must be true or false, got {v!r}")
             flags[key] = v
-        lists = {key: _name_list(doc.get(key), key, where) for key in ("allowed_hosts", "allowed_gpus")}
+        lists: dict[str, Any] = {key: _name_list(doc.get(key), key, where) for key in ("allowed_hosts", "allowed_gpus")}
         mg = doc.get("min_gbps")
         if mg is not None:
             if isinstance(mg, bool) or not isinstance(mg, (int, float)) or not math.isfinite(mg) or mg <= 0:

@@ -28,6 +28,7 @@ import copy
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,11 @@ MODEL_ALGORITHMS = strategies.names(strategies.MODEL_GUIDED)
 BASELINES = strategies.names(strategies.BASELINE)
 ORACLES = strategies.names(strategies.ORACLE)
 ALGORITHMS = strategies.names()
+
+
+def _bandwidth_only(job: Job) -> np.ndarray:
+    """The plain bandwidth search's pick for ``job`` (the shaped search's bandwidth-only candidate)."""
+    return strategies.get("bandpilot").run(job).mask
 
 
 @dataclass
@@ -284,8 +290,8 @@ class Dispatcher:
             rule = self.shape_bandwidth_seed
             with one_blas_thread():  # small numpy products: a 2-thread pool spins on a busy machine
                 got, _ = shaped_select(self.spec, sub, shp, algorithm, pred,
-                                       lambda job=seed_job: strategies.get("bandpilot").run(job).mask,
-                                       (lambda job=seed_job: bandwidth_seed_cheap(self.spec, job.free, job.context)) if rule is None else rule,
+                                       partial(_bandwidth_only, seed_job),
+                                       partial(bandwidth_seed_cheap, self.spec, seed_job.free, seed_job.context) if rule is None else rule,
                                        default_refiners(self.spec) if self.shape_refiners is None else self.shape_refiners)
             if place is None or got.step_ms < place.step_ms:
                 place = got

@@ -1,4 +1,4 @@
-"""What bandwidth will a placement get over its whole run? Lifetime pricing (issue 21, item 4).
+"""What bandwidth will a placement get over its whole run? Lifetime pricing.
 
 The contention predictor (:mod:`bandpilot.dispatch.contention`) prices a candidate against the jobs
 running *now*. A placement lives for hours: co-tenants that end soon stop pressing, and the free
@@ -81,7 +81,7 @@ class Outlook:
     def for_run(self, run_s: float | None, request_id: str | None = None, comm_fraction: float | None = None,
                 press_factor: float = 1.0) -> "Outlook":
         ok = run_s is not None and math.isfinite(run_s) and run_s > 0
-        return replace(self, run_s=float(run_s) if ok else None, request_id=request_id,
+        return replace(self, run_s=float(run_s) if ok and run_s is not None else None, request_id=request_id,
                        comm_fraction=1.0 if comm_fraction is None else float(comm_fraction), press_factor=press_factor)
 
     def started(self, job_id: str, run_s: float | None, comm_fraction: float | None = None) -> "Outlook":

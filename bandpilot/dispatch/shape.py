@@ -214,7 +214,7 @@ def parse_traffic(value: Any, where: str = "traffic") -> dict[str, float]:
     return out
 
 
-def _check_axes(d: dict, where: str) -> dict:
+def _check_axes(d: dict[str, Any], where: str) -> dict[str, Any]:
     bad = sorted(str(a) for a in d if a not in AXES)
     if bad:
         raise _err(f"{where}: unknown axes {bad}; known: {list(AXES)}")

@@ -42,12 +42,12 @@ def default_refiners(spec: Any) -> tuple[str, ...]:
     shape``, 36 idle + busy cases): on h100-128 the non-local pass gained 3.2 points true (8.3 ->
     11.5 % below blind), p50 about 2x (interleaved A/B at load 12.5: 24.8 -> 50.8 ms, p99 225 ->
     401 ms); on nvl72x16 it gained 0.0 points (p50 35 vs 12 ms). The rail layout on nvl72x16
-    (scratch A/B, ``run_cluster(..., busy=2, seed, frag=1)``): seed 0 14.6 -> 16.2 %, held-out
-    seeds 1 16.6 -> 18.1 %, 2 16.6 -> 17.9 % (frag states +0.5 / +1.5 / +1.7 points); CPU per
+    (scratch A/B, ``run_cluster(..., busy=2, seed, frag=1)``): tuning state 14.6 -> 16.2 %, two held-out
+    states 16.6 -> 18.1 % and 16.6 -> 17.9 % (frag states +0.5 / +1.5 / +1.7 points); CPU per
     select p50 14.9 -> 19.4 ms, p99 60 -> 66 ms (interleaved, load 10). Where units are hosts it
     only permutes a host's ranks. The re-pairing of spanning TP groups (h100-128, 2 busy + 1 frag
-    states, true step time): seed 0 busy1 tp=8,pp=4,dp=8 1,192 -> 1,155 ms; held-out seeds 1-4 one
-    case faster (-0.3 %), the rest identical; seeds 5-11 four faster (up to -11 %), two slower (+0.9,
+    states, true step time): the tuning case busy tp=8,pp=4,dp=8 1,192 -> 1,155 ms; 4 held-out state sets one
+    case faster (-0.3 %), the rest identical; 7 more four faster (up to -11 %), two slower (+0.9,
     +1.7 %: the noisy guide); CPU per select p50 9.1 -> 9.4 ms, p99 37.8 -> 44.7 ms (load 2.7)."""
     return ("local", "rail") if spec.nvlink_domains else DEFAULT_REFINERS
 

@@ -4,7 +4,7 @@ batches on one intra-op thread).
 The shape search's hot path is many small numpy products (the sibling-incidence matmul, contender
 sums); with numpy's BLAS pool at 2 threads on an oversubscribed 2-core machine its threads spin
 against the other processes: shaped ``select`` on 1,152 GPUs, interleaved A/B in one load window
-(load 8): p99 684 ms with 2 threads, 171 ms with 1, p50 unchanged (README, issue 23).
+(load 8): p99 684 ms with 2 threads, 171 ms with 1, p50 unchanged (``python -m benchmarks shape``).
 """
 
 from __future__ import annotations

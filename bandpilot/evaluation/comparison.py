@@ -106,7 +106,7 @@ def comparison_figure(cand: EvaluationResult, champ: EvaluationResult | None, ou
         ax = axes[0][i]
         sub = ck.loc[p]
         ax.plot(sub.index, sub["bandpilot"], color="#d62728", marker="o", ms=3, label=f"candidate v{cand.model_version}")
-        if hk is not None:
+        if hk is not None and champ is not None:
             hs = hk.loc[p]
             ax.plot(hs.index, hs["bandpilot"], color="#1f77b4", marker="s", ms=3, label=f"champion v{champ.model_version}")
         if "ideal" in sub.columns:

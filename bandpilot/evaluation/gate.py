@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from bandpilot.config import model_name
 from bandpilot.errors import ModelError
 from bandpilot.evaluation.comparison import comparison_figure, cv_mape, gbe_noise, holdout_metrics, mape_noise
 from bandpilot.evaluation.decision import (
@@ -259,8 +260,8 @@ def _plan(candidate_uri: str, opts: GateOptions) -> _Plan:
         raise PromotionError(f"{candidate_uri} is not a registered model version (use models:/NAME/VERSION or models:/NAME@alias)")
     cand_model = Surrogate.load(f"models:/{name}/{version}")
     fabric = resolve_truth(cand_model.spec, truth=opts.truth, cluster=opts.cluster)
-    expected = f"bandpilot-{cand_model.spec.name}"
-    if name != expected and name != f"bandpilot-{fabric.spec.name}":
+    expected = model_name(cand_model.spec.name)
+    if name != expected and name != model_name(fabric.spec.name):
         raise PromotionError(f"candidate is registered as {name!r} but its cluster is {cand_model.spec.name!r} (expected {expected!r})")
     champ_version = _get_alias(name, CHAMPION)
     if champ_version == version:

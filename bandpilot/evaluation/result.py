@@ -233,7 +233,8 @@ def merge_results(results: Sequence[EvaluationResult]) -> EvaluationResult:
     if len(keys) != len(set(keys)):
         raise EvaluationError("cannot merge evaluations that share scenarios")
     new_id = {key: i for i, key in enumerate(sorted(keys))}
-    frames, scen = [], []
+    frames: list[Any] = []  # pandas.DataFrame
+    scen: list[Scenario] = []
     for r in results:
         remap = {sc.id: new_id[(sc.k, sc.repeat)] for sc in r.scenarios}
         f = r.rows.copy()

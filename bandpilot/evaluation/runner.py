@@ -16,7 +16,7 @@ from bandpilot.errors import ModelError
 from bandpilot.evaluation.params import PROFILES, EvaluationError, check_algorithms, check_profiles
 from bandpilot.evaluation.result import EvaluationResult
 from bandpilot.evaluation.scenarios import Scenario, load_scenarios, make_scenarios
-from bandpilot.evaluation.scoring import _Ctx, evaluate_scenario
+from bandpilot.evaluation.scoring import ScoringContext, evaluate_scenario
 from bandpilot.evaluation.truth import check_same_cluster, resolve_cluster
 from bandpilot.progress import stage
 from bandpilot.topology.cluster import ClusterSpec
@@ -36,7 +36,7 @@ def load_model(model: Any) -> Any:
     return model
 
 
-_CTX: _Ctx | None = None
+_CTX: ScoringContext | None = None
 
 
 def _init_worker(model: Any, truth: Any, profiles: tuple[str, ...], algorithms: tuple[str, ...], seed: int,
@@ -47,7 +47,7 @@ def _init_worker(model: Any, truth: Any, profiles: tuple[str, ...], algorithms: 
     m = load_model(model)
     if "torch" in sys.modules:  # only a torch model pays for torch; set its threads after loading
         sys.modules["torch"].set_num_threads(threads)
-    _CTX = _Ctx(m, truth, truth.spec, profiles, algorithms, seed, exact, references=references)
+    _CTX = ScoringContext(m, truth, truth.spec, profiles, algorithms, seed, exact, references=references)
 
 
 def _run_chunk(scenarios: list[Scenario]) -> tuple[list[dict[str, Any]], float]:
@@ -179,7 +179,7 @@ def _run(scen: list[Scenario], init: tuple, n_workers: int, tick: Callable[[int]
     cpu_s = 0.0
     if n_workers == 1:
         m, truth_fabric, profiles, algorithms, seed, exact, refs, _ = init
-        ctx = _Ctx(m, truth_fabric, truth_fabric.spec, profiles, algorithms, seed, exact, references=refs)
+        ctx = ScoringContext(m, truth_fabric, truth_fabric.spec, profiles, algorithms, seed, exact, references=refs)
         c0 = time.process_time()
         for sc in scen:
             rows.extend(evaluate_scenario(ctx, sc))
@@ -187,7 +187,7 @@ def _run(scen: list[Scenario], init: tuple, n_workers: int, tick: Callable[[int]
         return rows, time.process_time() - c0
     import multiprocessing as mp
 
-    import bandpilot.dispatch.contention  # noqa: F401 - imported before forking: workers import nothing
+    import bandpilot.dispatch.contention  # imported before forking: workers import nothing
     import bandpilot.dispatch.dispatcher  # noqa: F401
 
     n_chunks = min(len(scen), max(n_workers * 16, math.ceil(len(scen) / 32)))  # <= 32 scenarios a chunk

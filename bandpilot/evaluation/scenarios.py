@@ -188,7 +188,7 @@ def make_scenarios(
     ks = list(range(1, spec.n_gpus + 1)) if ks is None else sorted(set(int(k) for k in ks))
     if not ks:
         raise EvaluationError("zero scenarios: no request sizes given")
-    out = []
+    out: list[Scenario] = []
     for k in ks:
         for r in range(int(repeats)):
             out.append(make_scenario(spec, truth, k, r, seed, len(out)))

@@ -45,7 +45,7 @@ EXACT_SLACK = 1e-9
 
 
 @dataclass
-class _Ctx:
+class ScoringContext:
     model: Any
     truth: Any
     spec: ClusterSpec
@@ -72,7 +72,7 @@ def _make_dispatcher(model: Any, seed: int) -> Any:
     return Dispatcher(TimedModel(model), seed=seed)
 
 
-def _select(ctx: _Ctx, k: int, state: State, algorithm: str, seed: int = 0) -> Any:
+def _select(ctx: ScoringContext, k: int, state: State, algorithm: str, seed: int = 0) -> Any:
     if algorithm in ORACLE:
         return ctx.oracle.select(k, state, algorithm=algorithm, fabric=ctx.truth)
     if algorithm in PROFILE_BLIND:
@@ -90,7 +90,7 @@ def _select(ctx: _Ctx, k: int, state: State, algorithm: str, seed: int = 0) -> A
         timed.reset()
     sel = ctx.dispatcher.select(k, state, algorithm=algorithm)
     if isinstance(timed, TimedModel):
-        sel.predict_ms = timed.elapsed_ms  # type: ignore[attr-defined]
+        sel.predict_ms = timed.elapsed_ms
     return sel
 
 
@@ -126,7 +126,7 @@ def _sel_fields(sel: Any) -> dict[str, Any]:
     }
 
 
-def _reference(ctx: _Ctx, sc: Scenario, profile: str, b_tau: np.ndarray, exact_ok: bool) -> tuple[float, str, bool]:
+def _reference(ctx: ScoringContext, sc: Scenario, profile: str, b_tau: np.ndarray, exact_ok: bool) -> tuple[float, str, bool]:
     """What GBE divides by: the exact optimum (row 0 when it ran), a reference result's, or the best
     allocation any algorithm found; and whether an algorithm beat "exact" (the reference is raised)."""
     ref_kind = "exact"
@@ -148,7 +148,7 @@ def _reference(ctx: _Ctx, sc: Scenario, profile: str, b_tau: np.ndarray, exact_o
     return best, ref_kind, bool(violation)
 
 
-def evaluate_scenario(ctx: _Ctx, sc: Scenario) -> list[dict[str, Any]]:
+def evaluate_scenario(ctx: ScoringContext, sc: Scenario) -> list[dict[str, Any]]:
     """Every algorithm (and the exact reference) on one scenario under every profile -> rows."""
     from bandpilot.dispatch.contention import ContentionPredictor
     from bandpilot.dispatch.dispatcher import IntractableError

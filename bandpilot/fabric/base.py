@@ -84,7 +84,7 @@ class Fabric:
         """``B(S)`` for allocations given as GPU-id lists."""
         return self.bandwidth_masks(self.spec.to_masks([list(a) for a in allocations]))
 
-    def measure(self, masks: np.ndarray, seed: int = 0, repeat: int = 0) -> np.ndarray:
+    def measure(self, masks: np.ndarray, seed: int | None = 0, repeat: int = 0) -> np.ndarray:
         """A measurement: the truth, plus noise where the fabric models it (emulator)."""
         return self.bandwidth_masks(masks)
 

@@ -147,6 +147,7 @@ class FaultyFabric(Fabric):
             elif f.kind == "host_link":
                 hit = (m != 0) & (masks[:, self._other[id(f)]] != 0)
             elif f.kind == "nvlink_pair":
+                assert f.gpu is not None and f.peer is not None  # checked when the fault was made
                 both = (1 << f.gpu) | (1 << f.peer)
                 hit = (m & both) == both
             else:  # nvlink_width, missing_gpu, nic_rail: the GPU (or the rail it drives) is used

@@ -208,7 +208,7 @@ class SurrogateDataModule(L.LightningDataModule):
         self.y = _target(busbw)
         self.w = torch.from_numpy((weights if weights is not None else np.ones(len(busbw))).astype(np.float32))
         self.has_val = val_masks is not None and len(val_masks) > 0
-        self.val_tokens = to_torch(sur.tokens(val_masks)) if self.has_val else None
+        self.val_tokens = to_torch(sur.tokens(val_masks)) if self.has_val and val_masks is not None else None
         self.val_y = torch.from_numpy(np.asarray(val_busbw, dtype=np.float64)) if self.has_val else None
         self.n = len(busbw)
         self.batch_size = min(batch_size, self.n)

@@ -31,12 +31,12 @@ try:
         """pyfunc wrapper: input = DataFrame with a ``gpus`` column (comma-joined ids) or a list of
         GPU-id lists; output = predicted busbw (GB/s)."""
 
-        def load_context(self, context):  # noqa: ANN001 - MLflow inspects these signatures
+        def load_context(self, context):  # MLflow inspects these signatures
             from bandpilot.model.surrogate import Surrogate
 
             self.surrogate = Surrogate.load_dir(context.artifacts[ARTIFACT_NAME])
 
-        def predict(self, context, model_input, params=None):  # noqa: ANN001
+        def predict(self, context, model_input, params=None):
             import pandas as pd
 
             if isinstance(model_input, pd.DataFrame):

@@ -26,7 +26,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from bandpilot.config import portable
+from bandpilot.config import model_name, portable
 from bandpilot.errors import ModelError
 from bandpilot.model.artifacts import mlflow_client, one_line
 from bandpilot.model.pyfunc import ARTIFACT_NAME, SurrogatePyfunc
@@ -211,7 +211,7 @@ def log_and_register(result: "TrainResult", name: str | None = None, description
                      tags: dict[str, Any] | None = None, alias: str | None = None) -> "ModelVersion":
     """Log ``result`` (in the active run, else a new one) and register it as a new version of
     ``name`` (default ``bandpilot-<cluster>``) with an operator-readable description."""
-    name = name or f"bandpilot-{result.surrogate.spec.name}"
+    name = name or model_name(result.surrogate.spec.name)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", name):
         raise ModelError(f"invalid model name {name!r}")
     description = description or describe_result(result, name)

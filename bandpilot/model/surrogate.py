@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bandpilot.config import model_name
 from bandpilot.topology.cluster import ClusterSpec, ranges, spec_from_dict
 from bandpilot.errors import BandPilotError, ModelError
 from bandpilot.model.canonical import PatternKeys
@@ -39,7 +40,7 @@ SMALL_BATCH = 8192
 #: 128): the attention scores and the pairwise domain feature are that many cells per head /
 #: feature. At 8 Mi cells a 2,000-job simulation on 128 hosts peaked at 2.2-2.4 GB RSS (one chunk
 #: of super allocations held ~450 MB); at 128 Ki it peaks at 1.24 GB and runs no slower (41.7 vs
-#: 50.7-52.6 CPU s, the same placements; README, issue 24). Below ~32 Ki per-chunk overhead shows.
+#: 50.7-52.6 CPU s, the same placements; ``python -m benchmarks simulate``). Below ~32 Ki per-chunk overhead shows.
 FORWARD_TOKENS = 128 * 1024
 
 
@@ -93,7 +94,7 @@ class Surrogate:
         self.meta = dict(meta or {})
         self.replay = replay
         self.uri = uri
-        self.name = name or f"bandpilot-{spec.name}"
+        self.name = name or model_name(spec.name)
         self.model_version = model_version
         self._hosts = host_arrays(spec)
         self._hosts["speed"] = host_speed(stage1, self._hosts["gtype"], spec.full_masks)
@@ -256,8 +257,9 @@ class Surrogate:
         token = (id(self.stage1), self.kind, self.net.training, sum(p._version for p in params[1]))
         memo = getattr(self, "_memo", None)
         if memo is None or memo[0] != token:
-            memo = self._memo = (token, {})
-        table = memo[1]
+            memo = (token, {})
+            self._memo: tuple[Any, dict[Any, Any]] = memo
+        table: dict[Any, Any] = memo[1]
         uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         vals = np.empty(uniq.size)
         ukeys = uniq.tolist()

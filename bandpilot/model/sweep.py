@@ -137,7 +137,7 @@ def _open_study(study_name: str, storage_url: str, seed: int) -> Any:
             sampler=optuna.samplers.TPESampler(seed=seed),
             pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=20),
         )
-    except Exception as exc:  # noqa: BLE001 - sqlalchemy/driver errors: one line for the operator
+    except Exception as exc:  # sqlalchemy/driver errors: one line for the operator
         raise DataError(f"cannot open Optuna storage {storage_url!r}: {exc.__class__.__name__}: {str(exc).splitlines()[0][:160]}") from None
 
 

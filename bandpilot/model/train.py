@@ -41,7 +41,7 @@ def dataset_fingerprint(ds: "Dataset") -> str:
 
     if ds.path is not None:
         try:
-            from bandpilot.data.dataset import dataset_hash  # type: ignore[attr-defined]
+            from bandpilot.data.dataset import dataset_hash
 
             return str(dataset_hash(ds.path))
         except (ImportError, BandPilotError, TypeError, ValueError, OSError):

@@ -71,11 +71,12 @@ def audited(store: Store, actor: str, action: str, target: str | None = None,
     a block that wrote nothing records ``ok`` on its own."""
     entry: dict[str, Any] = {"row": audit_row(actor, action, target, detail), "written": False}
     token = AUDIT_CONTEXT.set(entry)
+    active = True
     try:
         yield entry
     except BaseException as exc:
         AUDIT_CONTEXT.reset(token)
-        token = None
+        active = False
         why = f"{type(exc).__name__}: {exc}"[:4000]
         if not entry["written"]:
             record(store, actor, action, target, outcome="error", detail=why)
@@ -84,7 +85,7 @@ def audited(store: Store, actor: str, action: str, target: str | None = None,
                 conn.execute(sa.update(T_AUDIT).where(T_AUDIT.c.id == entry["id"]).values(outcome="error", detail=why))
         raise
     finally:
-        if token is not None:
+        if active:
             AUDIT_CONTEXT.reset(token)
     if not entry["written"]:
         record(store, actor, action, target, detail=detail)

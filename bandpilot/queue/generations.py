@@ -112,7 +112,7 @@ def generation_history(store: Store, job: str) -> list[dict[str, Any]]:
     return [{**dict(r), "gpus": json.loads(r["gpus"])} for r in rows]
 
 
-def elastic_doc(r: Mapping[str, Any]) -> dict[str, Any]:
+def elastic_doc(r: Mapping[Any, Any]) -> dict[str, Any]:
     """The elastic range of a request row (empty for a fixed gang)."""
     if r.get("min_k") is None and r.get("max_k") is None:
         return {}

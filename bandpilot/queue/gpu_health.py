@@ -69,7 +69,7 @@ def health(store: Store) -> list[dict[str, Any]]:
         rows = {r.host: r for r in conn.execute(sa.select(T_HEALTH))}
         notes = conn.execute(sa.select(T_GPUS.c.host, sa.func.count()).where(
             T_GPUS.c.note.like(f"{REASON_PREFIX}%")).group_by(T_GPUS.c.host)).all()
-    drained = dict(notes)
+    drained: dict[str, int] = {host: n for host, n in notes}
     out = []
     for h in store.spec.hosts:
         r = rows.get(h.name)

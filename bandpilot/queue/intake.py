@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -13,6 +11,7 @@ import sqlalchemy as sa
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import now
 from bandpilot.queue.requests import Request, coerce, validate_request
+from bandpilot.queue.rows import request_row
 from bandpilot.queue.schema import T_REQ, T_RESERVE
 from bandpilot.queue.store import Store
 from bandpilot.topology.cluster import ClusterSpec
@@ -64,20 +63,6 @@ def check_requests(requests: Iterable[Request | Mapping[str, Any]], spec: Cluste
         where[req.id] = w
         good.append(req)
     return good, errs, where
-
-
-def request_row(r: Request, ts: float) -> dict[str, Any]:
-    """The ``bp_requests`` row of a new pending request submitted at ``ts``."""
-    return {
-        "id": r.id, "tenant": r.tenant, "k": r.k, "priority": r.priority, "utility": r.utility,
-        "constraints": r.constraints.key if r.constraints.to_dict() else None,
-        "submitted_at": r.submitted_at if r.submitted_at is not None else ts,
-        "status": "pending", "reason": None, "detail": None, "attempts": 0, "last_batch": None,
-        "updated_at": ts, "time_limit_s": r.time_limit_s, "comm_fraction": r.comm_fraction,
-        "preemptible": r.preemptible, "checkpoint_s": r.checkpoint_s, "checkpoint_every_s": r.checkpoint_every_s,
-        "min_k": r.min_k, "max_k": r.max_k, "k_step": r.k_step, "scaling": r.scaling,
-        "shape": None if r.shape is None else json.dumps(r.shape.to_dict(), sort_keys=True),
-    }
 
 
 def submit(

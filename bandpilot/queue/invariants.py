@@ -68,8 +68,8 @@ def check_invariants(store: Store) -> list[str]:
     for rid, gen in latest.items():  # a resized job runs on its latest generation and nothing else
         if getattr(reqs.get(rid), "status", None) == "pending":
             continue  # suspended (elastic srpt-suspend): it holds nothing, checked above; a resume is a new generation
-        a = assigns.get(rid)
-        if a is None or sorted(json.loads(gen.gpus)) != sorted(json.loads(a.gpus)):
+        current = assigns.get(rid)
+        if current is None or sorted(json.loads(gen.gpus)) != sorted(json.loads(current.gpus)):
             bad.append(f"job {rid!r}: generation {gen.generation} is not its current assignment")
     for rid, g in reserved:
         st = getattr(reqs.get(rid), "status", None)

@@ -1,4 +1,4 @@
-"""What is a job still worth? Entropy reports turned into utility (seed 001), and run-time estimates.
+"""What is a job still worth? Entropy reports turned into entropy-guided utility, and run-time estimates.
 
 Jobs report their normalized predictive entropy ``ū ∈ [0, 1]`` at epoch boundaries
 (``bandpilot queue report JOB --entropy X``). The utility is the seed's function of it (Sec. 4.5,
@@ -35,7 +35,7 @@ _LIVE = ("pending", "assigned")
 
 
 def entropy_utility(entropy: float, previous: float | None, lam: float = DEFAULT_LAMBDA) -> float:
-    """Seed 001 eqs. 28-29: ``max(0, λ·ū + (1-λ)·(ū_prev - ū))``; ``Δ = 0`` without a previous report."""
+    """Entropy-guided utility (the entropy-guided scheduling paper, eqs. 28-29): ``max(0, λ·ū + (1-λ)·(ū_prev - ū))``; ``Δ = 0`` without a previous report."""
     delta = 0.0 if previous is None else previous - entropy
     return max(0.0, lam * entropy + (1.0 - lam) * delta)
 
@@ -97,7 +97,7 @@ def report_entropy(
         last: dict[str, tuple[int, float]] = {}
         for i in range(0, len(ids), 500):
             chunk = ids[i : i + 500]
-            status.update(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status).where(T_REQ.c.id.in_(chunk))).all())
+            status.update(conn.execute(sa.select(T_REQ.c.id, T_REQ.c.status).where(T_REQ.c.id.in_(chunk))).tuples().all())
             for rid, ep, h in conn.execute(_LAST, {"b_ids": chunk}):
                 last[rid] = (int(ep), float(h))
         rows, utils = [], {}

@@ -29,21 +29,20 @@ from bandpilot.errors import RequestError
 from bandpilot.queue.api_tokens import Principal, principal_of, token_id
 from bandpilot.queue.audit import audit_row
 from bandpilot.queue.clock import now
-from bandpilot.queue.intake import SubmitError, check_requests, request_row
+from bandpilot.queue.intake import SubmitError, check_requests
 from bandpilot.queue.quotas import DuplicateId, QuotaExceeded, TenantLimits
+from bandpilot.queue.rows import REQUEST_COLUMNS, request_row
 from bandpilot.queue.schema import REQUEST_STATUSES, T_GEN, T_REQ
 from bandpilot.queue.store import Store, StoreError
 from bandpilot.queue.views import request_doc, reservation_doc
 
 _PG = postgresql.dialect()
-#: The columns a submit writes, in request_row's order, each with its PostgreSQL type (asyncpg
-#: needs a typed parameter where a NULL could be anything) without a length: a cast to VARCHAR(n)
-#: would truncate silently where the insert itself refuses.
-_COLS = [(c, T_REQ.c[c].type.compile(dialect=_PG).split("(")[0]) for c in
-         ("id", "tenant", "k", "priority", "utility", "constraints", "submitted_at", "status", "reason", "detail",
-          "attempts", "last_batch", "updated_at", "time_limit_s", "comm_fraction", "preemptible", "checkpoint_s",
-          "checkpoint_every_s", "min_k", "max_k", "k_step", "shape", "scaling")]
+#: The columns a submit writes (the row mapper's), each with its PostgreSQL type (asyncpg needs a
+#: typed parameter where a NULL could be anything) without a length: a cast to VARCHAR(n) would
+#: truncate silently where the insert itself refuses.
+_COLS = [(c, T_REQ.c[c].type.compile(dialect=_PG).split("(")[0]) for c in REQUEST_COLUMNS]
 _FIRST = 8  # parameters $1..$7 are the check's and the audit row's; the row's start at $8
+_K = _FIRST + REQUEST_COLUMNS.index("k")  # the request's GPUs, checked against the tenant's cap
 
 # One statement after the lock: a tenant's pending requests and GPUs and whether one of its ids is
 # taken; the insert only when all is well (ON CONFLICT: an id taken by someone else, e.g. an admin's
@@ -58,7 +57,7 @@ WITH usage AS (
   INSERT INTO bp_requests ({", ".join(c for c, _ in _COLS)})
   SELECT {", ".join(f"${_FIRST + i}::{t}" for i, (_, t) in enumerate(_COLS))} FROM usage
   WHERE usage.dup = 0 AND ($3::bigint IS NULL OR usage.n + 1 <= $3::bigint)
-    AND usage.gpus + ${_FIRST + 2}::bigint <= $4::bigint
+    AND usage.gpus + ${_K}::bigint <= $4::bigint
   ON CONFLICT (id) DO NOTHING
   RETURNING *
 ), audit AS (
@@ -128,7 +127,8 @@ class _Pool:
     fresh one is opened when needed."""
 
     def __init__(self, connect: Callable[[], Awaitable[Any]], size: int) -> None:
-        self._connect, self._idle, self._slots = connect, [], asyncio.Semaphore(size)
+        self._connect, self._slots = connect, asyncio.Semaphore(size)
+        self._idle: list[Any] = []
         self._in_use: set[Any] = set()
 
     @asynccontextmanager
@@ -185,7 +185,7 @@ class PgAsync:
     async def _spec(self) -> Any:
         spec = self.store.loaded_spec
         if spec is None:  # first use, or the cluster was replaced: one read off the event loop
-            from starlette.concurrency import run_in_threadpool  # noqa: PLC0415 - anyio via starlette
+            from starlette.concurrency import run_in_threadpool  # anyio via starlette
 
             spec = await run_in_threadpool(lambda: self.store.spec)
         return spec

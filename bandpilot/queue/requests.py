@@ -175,7 +175,7 @@ class Request:
                    **_elastic_fields(doc, k, where), scaling=_positive(doc, "scaling", where, upper=1.0))
 
 
-def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, int | None]:
+def _elastic_fields(doc: Mapping[str, Any], k: int, where: str) -> dict[str, Any]:
     """``min_k <= k <= max_k``, each size reachable from ``min_k`` in steps of ``k_step``."""
     out: dict[str, int | None] = {}
     for key in ELASTIC_KEYS:

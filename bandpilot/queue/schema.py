@@ -53,12 +53,12 @@ REASONS = ("insufficient_gpus", "constraint_unmet", "invalid_request", "dispatch
 metadata = sa.MetaData()
 
 #: Request columns added by v6 (name, type): nullable, "not given" when NULL.
-V6_REQUEST_COLUMNS = (("time_limit_s", sa.Double()), ("comm_fraction", sa.Double()), ("preemptible", sa.Boolean()),
+V6_REQUEST_COLUMNS: tuple[tuple[str, Any], ...] = (("time_limit_s", sa.Double()), ("comm_fraction", sa.Double()), ("preemptible", sa.Boolean()),
                       ("checkpoint_s", sa.Double()), ("checkpoint_every_s", sa.Double()))
 #: Request columns added by v9: the elastic range (NULL: a fixed gang of ``k``).
 V9_REQUEST_COLUMNS = (("min_k", sa.Integer()), ("max_k", sa.Integer()), ("k_step", sa.Integer()))
 #: Request columns added by v11: the declared compute scaling efficiency (NULL: not declared).
-V11_REQUEST_COLUMNS = (("scaling", sa.Double()),)
+V11_REQUEST_COLUMNS: tuple[tuple[str, Any], ...] = (("scaling", sa.Double()),)
 
 
 T_SCHEMA = sa.Table(

@@ -55,7 +55,7 @@ def _parse_spec_text(text: str, source: str) -> ClusterSpec:
         doc = json.loads(text)
     except ValueError:
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        doc = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
+        doc = yaml.load(text, Loader=loader)  # a safe loader
     return spec_from_dict(doc, source=source)
 
 
@@ -450,8 +450,9 @@ def _audit(conn: sa.Connection) -> None:
     """The audit row of the request being served (:data:`AUDIT_CONTEXT`), once, in its write."""
     entry = AUDIT_CONTEXT.get()
     if entry is not None and not entry["written"]:
-        res = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"})
-        entry["written"], entry["id"] = True, res.inserted_primary_key[0]
+        key = conn.execute(_AUDIT_INSERT, {**entry["row"], "at": now(), "outcome": "ok"}).inserted_primary_key
+        assert key is not None  # a single-row INSERT's own key
+        entry["written"], entry["id"] = True, key[0]
 
 
 def _ping_when_idle(engine: sa.Engine, idle_s: float) -> None:
@@ -473,7 +474,7 @@ def _ping_when_idle(engine: sa.Engine, idle_s: float) -> None:
             cur.execute("SELECT 1")
             cur.close()
             dbapi_conn.rollback()  # no transaction left open: the next one may set its isolation level
-        except Exception:  # noqa: BLE001 - any failure means this connection is gone
+        except Exception:  # any failure means this connection is gone
             raise sa.exc.DisconnectionError() from None
 
 

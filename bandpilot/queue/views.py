@@ -44,15 +44,15 @@ def export_state(store: Store) -> dict[str, Any]:
 def status(store: Store) -> dict[str, Any]:
     spec = store.spec
     with store.read() as conn:
-        req_counts = dict(conn.execute(sa.select(T_REQ.c.status, sa.func.count()).group_by(T_REQ.c.status)).all())
-        gpu_counts = dict(conn.execute(sa.select(T_GPUS.c.state, sa.func.count()).group_by(T_GPUS.c.state)).all())
+        req_counts = dict(conn.execute(sa.select(T_REQ.c.status, sa.func.count()).group_by(T_REQ.c.status)).tuples().all())
+        gpu_counts = dict(conn.execute(sa.select(T_GPUS.c.state, sa.func.count()).group_by(T_GPUS.c.state)).tuples().all())
         pending_drain = conn.execute(
             sa.select(sa.func.count()).select_from(T_GPUS).where(T_GPUS.c.drain_pending.is_(True))
         ).scalar()
         reasons = dict(
             conn.execute(
                 sa.select(T_REQ.c.reason, sa.func.count()).where(T_REQ.c.status == "pending", T_REQ.c.reason.is_not(None)).group_by(T_REQ.c.reason)
-            ).all()
+            ).tuples().all()
         )
         last = conn.execute(sa.select(T_BATCH).order_by(T_BATCH.c.id.desc()).limit(1)).first()
         tenants = conn.execute(

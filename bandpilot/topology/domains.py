@@ -46,6 +46,7 @@ def resolve_nvlink_domains(
         owner: dict[str, tuple[str, tuple]] = {}  # tray -> (domain, key) from an explicit list
         for i, entry in enumerate(raw):
             key = ("nvlink_domains", i)
+            name: Any
             if isinstance(entry, str):
                 name, members = entry, None
             elif isinstance(entry, dict):
@@ -148,12 +149,12 @@ def hostlist(names: Sequence[str]) -> str:
             order.append(key)
         groups[key].append(int(m.group(2)))
     parts = []
-    for key in order:
-        if isinstance(key, str):
-            parts.append(key)
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
             continue
-        prefix, pad = key
-        nums = sorted(set(groups[key]))
+        prefix, pad = item
+        nums = sorted(set(groups[item]))
         if len(nums) == 1:
             parts.append(f"{prefix}{nums[0]:0{pad}d}")
             continue

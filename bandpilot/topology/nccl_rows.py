@@ -201,7 +201,7 @@ def parse_row(tokens: list[str], layout: Layout) -> NcclRow:
     redop = vals[i] if i is not None else "none"
     i = where.get("root")
     root = vals[i] if i is not None else -1
-    groups = []
+    groups: list[NcclMeasure] = []
     for t, a, b, w in layout.slots:
         if vals[t] is None or vals[a] is None or vals[b] is None:
             if not groups:  # the out-of-place group is the measurement every consumer reads

@@ -31,7 +31,7 @@ _REL_TIE = 1e-9
 #: candidates that can still win (or tie) get every super allocation, so the choice is the one the
 #: whole batch would give. The drain of a 10,000-job simulation on 128 hosts sent every PTS step's
 #: and local-search move's super allocations - dozens of jobs spanning most hosts, each row new to
-#: the prediction memo - to the net (README, issue 24).
+#: the prediction memo - to the net (``python -m benchmarks simulate``).
 PRUNE_PAIRS = 64
 
 

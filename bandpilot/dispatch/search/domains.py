@@ -185,7 +185,7 @@ def choose(ctx: SearchContext, units: Units, masks: np.ndarray, value: np.ndarra
     before fragmentation decides - the margin's meaning on plain clusters ("fewer hosts win unless
     spreading gains more"), which this search used to drop: it spread 2-GPU gangs over two trays'
     single free GPUs for the same predicted bandwidth, and trays shared by several multi-tray jobs
-    is where the simulator's truth charges contention (README, issue 21, Helios).
+    is where the simulator's truth charges contention (``python -m benchmarks jct``, Helios shape).
     ``cols``: the rows are given on those host columns only."""
     vmax = float(np.max(value))
     margin = max(tie, ctx.locality)

@@ -1,10 +1,10 @@
 """One unit move per class of interchangeable moves: a no-improvement round of the unit-level local
 search (:func:`bandpilot.dispatch.search.domains.cross_unit`) no longer prices thousands of moves.
 
-On 10,008 GPUs a 4,096-GPU gang's round held 5,077 moves (seed 1, 50 % busy; 10,123 rows with the
+On 10,008 GPUs a 4,096-GPU gang's round held 5,077 moves (a 50 %-busy state; 10,123 rows with the
 super allocations) and rounds of 2,048-GPU gangs 900-3,300, most of them keeping the start's value:
 a round without an improvement was priced to the end (the "~1,000 evaluations" target missed on
-seeds 1 and 3-8). Most of those moves are the same move on alike domains.
+8 of 9 states, ``python -m benchmarks scale``). Most of those moves are the same move on alike domains.
 
 Why one move per class is exact. A move changes two units of the count row ``d``: ``a`` gives
 ``t`` GPUs to ``b``. Every unit's part is a function of the unit's fill table only (its free trays
@@ -53,7 +53,7 @@ def unit_classes(units: Any, d: np.ndarray, u: np.ndarray, new: np.ndarray) -> n
     ``new`` GPUs. Units holding a GPU of a job that some part of the round touches get an id of
     their own."""
     ctx, pred = units.ctx, units.ctx.pred
-    order, _, _, _, n = unit_rows._fill_table(units)
+    order, _, _, _, n = unit_rows.fill_table(units)
     hot = np.zeros(units.U, dtype=bool)
     if pred.n_jobs:
         # every (unit, count) part of the round - ``d``'s and the changed cells' (a row equals ``d``

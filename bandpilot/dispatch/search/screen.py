@@ -26,7 +26,7 @@ from bandpilot.dispatch.search.context import SearchContext
 from bandpilot.model.unit_grid import Changed, changed_parts
 
 #: Candidates of a batch the model prices first when it offers a screening model (then twice as
-#: many at a time). Tuned on seed 0's states, checked on seed 1's (README, issue 24).
+#: many at a time). Tuned on one set of states, checked on a held-out set (``python -m benchmarks scale``).
 SCREEN_TOP = 64
 
 #: Candidates of one batch a screened search prices at most (its stand-in's best-ranked: the first
@@ -34,9 +34,9 @@ SCREEN_TOP = 64
 #: `bench_scale --screen-max 0`). Not certified: a batch with no improvement among them ends the
 #: search there, though a lower-ranked move might have improved (the stand-in ranks without the
 #: model's residual). The default because it kept the picks: same mask and value on 359 of 360
-#: selects of a trained 10,008-GPU model (seeds 0, 1, 5, 6 and held-out 13, 14; the other one the
-#: same true bandwidth) and on 180 of 180 of held-out seeds 15-17, with CPU p99 down by a quarter to
-#: a third (README, issue 24) - as ``FABRIC_FIRST`` below. Why it pays: the slowest selects are
+#: selects of a trained 10,008-GPU model (4 tuning and 2 held-out state sets; the other one the
+#: same true bandwidth) and on 180 of 180 of 3 more held-out sets, with CPU p99 down by a quarter to
+#: a third (``python -m benchmarks scale``) - as ``FABRIC_FIRST`` below. Why it pays: the slowest selects are
 #: their last round, ~2,000 candidates priced to confirm that none improves.
 SCREEN_MAX = 448
 
@@ -44,8 +44,8 @@ SCREEN_MAX = 448
 #: candidates first (then twice as many at a time), until a chunk holds an improvement; 0: every batch
 #: whole (the exact path, `bench_scale --fabric-first 0`). Not certified (a later chunk may hold a
 #: better move), but the same picks (mask and value) as whole batches on 540 of 540 selects
-#: (10,008 GPUs, idle and 30-70 % busy, k = 1..4,096; seeds 0-4, then held-out 5-8) with CPU p99
-#: lower on every seed, hence the default. Where it pays: seed 1's 4,096-GPU select on a 50 %-busy
+#: (10,008 GPUs, idle and 30-70 % busy, k = 1..4,096; 5 tuning, then 4 held-out state sets) with CPU p99
+#: lower on every set, hence the default. Where it pays: a 4,096-GPU select on a 50 %-busy
 #: state, 5,077 moves of which 4,166 keep the start's value (capped by one contending job on a used
 #: domain) and all 25 improving ones (4 GPUs off that domain) tie; whole 10,136 evaluations / 0.89 s
 #: CPU, 64-first 3,963 / 87 ms. A batch with no improvement is priced to the end either way.

@@ -96,7 +96,7 @@ def group_ranks(shape: Shape) -> dict[str, np.ndarray]:
     return out
 
 
-def _masks(hosts: np.ndarray, idx: np.ndarray, ranks: np.ndarray, n_hosts: int) -> np.ndarray:
+def group_masks(hosts: np.ndarray, idx: np.ndarray, ranks: np.ndarray, n_hosts: int) -> np.ndarray:
     """Per-host masks of every group of every candidate: ``hosts``/``idx`` ``(C, k)``, ``ranks``
     ``(n, s)`` -> ``(C, n, n_hosts)``. A rank's bit is unique within its group, so the masks are sums
     (one bincount instead of an unbuffered bitwise_or.at)."""
@@ -112,7 +112,7 @@ def _masks(hosts: np.ndarray, idx: np.ndarray, ranks: np.ndarray, n_hosts: int) 
 
 
 # ---- scoring ---------------------------------------------------------------------------------
-class _Rows:
+class BatchRows:
     """Rows for one batched model call; hands back a slice handle per request."""
 
     def __init__(self) -> None:
@@ -151,7 +151,7 @@ def _sampled(spans: np.ndarray, single: np.ndarray, sample: int | None) -> np.nd
     return sel
 
 
-def _plan_axis(pred: ContentionPredictor, M3: np.ndarray, rows: _Rows, sample: int | None) -> dict[str, Any]:
+def _plan_axis(pred: ContentionPredictor, M3: np.ndarray, rows: BatchRows, sample: int | None) -> dict[str, Any]:
     """Rows one axis's groups need, for all candidates at once (``M3``: ``(C, n, hosts)``)."""
     C, n, H = M3.shape
     used3 = M3 != 0
@@ -221,8 +221,8 @@ def score(pred: ContentionPredictor, shape: Shape, cands: list[Placement], sampl
     vol, compute = shape.volumes()
     granks = {a: g for a, g in group_ranks(shape).items() if a in vol}
     hosts, idx = np.stack([c.hosts for c in cands]), np.stack([c.idx for c in cands])
-    rows = _Rows()
-    plans = {a: _plan_axis(pred, _masks(hosts, idx, g, pred.spec.n_hosts), rows, sample) for a, g in granks.items()}
+    rows = BatchRows()
+    plans = {a: _plan_axis(pred, group_masks(hosts, idx, g, pred.spec.n_hosts), rows, sample) for a, g in granks.items()}
     vals = rows.run(pred)
     bw = {a: _axis_values(pred, p, vals) for a, p in plans.items()}
     for i, c in enumerate(cands):
@@ -250,7 +250,7 @@ def _figures(plan: dict[str, Any], vals: np.ndarray, i: int) -> dict[str, np.nda
 
 
 # ---- candidates ------------------------------------------------------------------------------
-def _unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
+def unit_gpus(spec: ClusterSpec, free: np.ndarray, members: np.ndarray,
                exposed: np.ndarray | None = None) -> list[tuple[int, int]]:
     """Free GPUs of a unit: fullest hosts first (TP groups stay inside a tray when they can);
     with ``exposed``, hosts no cross-host tenant touches before the others."""
@@ -279,7 +279,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
         n = int(n_groups[u])
         if n == 0 and (need <= 0 or n_left >= enough):
             continue
-        g = _host_aligned(_unit_gpus(spec, free, units[u], exposed), tp)
+        g = host_aligned(unit_gpus(spec, free, units[u], exposed), tp)
         groups += [g[j * tp:(j + 1) * tp] for j in range(n)]
         left[int(u)] = g[n * tp:]
         n_left += len(g) - n * tp
@@ -292,7 +292,7 @@ def _take(spec: ClusterSpec, free: np.ndarray, units: list[np.ndarray], order: n
     return groups[:G] if len(groups) >= G else []
 
 
-def _host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]:
+def host_aligned(gpus: list[tuple[int, int]], tp: int) -> list[tuple[int, int]]:
     """The unit's GPUs reordered so that consecutive ``tp``-slices stay inside one host (tray) where
     a host has room: each host's whole TP groups first (hosts in the given order), then the
     remainders. (An NVL72 TP=4 group on one tray runs at 493 GB/s, over two trays at 413.)"""

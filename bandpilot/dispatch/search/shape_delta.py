@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.search.shape import Placement, _masks, _Rows, group_ranks
+from bandpilot.dispatch.search.shape import Placement, group_masks, BatchRows, group_ranks
 from bandpilot.dispatch.shape import Shape
 
 Finish = Callable[[np.ndarray], dict[str, np.ndarray]]
@@ -37,7 +37,7 @@ def _wide(M: np.ndarray, cols: np.ndarray, n_hosts: int) -> np.ndarray:
 
 
 def _axis(pred: ContentionPredictor, M3: np.ndarray, cols: np.ndarray, spans3: np.ndarray, changed: np.ndarray,
-          touched: np.ndarray, base: dict[str, np.ndarray] | None, rows: _Rows) -> Finish:
+          touched: np.ndarray, base: dict[str, np.ndarray] | None, rows: BatchRows) -> Finish:
     """Queue the model rows of one axis's changed / touched groups (``M3``: ``(C, n, len(cols))``,
     masks on the host columns ``cols``; rows go to the model full width); the returned function
     turns the model's values into the touched groups' figures (the contention rule of
@@ -113,11 +113,11 @@ class MoveScorer:
             self.base = base.groups[2]()
             self._fill()
             return
-        rows = _Rows()
+        rows = BatchRows()
         pending: dict[str, tuple[np.ndarray, np.ndarray, Finish]] = {}
         cols = np.arange(pred.spec.n_hosts)
         for a, g in self.granks.items():
-            M3 = _masks(base.hosts[None, :], base.idx[None, :], g, pred.spec.n_hosts)
+            M3 = group_masks(base.hosts[None, :], base.idx[None, :], g, pred.spec.n_hosts)
             spans3 = pred._spans(M3[0])[None, :]
             every = np.ones(spans3.shape, dtype=bool)
             pending[a] = (M3[0], spans3[0], _axis(pred, M3, cols, spans3, every, every, None, rows))
@@ -136,11 +136,11 @@ class MoveScorer:
     def step_ms(self, H: np.ndarray, Ix: np.ndarray) -> np.ndarray:
         """Predicted step time of each neighbour ``(H[j], Ix[j])``, equal to ``score``'s."""
         C = H.shape[0]
-        rows = _Rows()
+        rows = BatchRows()
         # the hosts the base and its neighbours use: narrow masks (a job's 16-32 of 128 hosts)
         cols = np.unique(np.concatenate([H.ravel(), self.placement.hosts]))
         Hc = np.searchsorted(cols, H)
-        pending = {a: self._plan(a, _masks(Hc, Ix, g, cols.size), cols, rows) for a, g in self.granks.items()}
+        pending = {a: self._plan(a, group_masks(Hc, Ix, g, cols.size), cols, rows) for a, g in self.granks.items()}
         vals = rows.run(self.pred)
         self.rows_sent = rows.n
         total = np.zeros(C)
@@ -180,7 +180,7 @@ class MoveScorer:
             ti, tg, got = self._last[a]
             at = ti == j
             b = {k: v.copy() for k, v in self.base[a].items()}
-            b["M"] = _masks(H[j:j + 1], Ix[j:j + 1], g, self.pred.spec.n_hosts)[0]
+            b["M"] = group_masks(H[j:j + 1], Ix[j:j + 1], g, self.pred.spec.n_hosts)[0]
             b["spans"][tg[at]] = self.pred._spans(b["M"][tg[at]])
             for k, v in got.items():
                 b[k][tg[at]] = v[at]
@@ -192,7 +192,7 @@ class MoveScorer:
         out.placement.groups = (self.pred, self.shape, lambda: out.base)
         return out
 
-    def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: _Rows
+    def _plan(self, a: str, M3: np.ndarray, cols: np.ndarray, rows: BatchRows
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Finish]:
         """Axis ``a``'s touched groups (their neighbour index), each neighbour's slowest untouched
         group, and the touched groups' pending figures."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.contention import ContentionPredictor
-from bandpilot.dispatch.search.shape import Placement, _host_aligned, _unit_gpus, group_ranks
+from bandpilot.dispatch.search.shape import Placement, host_aligned, unit_gpus, group_ranks
 from bandpilot.dispatch.search.shape_delta import MoveScorer
 from bandpilot.dispatch.search.shape_refine import best_move, tp_aligned
 from bandpilot.dispatch.shape import Shape
@@ -31,7 +31,7 @@ TARGETS = 4
 ROUND_ROWS = 1500
 ROWS = 6000
 #: Rounds at most, and the fewest candidates a round scores (large jobs: more than the row share).
-#: Measured (``python -m benchmarks shape``, h100-128 idle + busy, seed 0, true step time below
+#: Measured (``python -m benchmarks shape``, h100-128 idle + busy, one state set, true step time below
 #: blind; no pass 8.3 %): 20,000 rows, random sample 10.8 %, p50 74 ms (load 4); 6,000 rows in
 #: priority order, 8 a round 10.8 %, p50 43 ms; 16 a round 11.5 %, p50 49 ms (load 5.7).
 ROUNDS = 8
@@ -40,10 +40,10 @@ MIN_ROUND = 16
 #: the same figures as a full re-score); False re-scores every moved placement in full.
 INCREMENTAL = True
 #: Count :data:`ROWS` in the rows the incremental scorer sends (a move re-scores only the groups it
-#: touches: 11-16 % of a full re-score's rows on seed 0's busy tp=8,pp=4,dp=8), not in full
+#: touches: 11-16 % of a full re-score's rows on a busy tp=8,pp=4,dp=8 case), not in full
 #: re-scores (then the budget stopped k = 256 climbs after 3 rounds). Measured (h100-128, 2 busy + 1
-#: frag states; 5 %-noise guide, true step time): seed 0 busy0 tp=8,pp=4,dp=8 1,651 -> 1,533 ms;
-#: held-out seeds 1-4 every case identical, seeds 5-11 8 cases faster (up to -2.9 %), none slower;
+#: frag states; 5 %-noise guide, true step time): the tuning case busy tp=8,pp=4,dp=8 1,651 -> 1,533 ms;
+#: 4 held-out state sets every case identical, 7 more 8 cases faster (up to -2.9 %), none slower;
 #: CPU per select p50 7.9 -> 8.0 ms, p99 25.7 -> 25.4 ms. False: the full re-score count (before).
 COUNT_SENT = True
 
@@ -102,7 +102,7 @@ def nonlocal_moves(spec: ClusterSpec, p: Placement, free: np.ndarray, shape: Sha
     units = np.flatnonzero(room_u >= tp)
     units = units[np.lexsort((units, -room_u[units], exp_u[units] > 0))]
     units = _per_rack(units, rack[by_unit[start[units]]], on_rack, targets)
-    slots = {int(u): _host_aligned(_unit_gpus(spec, spare, by_unit[start[u]:start[u + 1]]), tp)[:tp] for u in units}
+    slots = {int(u): host_aligned(unit_gpus(spec, spare, by_unit[start[u]:start[u + 1]]), tp)[:tp] for u in units}
     # (its own unit too: a group over two trays of a domain may fit one tray's spare GPUs)
     G = k // tp
     gh = h0.reshape(G, tp)

@@ -25,7 +25,7 @@ from bandpilot.dispatch.shape import Shape
 from bandpilot.topology.cluster import popcount
 
 #: Model rows per refinement round (each neighbour costs about two rows per multi-host group).
-#: Measured (``python -m benchmarks shape``, 3 seeds of the h100-16m tables; CPU time per select on
+#: Measured (``python -m benchmarks shape``, 3 state sets of the h100-16m tables; CPU time per select on
 #: nvl72x16): no refinement 19.9 % below blind (true), p50 8.9 ms; 1,500 rows x 1 round 21.6 %,
 #: p50 14.6 ms; x 2 rounds 22.1 %, p50 19.9 ms, p99 2.5x; 3,000 x 3 rounds 22.3 %, p50 37.5 ms.
 ROWS = 1500

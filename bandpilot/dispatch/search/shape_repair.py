@@ -6,7 +6,7 @@ one on the H100 fabric; a half beside a tenant drags its partner). No move of th
 re-pairs them in one step: a swap changes one rank (a 3 + 5 group on the way), a relocation needs a
 unit with ``tp`` spare GPUs. Here the move is: spanning groups ``a`` and ``b``, hosts ``x`` (one of
 ``a``'s) and ``y`` (one of ``b``'s, ``y != x``) holding as many ranks of their group - ``a``'s ranks
-on ``x`` and ``b``'s ranks on ``y`` trade GPUs, in order. Found on seed 0's busy1 tp=8,pp=4,dp=8,
+on ``x`` and ``b``'s ranks on ``y`` trade GPUs, in order. Found on a busy tp=8,pp=4,dp=8 case,
 where the gap benchmark's oracle re-paired 4 + 4 halves (TP 23.4 -> 24.9 GB/s, PP 6.8 -> 8.8).
 
 Best-improvement rounds scored incrementally (:class:`shape_delta.MoveScorer`), under a budget of

@@ -147,7 +147,7 @@ def _spread_tail(got: np.ndarray, room: np.ndarray) -> np.ndarray:
     """A fullest-first split whose last unit holds one TP group, re-spread: the last full unit's
     groups and the partial units' go water-filled over the fewest partial units (less room than
     the fullest) that hold them with >= 2 each. A unit holding one group gives each DP group one
-    rank there, the slowest count pattern of the ring (seed 2 busy1 tp=2,pp=2,dp=32: 8 groups
+    rank there, the slowest count pattern of the ring (a busy tp=2,pp=2,dp=32 case: 8 groups
     as 4+3+1 vs 3+3+2, DP 20.7 vs 29.6 GB/s on the emulator). ``got`` unchanged when no unit holds
     one group or no such spread exists."""
     used = np.flatnonzero(got)

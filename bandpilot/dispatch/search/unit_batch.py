@@ -9,7 +9,7 @@ value whichever rows share the call: the single candidates are priced together (
 trays, up to :data:`BATCH_CELLS` row x tray cells per call). A domain with several candidates is
 searched as before (batching those was slower: block-diagonal rows, 16,042 x ~600 cells instead
 of x 18), except that a few consecutive ones share a call while the block rows stay within
-:data:`SEVERAL_CELLS` (the per-call overhead is the larger cost there: seed 0, k = 1-72, CPU
+:data:`SEVERAL_CELLS` (the per-call overhead is the larger cost there: tuning states, k = 1-72, CPU
 753-786 -> 627-650 ms over 32 selects, the same picks).
 """
 
@@ -23,8 +23,8 @@ from bandpilot.dispatch.contention import ContentionPredictor, Prediction
 from bandpilot.dispatch.search.context import Found, SearchContext
 
 #: Row x column cells of one batched call. The block rows' cells grow with the square of the
-#: domains in a call (139 lone rows x 2,502 trays at 2,000,000); seed 0 (tuning), k = 1-72 on the
-#: bench's 4 states: CPU 551-579 ms at 2,000,000, 499-543 at 40,000; seed 1 (held out): 472-518 ->
+#: domains in a call (139 lone rows x 2,502 trays at 2,000,000); tuning states, k = 1-72 on the
+#: bench's 4 states: CPU 551-579 ms at 2,000,000, 499-543 at 40,000; held-out states: 472-518 ->
 #: 454-468. Values are the same at any size (in-domain rows never contend).
 BATCH_CELLS = 40_000
 #: Row x column cells of a call shared by domains with several candidates each.
@@ -115,7 +115,7 @@ def best_each_bounded(ctx: SearchContext, units: Any, us: list[int], make: Calla
     bound (:func:`unit_bounds`) is below the best found in the unit of the highest bound, less the
     chooser's near-tie margin: none of their candidates could be chosen (near-ties are within
     ``margin`` of the best), so the result is the same; skipped units give None.
-    On the 10,008-GPU trained model (seed 0, k = 2 / 4) 1-3 of 78-139 domains are within 0.5 % of
+    On the 10,008-GPU trained model (tuning states, k = 2 / 4) 1-3 of 78-139 domains are within 0.5 % of
     the best."""
     bound = unit_bounds(ctx, units, us)
     if bound is None or len(us) < 2:

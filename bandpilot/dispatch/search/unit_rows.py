@@ -84,7 +84,7 @@ def _parts_of(units: Any, u: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.
     or after it, the remainder on the best-fitting such tray (unexposed, fewest free, best stage-1
     value for it, step)."""
     ctx = units.ctx
-    order, free, cum, suf, n = _fill_table(units)
+    order, free, cum, suf, n = fill_table(units)
     L = order.shape[1]
     steps = np.arange(L)
     m = n[u]
@@ -111,7 +111,7 @@ def _parts_of(units: Any, u: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.
     return ptr, hosts, counts
 
 
-def _fill_table(units: Any) -> tuple[np.ndarray, ...]:
+def fill_table(units: Any) -> tuple[np.ndarray, ...]:
     """Every unit's free trays in fill order (unexposed, fullest, best stage-1 value, host), padded
     to the largest unit: ``(hosts (U, L), free (U, L), prefix sums (U, L + 1), suffix maxima (U, L),
     free trays (U,))`` (padding: host 0 with 0 free) - once per request, from one sort of all free
