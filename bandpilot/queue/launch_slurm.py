@@ -133,7 +133,7 @@ def batch_script(ranks: Sequence[str], body: str | None = None, *, types: Mappin
     single = single_job(comps)
     tag = f" for {job}" if job else ""
     lines = ["#!/bin/bash", *sbatch_header(comps, extra),
-             f"# BandPilot's placement{tag}: {len(ranks)} GPUs on {len(comps)} nodes"
+             f"# BandPilot's placement{tag}: {len(ranks)} GPUs on {len(comps)} node{'' if len(comps) == 1 else 's'}"
              + ("" if single else " (one heterogeneous component per node: per-node counts differ or indices are pinned)")]
     lines += [f"#   {c.node}: GPUs {','.join(map(str, c.gpus))} (rank order)" for c in comps]
     lines += [
