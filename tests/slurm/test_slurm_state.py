@@ -33,6 +33,8 @@ def test_state_reflects_jobs_holding_gpus_and_drained_nodes(slurm_clean):
     c.wait_running(b)
     c.run(["scontrol", "update", f"NodeName={n0}", "State=DRAIN", "Reason=maintenance window"])
     snap = read_state(c.spec, env=c.env)
+    text = read_state(c.spec, env=c.env, form="text")
+    assert text.state.to_dict() == snap.state.to_dict() and text.unavailable == snap.unavailable
     truth: dict[str, list[int]] = {}
     for jid in (a, b):
         for node, idx in granted(c, jid).items():
@@ -80,8 +82,9 @@ def test_a_read_racing_job_ends_never_fails(slurm_clean):
         c.run(["sbatch", "-o", "/dev/null", "-w", c.nodes[i % 4], "--gres=gpu:2", "--wrap", f"sleep {0.5 + i % 3}"])
     counts: list[int] = []
     end = time.monotonic() + 90
+    forms = iter(["json", "text"] * 1000)
     while time.monotonic() < end:
-        snap = read_state(c.spec, env=c.env)
+        snap = read_state(c.spec, env=c.env, form=next(forms))
         State.from_dict(c.spec, snap.state.to_dict())
         counts.append(len(snap.state.jobs))
         if max(counts) and not c.job_ids():
