@@ -63,6 +63,8 @@ def conf_cmd(
 @slurm_app.command("state")
 def state_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the state JSON here (atomically) instead of stdout."),
+    form: str = typer.Option("auto", "--form", help="How to read Slurm: auto (JSON where sinfo/squeue have --json, else "
+                             "text) | json | text (scontrol -o)."),
     cluster: Optional[str] = CLUSTER_OPT,
     store: Optional[str] = STORE_OPT,
 ) -> None:
@@ -72,7 +74,7 @@ def state_cmd(
 
     from bandpilot.integrations.slurm.state import read_state
 
-    snap = read_state(cluster_spec(cluster, store))
+    snap = read_state(cluster_spec(cluster, store), form=form)
     doc = snap.state.to_dict()
     if out:
         from bandpilot.io import write_json_atomic

@@ -2,10 +2,11 @@
 hold them, and which nodes are drained or down, as a :class:`~bandpilot.dispatch.state.State`
 (the ``{"free": [...], "jobs": [...]}`` document ``bandpilot select --state`` takes).
 
-Two reads, in the one-line text form every Slurm version prints (``scontrol -o show node -d``,
-then ``scontrol -o show job -d``): the node read says what each node has in use (``GresUsed=
-gpu:3(IDX:0-2)``) and its state, the job read groups the busy indices by job (``Nodes=h100-1 ...
-GRES=gpu:3(IDX:0-2)``). A GPU is busy when either read says so, so a job that starts or ends
+Two reads, nodes then jobs: ``sinfo --json`` and ``squeue --json`` where Slurm's clients have
+them (22.05 has them for sinfo and squeue, not scontrol; a job's ``gres_detail`` carries its GPU
+indices per node), else the one-line text form every version prints (``scontrol -o show node
+-d``: what each node has in use, ``GresUsed=gpu:3(IDX:0-2)``, and its state; ``scontrol -o show
+job -d``: ``Nodes=h100-1 ... GRES=gpu:3(IDX:0-2)`` per job). A GPU is busy when either read says so, so a job that starts or ends
 between the reads leaves its GPUs busy for this snapshot - BandPilot never asks for a busy GPU,
 at worst it misses a GPU freed a moment ago. GPUs of nodes that are drained, down, failed, not
 responding or unknown to Slurm are in neither list (unavailable).
@@ -13,12 +14,15 @@ responding or unknown to Slurm are in neither list (unavailable).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from bandpilot.dispatch.state import Job, State
-from bandpilot.integrations.slurm.commands import run
+from bandpilot.errors import one_of
+from bandpilot.integrations.slurm.commands import SlurmError, run
 from bandpilot.integrations.slurm.hostlist import expand, expand_indices
 from bandpilot.topology.cluster import ClusterSpec
 
@@ -58,6 +62,11 @@ class NodeInfo:
         return "+".join(self.states)
 
 
+def gres_count(gres: str) -> int:
+    """GPUs in a node's ``Gres=`` (``gpu:8``, ``gpu:h100_0:1(S:0),gpu:h100_1:1(S:0)``)."""
+    return sum(int(m.group(2)) for m in _GRES_COUNT.finditer(re.sub(r"\(S:[^)]*\)", "", gres)))
+
+
 def parse_nodes(text: str) -> dict[str, NodeInfo]:
     """``scontrol -o show node -d`` -> node name -> :class:`NodeInfo`."""
     out: dict[str, NodeInfo] = {}
@@ -67,8 +76,7 @@ def parse_nodes(text: str) -> dict[str, NodeInfo]:
             continue
         raw_state = _field(line, "State") or "UNKNOWN"
         states = tuple(s.strip("*~#!%$@^-") for s in raw_state.split("+") if s)
-        gres = _field(line, "Gres") or ""
-        total = sum(int(m.group(2)) for m in _GRES_COUNT.finditer(gres.split("(S:")[0] if "(S:" in gres else gres))
+        total = gres_count(_field(line, "Gres") or "")
         used: set[int] = set()
         for m in _GRES_IDX.finditer(_field(line, "GresUsed") or ""):
             if int(m.group(1)):
@@ -104,6 +112,47 @@ def parse_jobs(text: str) -> list[JobGpus]:
                     gpus[node] = tuple(sorted(set(gpus.get(node, ()) + tuple(idx))))
         if gpus:
             jobs.append(JobGpus(jid, state, gpus))
+    return jobs
+
+
+def _words(value) -> list[str]:
+    """A JSON state that is a string (22.05) or a list of strings (23.11+), as upper-case words."""
+    items = value if isinstance(value, list) else [value] if value else []
+    return [str(w).upper() for item in items for w in str(item).split("+") if w]
+
+
+def parse_nodes_json(text: str) -> dict[str, NodeInfo]:
+    """``sinfo --json`` -> node name -> :class:`NodeInfo` (no per-index use: the jobs carry it)."""
+    doc = json.loads(text)
+    out: dict[str, NodeInfo] = {}
+    for n in doc.get("nodes") or []:
+        name = n.get("name") or n.get("hostname")
+        if not name or name in out:  # a node in several partitions is listed once per partition
+            continue
+        states = tuple(dict.fromkeys(_words(n.get("state")) + _words(n.get("state_flags"))))
+        reason = n.get("reason") or ""
+        out[name] = NodeInfo(name, states or ("UNKNOWN",), gres_count(str(n.get("gres") or "")), (),
+                             reason if isinstance(reason, str) else "")
+    return out
+
+
+def parse_jobs_json(text: str) -> list[JobGpus]:
+    """``squeue --json`` -> the GPU-holding jobs; ``gres_detail[i]`` belongs to the i-th node of
+    the job's node list."""
+    doc = json.loads(text)
+    jobs: list[JobGpus] = []
+    for j in doc.get("jobs") or []:
+        states = _words(j.get("job_state"))
+        if not states or states[0] not in HOLDING:
+            continue
+        nodes = expand(str(j.get("nodes") or ""))
+        gpus: dict[str, tuple[int, ...]] = {}
+        for node, detail in zip(nodes, j.get("gres_detail") or []):
+            idx = [i for g in _GRES_IDX.finditer(str(detail)) for i in expand_indices(g.group(2))]
+            if idx:
+                gpus[node] = tuple(sorted(set(idx)))
+        if gpus:
+            jobs.append(JobGpus(str(j.get("job_id")), states[0], gpus))
     return jobs
 
 
@@ -171,8 +220,31 @@ def build_state(spec: ClusterSpec, nodes: Mapping[str, NodeInfo], jobs: list[Job
     return Snapshot(State(spec, free, tuple(state_jobs)), dict(nodes), missing, extra, tuple(jobs))
 
 
-def read_state(spec: ClusterSpec, env: Mapping[str, str] | None = None) -> Snapshot:
-    """Read nodes then jobs from the running Slurm (:class:`SlurmError` when it does not answer)."""
+FORMS = ("auto", "json", "text")
+_NO_JSON: set[str] = set()  # Slurm configurations (SLURM_CONF) whose clients refused --json
+
+
+def read_state(spec: ClusterSpec, env: Mapping[str, str] | None = None, form: str = "auto") -> Snapshot:
+    """Read nodes then jobs from the running Slurm (:class:`SlurmError` when it does not answer).
+
+    ``json``: ``sinfo --json`` and ``squeue --json`` (Slurm 21.08+ built with its JSON
+    serializer); ``text``: the one-line ``scontrol -o show node|job -d``, which every version
+    prints; ``auto``: JSON where the clients have it, else text."""
+    one_of(form, FORMS, "state form", SlurmError)
+    key = (env or os.environ).get("SLURM_CONF", "")
+    if form == "json" or (form == "auto" and key not in _NO_JSON):
+        try:
+            nodes = parse_nodes_json(run(["sinfo", "--json"], env=env))
+            jobs = parse_jobs_json(run(["squeue", "--json"], env=env))
+            return build_state(spec, nodes, jobs)
+        except SlurmError as exc:
+            if form == "json" or exc.code == "slurm_unavailable":  # refused --json: the text form below
+                raise
+            _NO_JSON.add(key)
+        except (ValueError, AttributeError, TypeError) as exc:
+            if form == "json":
+                raise SlurmError(f"cannot read Slurm's JSON output: {exc}") from None
+            _NO_JSON.add(key)
     nodes = parse_nodes(run(["scontrol", "-o", "show", "node", "-d"], env=env))
     jobs = parse_jobs(run(["scontrol", "-o", "show", "job", "-d"], env=env))
     return build_state(spec, nodes, jobs)
