@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,57 @@ def test_a_gpu_job_runs_on_the_cluster(slurm_clean):
     c.wait_running(jid)
     detail = c.run(["scontrol", "show", "job", "-d", jid]).stdout
     assert re.search(rf"Nodes={c.nodes[1]} .*GRES=gpu(:\w+)?:3\(IDX:[0-9,-]+\)", detail), detail
+
+
+@pytest.fixture(scope="module")
+def het_cluster(slurm_available, tmp_path_factory):
+    """het4mix (four GPU models, two sockets each, uneven intra-host bandwidth) with a gres type per
+    GPU index: a second cluster, started after the shared one's tests in this module."""
+    from harness import SlurmCluster
+
+    from bandpilot.topology.cluster import load_cluster
+
+    spec = load_cluster(Path(__file__).resolve().parents[2] / "params" / "clusters" / "het4mix.yaml")
+    with SlurmCluster(tmp_path_factory.mktemp("het"), spec, gpu_type="{gpu}_{index}") as c:
+        yield c
+
+
+def job_gpus(c, job_id: str) -> list[int]:
+    text = c.run(["scontrol", "-o", "show", "job", "-d", job_id]).stdout
+    from bandpilot.integrations.slurm.hostlist import expand_indices
+
+    return sorted(i for m in re.finditer(r"\(IDX:([^)]*)\)", text) for i in expand_indices(m.group(1)))
+
+
+def test_slurm_picks_follow_the_generated_sockets_and_links(het_cluster):
+    """With GPU 0 of the V100 host busy, Slurm's own pick of 2 GPUs (no BandPilot involved) comes
+    from the idle socket and a pair the measured bandwidth rates best there - not first-fit 1,2."""
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.integrations.slurm.config import link_counts, pair_bandwidth
+
+    c = het_cluster
+    h = c.spec.host_index["v100"]
+    links = link_counts(pair_bandwidth(make_fabric(c.spec), h))
+    held = c.hold({"v100": 1}, 300)
+    c.wait_running(held)
+    assert job_gpus(c, held) == [0]
+    for opt in ("--gres=gpu:2", "--gpus=2"):
+        jid = c.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "v100", opt, "--wrap", "sleep 300"]).stdout.strip()
+        c.wait_running(jid)
+        a, b = job_gpus(c, jid)
+        assert a >= 4 and b >= 4, (opt, a, b)  # the idle socket (GPUs 4-7)
+        assert links[a, b] == links[4:, 4:].max() > links[1, 2], (opt, a, b, links)
+        c.run(["scancel", jid])
+    c.cancel_all()
+
+
+def test_per_index_gres_types_pin_gpu_indices(het_cluster):
+    c = het_cluster
+    jid = c.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "a6000",
+                 "--gres=gpu:a6000_2:1,gpu:a6000_5:1,gpu:a6000_7:1", "--wrap", "sleep 300"]).stdout.strip()
+    c.wait_running(jid)
+    assert job_gpus(c, jid) == [2, 5, 7]
+    from bandpilot.integrations.slurm.state import read_state
+
+    assert read_state(c.spec, env=c.env).allocated()["a6000"] == [2, 5, 7]
+    c.cancel_all()

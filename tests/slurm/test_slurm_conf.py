@@ -37,12 +37,14 @@ def test_gres_conf_has_one_line_per_gpu_with_links_and_optional_types():
     spec = load_cluster(H100)
     text = gres_conf(spec, make_fabric(spec))
     lines = [ln for ln in text.splitlines() if ln.startswith("NodeName=")]
-    assert len(lines) == 8 and lines[0].startswith("NodeName=h100-[0-3] Name=gpu File=/dev/nvidia0 Links=-1,16,")
+    assert len(lines) == 8 and lines[0].startswith("NodeName=h100-[0-3] Name=gpu File=/dev/nvidia0 Cores=0-31 Links=-1,16,")
+    assert "File=/dev/nvidia5 Cores=32-63 Links=" in lines[5]  # the spec's numa: GPUs 4-7 on the second socket
     assert "AutoDetect=off" in text and "Type=" not in text
     typed = gres_conf(spec, make_fabric(spec), ConfOptions(gpu_type="{gpu}_{index}"))
-    assert "Name=gpu Type=h100_3 File=/dev/nvidia3 Links=16,16,16,-1," in typed
+    assert "Name=gpu Type=h100_3 File=/dev/nvidia3 Cores=0-31 Links=16,16,16,-1," in typed
     assert node_lines(spec, ConfOptions(gpu_type="{gpu}_{index}"))[0].startswith(
-        "NodeName=h100-[0-3] CPUs=64 RealMemory=524288 Gres=gpu:h100_0:1,gpu:h100_1:1,")
+        "NodeName=h100-[0-3] CPUs=64 Sockets=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=524288 "
+        "Gres=gpu:h100_0:1,gpu:h100_1:1,")
     assert "Gres=gpu:h100:8 " in node_lines(spec, ConfOptions(gpu_type="{gpu}"))[0]
 
 
@@ -91,7 +93,7 @@ def test_cli_conf_writes_readable_files(tmp_path, capsys):
     for name in ("slurm.bandpilot.conf", "gres.conf", "topology.conf"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644
     frag = (tmp_path / "slurm.bandpilot.conf").read_text()
-    assert "TopologyPlugin=topology/tree" in frag and "NodeName=gb200-[0-287] CPUs=32 RealMemory=262144 Gres=gpu:4" in frag
+    assert "TopologyPlugin=topology/tree" in frag and "NodeName=gb200-[0-287] CPUs=32 Sockets=2 CoresPerSocket=16 ThreadsPerCore=1 RealMemory=262144 Gres=gpu:4" in frag
     assert main(["slurm", "conf", "--cluster", str(NVL), "--out", str(tmp_path), "--topology", "block",
                  "--slurm-version", "22.05.8"]) == 2
     assert "error: topology/block needs Slurm 23.11 or newer" in capsys.readouterr().err

@@ -114,13 +114,29 @@ def _group(spec: ClusterSpec, line_of: Callable[[int], str]) -> list[tuple[list[
     return [(names, line) for line, names in groups.items()]
 
 
+def sockets(spec: ClusterSpec, h: int, opts: ConfOptions) -> tuple[int, int, list[int]] | None:
+    """``(sockets, cores per socket, socket of each GPU)`` from the spec's ``numa`` list (None
+    without one): GPU i's NUMA node is taken as its socket, numbered in order of the NUMA ids."""
+    host = spec.hosts[h]
+    numa = host.topology.numa
+    if not numa:
+        return None
+    ids = sorted(set(numa))
+    n_sockets = len(ids)
+    per = max(1, -(-opts.cpus_per_gpu * host.n_gpus // n_sockets))
+    return n_sockets, per, [ids.index(x) for x in numa]
+
+
 def node_lines(spec: ClusterSpec, opts: ConfOptions = ConfOptions()) -> list[str]:
-    """``NodeName=`` lines: CPUs, RealMemory and ``Gres=`` per node (grouped where identical)."""
+    """``NodeName=`` lines: CPUs (and sockets where the spec knows each GPU's NUMA node),
+    RealMemory and ``Gres=`` per node (grouped where identical)."""
 
     def line(h: int) -> str:
         n = spec.hosts[h].n_gpus
-        words = [f"CPUs={max(1, opts.cpus_per_gpu * n)}", f"RealMemory={max(1, opts.memory_mb_per_gpu * n)}",
-                 f"Gres={_gres(spec, h, opts)}"]
+        sock = sockets(spec, h, opts)
+        cpus = [f"CPUs={sock[0] * sock[1]}", f"Sockets={sock[0]}", f"CoresPerSocket={sock[1]}", "ThreadsPerCore=1"] \
+            if sock else [f"CPUs={max(1, opts.cpus_per_gpu * n)}"]
+        words = [*cpus, f"RealMemory={max(1, opts.memory_mb_per_gpu * n)}", f"Gres={_gres(spec, h, opts)}"]
         extra = opts.node_extra.get(spec.hosts[h].name)
         if extra:
             words.append(extra)
@@ -155,10 +171,14 @@ def gres_conf(spec: ClusterSpec, fabric, opts: ConfOptions = ConfOptions()) -> s
     per_host: dict[int, list[str]] = {}
     for h, host in enumerate(spec.hosts):
         links = link_counts(pair_bandwidth(fabric, h))
+        sock = sockets(spec, h, opts)
         rows = []
         for i in range(host.n_gpus):
             t = gpu_type_name(opts.gpu_type, host.gpu, i)
             words = ["Name=gpu"] + ([f"Type={t}"] if t else []) + [f"File={opts.device_template.format(index=i)}"]
+            if sock:  # the GPU's socket: Slurm keeps a job's GPUs on as few sockets as it can
+                first = sock[2][i] * sock[1]
+                words.append(f"Cores={first}-{first + sock[1] - 1}")
             if host.n_gpus > 1:
                 words.append("Links=" + ",".join(str(int(c)) for c in links[i]))
             rows.append(" ".join(words))
