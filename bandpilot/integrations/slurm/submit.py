@@ -30,6 +30,7 @@ _TYPED = re.compile(r"gpu:([^:(,]+):(\d+)")
 _INDEX = re.compile(r"(\d+)$")
 _NODE = re.compile(r"(?<![A-Za-z_])NodeName=(\S+)")
 _GRES = re.compile(r"(?<![A-Za-z_])Gres=(\S+)")
+_SOCKETS = re.compile(r"\(S:[^)]*\)")
 
 
 def node_types(node_text: str) -> dict[str, dict[int, str]]:
@@ -40,7 +41,7 @@ def node_types(node_text: str) -> dict[str, dict[int, str]]:
         name, gres = _NODE.search(line), _GRES.search(line)
         if not name or not gres:
             continue
-        pairs = _TYPED.findall(gres.group(1).split("(S:")[0])
+        pairs = _TYPED.findall(_SOCKETS.sub("", gres.group(1)))
         idx: dict[int, str] = {}
         for t, c in pairs:
             m = _INDEX.search(t)
