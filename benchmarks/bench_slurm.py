@@ -1,12 +1,13 @@
 """Submissions through real Slurm daemons: does Slurm grant exactly BandPilot's choice, and how long do
 the state read and the placement take?
 
-    python -m benchmarks slurm [--nodes 32] [--submissions 30] [--seed 0] [--untyped]
+    python -m benchmarks slurm [--nodes 32] [--submissions 30] [--seed 0] [--busy 0.5] [--untyped]
 
 Starts a Slurm cluster on this machine (tests/slurm/harness.py: munged, slurmctld, one slurmd per
 node; ``--nodes`` hosts x 8 H100 of the built-in h100 spec, gres.conf with one type per GPU index
 unless ``--untyped``, ``bf_interval=1``), then ``--submissions`` times: cancels every job, makes a
-random busy state (one heterogeneous job holding 0-8 GPUs on each of a random half of the nodes),
+random busy state (one heterogeneous job holding 1-8 GPUs on each of a random ``--busy`` fraction of
+the nodes),
 submits a job of k = 2-24 GPUs (every third with a parallelism shape) through
 :func:`bandpilot.integrations.slurm.submit.submit` and reads back what Slurm granted.
 Reported: the fraction whose granted nodes and per-node counts equal BandPilot's (target 100 %), the
@@ -48,9 +49,9 @@ def spec_of(nodes: int, work: Path):
     return load_cluster(path)
 
 
-def busy_state(c: SlurmCluster, rng: np.random.Generator) -> None:
+def busy_state(c: SlurmCluster, rng: np.random.Generator, busy: float) -> None:
     c.cancel_all()
-    chosen = rng.choice(len(c.nodes), size=max(1, len(c.nodes) // 2), replace=False)
+    chosen = rng.choice(len(c.nodes), size=max(1, round(len(c.nodes) * busy)), replace=False)
     hold = {c.nodes[i]: int(rng.integers(1, 9)) for i in sorted(chosen)}
     c.wait_running(c.hold(hold, seconds=3600), timeout=120)
 
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--submissions", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--busy", type=float, default=0.5, help="fraction of nodes holding 1-8 GPUs in each state")
     ap.add_argument("--untyped", action="store_true", help="gres.conf without per-index types")
     args = ap.parse_args(argv)
     reason = ensure_slurm()
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             disp = Dispatcher(make_fabric(spec))
             rows = []
             for n in range(args.submissions):
-                busy_state(c, rng)
+                busy_state(c, rng, args.busy)
                 free = read_live(spec, c.env).snapshot.state.n_free  # small clusters: k fits what is free
                 k = min(int(rng.integers(2, 25)), free)
                 shape = None
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"read+place {rows[-1][5]:6.1f} ms, submit->grant {total:6.0f} ms", flush=True)
             c.cancel_all()
     rp = np.array([r[5] for r in rows])
-    print(f"\n| {args.nodes} nodes, {len(rows)} submissions | value | target |\n|---|---|---|")
+    print(f"\n| {args.nodes} nodes, {len(rows)} submissions, busy {args.busy:g} | value | target |\n|---|---|---|")
     print(f"| nodes + per-node counts equal BandPilot's | {100 * np.mean([r[3] for r in rows]):.0f} % | 100 % |")
     print(f"| GPU indices equal BandPilot's | {100 * np.mean([r[4] for r in rows]):.0f} % | "
           f"{'0 % promised (untyped gres)' if args.untyped else '100 % (per-index gres types)'} |")

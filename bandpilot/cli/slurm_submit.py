@@ -129,7 +129,7 @@ def serve_cmd(
     svc = Service(Placer(_dispatcher(spec, model), spec, refresh=refresh), host, port).start()
     typer.echo(f"BandPilot placement for Slurm at {svc.url}/place?gpus=N (cluster {spec.name}); Ctrl-C stops")
     try:
-        svc._stop.wait()
+        svc.wait()
     except KeyboardInterrupt:
         pass
     finally:

@@ -216,3 +216,35 @@ def test_queue_show_slurm_script_is_accepted_as_printed(slurm_clean, tmp_path, c
     assert sorted(r[1] for r in rows) == list(range(11)), out.read_text()
     for node, rank, _p, _local, _cvd in rows:
         assert node == ranks[rank].rpartition(":")[0]
+
+
+def test_cli_serve_answers_and_lua_is_written(clean, tmp_path):
+    import subprocess
+    import sys
+    import urllib.request
+
+    c = clean
+    port = free_ports(1)[0]
+    spec = str(ROOT / "params" / "clusters" / "h100.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "bandpilot", "slurm", "serve", "--port", str(port), "--cluster", spec],
+                            env=c.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "place?gpus=N" in proc.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/place?gpus=4", timeout=10) as r:
+            reply = dict(line.split("=", 1) for line in r.read().decode().splitlines())
+        assert len(reply["gpus"].split(",")) == 4 and reply["req_nodes"] in c.nodes and reply["exact"] == "indices"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/place?gpus=x", timeout=10)
+            raise AssertionError("gpus=x answered")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 409 and "positive integer" in exc.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    out = tmp_path / "job_submit.lua"
+    r = subprocess.run([sys.executable, "-m", "bandpilot", "slurm", "lua", "-o", str(out), "--url", f"http://127.0.0.1:{port}"],
+                       env=c.env, capture_output=True, text=True)
+    assert r.returncode == 0 and f'"http://127.0.0.1:{port}"' in out.read_text() and out.stat().st_mode & 0o044
+    r = subprocess.run([sys.executable, "-m", "bandpilot", "slurm", "lua", "-o", str(out), "--url", "gopher://x"],
+                       env=c.env, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and "gopher" in r.stderr

@@ -152,6 +152,11 @@ class Service:
             self._threads.append(t)
         return self
 
+    def wait(self) -> None:
+        """Block until :meth:`stop` (from another thread) or KeyboardInterrupt."""
+        while not self._stop.wait(3600):
+            pass
+
     def stop(self) -> None:
         self._stop.set()
         self.httpd.shutdown()

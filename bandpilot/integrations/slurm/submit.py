@@ -234,7 +234,11 @@ def submit(dispatcher: Any, spec: ClusterSpec, k: int, body: str, *, options: Se
         return sub
     sub.job_id = sbatch(script, env)
     if wait > 0:
-        sub.grant = wait_grant(sub.job_id, env, wait)
+        try:
+            sub.grant = wait_grant(sub.job_id, env, wait)
+        except SlurmError as exc:  # the job is in Slurm: say which, so it is never lost track of
+            raise SlurmError(f"job {sub.job_id} was submitted, but reading its grant failed: {exc}",
+                             code=exc.code) from None
         if sub.grant.gpus:
             known = [g for g in sub.grant.gpu_ids if g.rpartition(":")[0] in spec.host_index]
             if known:
