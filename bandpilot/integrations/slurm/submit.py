@@ -64,13 +64,20 @@ class Live:
 
 
 def read_live(spec: ClusterSpec, env: Mapping[str, str] | None = None) -> Live:
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.perf_counter()
-    node_text = run(["scontrol", "-o", "show", "node", "-d"], env=env)
+    # both reads at once (each is a client process and a round trip); a GPU either read calls busy
+    # stays busy (state.build_state), so their order does not matter
+    with ThreadPoolExecutor(2) as pool:
+        jobs_read = pool.submit(run, ["scontrol", "-o", "show", "job", "-d"], env=env)
+        node_text = run(["scontrol", "-o", "show", "node", "-d"], env=env)
+        job_text = jobs_read.result()
     nodes = parse_nodes(node_text)
     if not set(nodes) & set(spec.host_index):
         raise SlurmError(f"Slurm knows none of cluster {spec.name}'s hosts ({', '.join(spec.host_names[:3])}...); "
                          f"its nodes are {', '.join(list(nodes)[:5]) or 'none'}", code="not_found")
-    snap = build_state(spec, nodes, parse_jobs(run(["scontrol", "-o", "show", "job", "-d"], env=env)))
+    snap = build_state(spec, nodes, parse_jobs(job_text))
     return Live(snap, node_types(node_text), (time.perf_counter() - t0) * 1e3)
 
 
