@@ -63,8 +63,8 @@ def conf_cmd(
 @slurm_app.command("state")
 def state_cmd(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the state JSON here (atomically) instead of stdout."),
-    form: str = typer.Option("auto", "--form", help="How to read Slurm: auto (JSON where sinfo/squeue have --json, else "
-                             "text) | json | text (scontrol -o)."),
+    form: str = typer.Option("text", "--form", help="How to read Slurm: text (scontrol -o, every version; the faster) | "
+                             "json (sinfo/squeue --json)."),
     cluster: Optional[str] = CLUSTER_OPT,
     store: Optional[str] = STORE_OPT,
 ) -> None:

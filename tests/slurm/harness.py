@@ -311,6 +311,8 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=2
+# hetjobs (uneven per-node GPU counts) start only from the backfill scheduler: every 2 s here, not 30
+SchedulerParameters=bf_interval=2
 InactiveLimit=0
 {self.extra_conf}
 Include {self.conf_dir / FRAGMENT}

@@ -57,15 +57,18 @@ def job_gpus(c, job_id: str) -> list[int]:
     return sorted(i for m in re.finditer(r"\(IDX:([^)]*)\)", text) for i in expand_indices(m.group(1)))
 
 
-def test_slurm_picks_follow_the_generated_sockets_and_links(het_cluster):
-    """With GPU 0 of the V100 host busy, Slurm's own pick of 2 GPUs (no BandPilot involved) comes
-    from the idle socket and a pair the measured bandwidth rates best there - not first-fit 1,2."""
+def het_links(c, host: str):
     from bandpilot.fabric.emulator import make_fabric
     from bandpilot.integrations.slurm.config import link_counts, pair_bandwidth
 
+    return link_counts(pair_bandwidth(make_fabric(c.spec), c.spec.host_index[host]))
+
+
+def test_slurm_picks_follow_the_generated_sockets(het_cluster):
+    """With GPU 0 of the V100 host busy, Slurm's own pick of 2 GPUs (no BandPilot involved) comes
+    from the idle socket (Cores= from the spec's numa) - not first-fit 1,2."""
     c = het_cluster
-    h = c.spec.host_index["v100"]
-    links = link_counts(pair_bandwidth(make_fabric(c.spec), h))
+    links = het_links(c, "v100")
     held = c.hold({"v100": 1}, 300)
     c.wait_running(held)
     assert job_gpus(c, held) == [0]
@@ -76,6 +79,22 @@ def test_slurm_picks_follow_the_generated_sockets_and_links(het_cluster):
         assert a >= 4 and b >= 4, (opt, a, b)  # the idle socket (GPUs 4-7)
         assert links[a, b] == links[4:, 4:].max() > links[1, 2], (opt, a, b, links)
         c.run(["scancel", jid])
+    c.cancel_all()
+
+
+def test_slurm_job_level_gpu_picks_follow_the_generated_links(het_cluster):
+    """A6000 with GPUs 0 and 4 busy: each socket has three free GPUs, one measured-fast pair among
+    them (2-3, 6-7) and a slow first-fit pair (1-2, 5-6). Slurm 22.05 picks the fast pair for a
+    job-level --gpus=2; per-node --gres=gpu:2 stays first-fit inside the socket."""
+    c = het_cluster
+    links = het_links(c, "a6000")
+    assert links[2, 3] == links[6, 7] == 16 and links[1, 2] < 16 and links[5, 6] < 16, links
+    held = c.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "a6000", "--gres=gpu:a6000_0:1,gpu:a6000_4:1",
+                  "--wrap", "sleep 300"]).stdout.strip()
+    c.wait_running(held)
+    jid = c.run(["sbatch", "--parsable", "-o", "/dev/null", "-w", "a6000", "--gpus=2", "--wrap", "sleep 300"]).stdout.strip()
+    c.wait_running(jid)
+    assert job_gpus(c, jid) in ([2, 3], [6, 7])
     c.cancel_all()
 
 

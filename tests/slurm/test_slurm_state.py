@@ -33,8 +33,8 @@ def test_state_reflects_jobs_holding_gpus_and_drained_nodes(slurm_clean):
     c.wait_running(b)
     c.run(["scontrol", "update", f"NodeName={n0}", "State=DRAIN", "Reason=maintenance window"])
     snap = read_state(c.spec, env=c.env)
-    text = read_state(c.spec, env=c.env, form="text")
-    assert text.state.to_dict() == snap.state.to_dict() and text.unavailable == snap.unavailable
+    js = read_state(c.spec, env=c.env, form="json")
+    assert js.state.to_dict() == snap.state.to_dict() and js.unavailable == snap.unavailable
     truth: dict[str, list[int]] = {}
     for jid in (a, b):
         for node, idx in granted(c, jid).items():

@@ -84,12 +84,29 @@ def parse_version(text: str) -> Version:
 
 
 def slurm_version(env: Mapping[str, str] | None = None) -> Version:
-    """The installed Slurm's version (``scontrol --version``; needs no running controller)."""
-    return parse_version(run(["scontrol", "--version"], env=env))
+    """The installed Slurm's version: ``scontrol --version``, which needs a configuration source,
+    else ``slurmctld -V`` / ``slurmd -V`` (a controller host, or one with no slurm.conf yet)."""
+    first: SlurmError | None = None
+    for args in (["scontrol", "--version"], ["slurmctld", "-V"], ["slurmd", "-V"]):
+        try:
+            return parse_version(run(args, env=_with_sbin(env)))
+        except SlurmError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
+def _with_sbin(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The daemons live in /usr/sbin, often not on a user's PATH."""
+    full = _env(env)
+    path = full.get("PATH", "")
+    if "/usr/sbin" not in path.split(":"):
+        full["PATH"] = path + ":/usr/sbin:/sbin" if path else "/usr/sbin:/sbin"
+    return full
 
 
 def installed_version(env: Mapping[str, str] | None = None) -> Version | None:
-    """The installed Slurm's version, or None where no Slurm client is installed."""
+    """The installed Slurm's version, or None where no Slurm is installed."""
     try:
         return slurm_version(env)
     except SlurmError:

@@ -2,11 +2,11 @@
 hold them, and which nodes are drained or down, as a :class:`~bandpilot.dispatch.state.State`
 (the ``{"free": [...], "jobs": [...]}`` document ``bandpilot select --state`` takes).
 
-Two reads, nodes then jobs: ``sinfo --json`` and ``squeue --json`` where Slurm's clients have
-them (22.05 has them for sinfo and squeue, not scontrol; a job's ``gres_detail`` carries its GPU
-indices per node), else the one-line text form every version prints (``scontrol -o show node
--d``: what each node has in use, ``GresUsed=gpu:3(IDX:0-2)``, and its state; ``scontrol -o show
-job -d``: ``Nodes=h100-1 ... GRES=gpu:3(IDX:0-2)`` per job). A GPU is busy when either read says so, so a job that starts or ends
+Two reads, nodes then jobs, in the one-line text form every version prints (``scontrol -o show
+node -d``: what each node has in use, ``GresUsed=gpu:3(IDX:0-2)``, and its state; ``scontrol -o
+show job -d``: ``Nodes=h100-1 ... GRES=gpu:3(IDX:0-2)`` per job), or on request in JSON
+(``sinfo --json`` and ``squeue --json``: 22.05 has them, scontrol has no ``--json`` there; a
+job's ``gres_detail`` carries its GPU indices per node). A GPU is busy when either read says so, so a job that starts or ends
 between the reads leaves its GPUs busy for this snapshot - BandPilot never asks for a busy GPU,
 at worst it misses a GPU freed a moment ago. GPUs of nodes that are drained, down, failed, not
 responding or unknown to Slurm are in neither list (unavailable).
@@ -15,7 +15,6 @@ responding or unknown to Slurm are in neither list (unavailable).
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -220,31 +219,25 @@ def build_state(spec: ClusterSpec, nodes: Mapping[str, NodeInfo], jobs: list[Job
     return Snapshot(State(spec, free, tuple(state_jobs)), dict(nodes), missing, extra, tuple(jobs))
 
 
-FORMS = ("auto", "json", "text")
-_NO_JSON: set[str] = set()  # Slurm configurations (SLURM_CONF) whose clients refused --json
+FORMS = ("text", "json")
 
 
-def read_state(spec: ClusterSpec, env: Mapping[str, str] | None = None, form: str = "auto") -> Snapshot:
+def read_state(spec: ClusterSpec, env: Mapping[str, str] | None = None, form: str = "text") -> Snapshot:
     """Read nodes then jobs from the running Slurm (:class:`SlurmError` when it does not answer).
 
+    ``text`` (the default): the one-line ``scontrol -o show node|job -d`` every version prints;
     ``json``: ``sinfo --json`` and ``squeue --json`` (Slurm 21.08+ built with its JSON
-    serializer); ``text``: the one-line ``scontrol -o show node|job -d``, which every version
-    prints; ``auto``: JSON where the clients have it, else text."""
+    serializer). Both give the same state; on a 32-node test cluster holding 49 jobs the text
+    reads took half the time (p50 106-134 ms against 188-225 ms, load 9-10 on 2 cores), and their
+    key=value form has not changed across the versions whose JSON layouts did."""
     one_of(form, FORMS, "state form", SlurmError)
-    key = (env or os.environ).get("SLURM_CONF", "")
-    if form == "json" or (form == "auto" and key not in _NO_JSON):
+    if form == "json":
         try:
             nodes = parse_nodes_json(run(["sinfo", "--json"], env=env))
             jobs = parse_jobs_json(run(["squeue", "--json"], env=env))
-            return build_state(spec, nodes, jobs)
-        except SlurmError as exc:
-            if form == "json" or exc.code == "slurm_unavailable":  # refused --json: the text form below
-                raise
-            _NO_JSON.add(key)
         except (ValueError, AttributeError, TypeError) as exc:
-            if form == "json":
-                raise SlurmError(f"cannot read Slurm's JSON output: {exc}") from None
-            _NO_JSON.add(key)
+            raise SlurmError(f"cannot read Slurm's JSON output: {exc}") from None
+        return build_state(spec, nodes, jobs)
     nodes = parse_nodes(run(["scontrol", "-o", "show", "node", "-d"], env=env))
     jobs = parse_jobs(run(["scontrol", "-o", "show", "job", "-d"], env=env))
     return build_state(spec, nodes, jobs)
