@@ -5,10 +5,9 @@ the state read and the placement take?
 
 Starts a Slurm cluster on this machine (tests/slurm/harness.py: munged, slurmctld, one slurmd per
 node; ``--nodes`` hosts x 8 H100 of the built-in h100 spec, gres.conf with one type per GPU index
-unless ``--untyped``, ``bf_interval=1``), then ``--submissions`` times: cancels every job, makes a
+unless ``--untyped``, backfill every 2 s), then ``--submissions`` times: cancels every job, makes a
 random busy state (one heterogeneous job holding 1-8 GPUs on each of a random ``--busy`` fraction of
-the nodes),
-submits a job of k = 2-24 GPUs (every third with a parallelism shape) through
+the nodes), submits a job of k = 2-24 GPUs (every third with a parallelism shape) through
 :func:`bandpilot.integrations.slurm.submit.submit` and reads back what Slurm granted.
 Reported: the fraction whose granted nodes and per-node counts equal BandPilot's (target 100 %), the
 fraction whose GPU indices do (per-index types promise 100 %; untyped gres promises none), and the
@@ -74,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec_of(args.nodes, work)
         t0 = time.perf_counter()
         c = SlurmCluster(work / "cluster", spec, gpu_type=None if args.untyped else "{gpu}_{index}",
-                         extra_conf="SchedulerParameters=bf_interval=1", start_timeout=600)
+                         start_timeout=600)
         with c:
             print(f"cluster: {args.nodes} nodes x 8 GPUs up in {time.perf_counter() - t0:.0f} s "
                   f"({'untyped gres' if args.untyped else 'one gres type per GPU index'}); load {os.getloadavg()[0]:.1f}")

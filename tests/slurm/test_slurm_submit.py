@@ -28,14 +28,14 @@ sleep 2
 
 @pytest.fixture(scope="module")
 def typed(slurm_available, tmp_path_factory):
-    """4 x 8 GPUs with one gres type per GPU index, backfill every second (heterogeneous jobs start
-    from backfill) and job_submit.lua asking an endpoint on a free port."""
+    """4 x 8 GPUs with one gres type per GPU index (the harness runs backfill, which starts
+    heterogeneous jobs, every 2 s) and job_submit.lua asking an endpoint on a free port."""
     work = tmp_path_factory.mktemp("slurm-typed")
     port = free_ports(1)[0]
     (work / "etc").mkdir()
     (work / "etc" / "job_submit.lua").write_text(lua_script(f"http://127.0.0.1:{port}", 1.0))
     c = SlurmCluster(work, ROOT / "params" / "clusters" / "h100.yaml", gpu_type="{gpu}_{index}",
-                     extra_conf="SchedulerParameters=bf_interval=1\nJobSubmitPlugins=lua")
+                     extra_conf="JobSubmitPlugins=lua")
     c.lua_port = port
     with c:
         yield c
