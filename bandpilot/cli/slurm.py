@@ -34,8 +34,8 @@ def conf_cmd(
                                  "cluster has domains, else topology/tree) | tree | block."),
     slurm_version: Optional[str] = typer.Option(None, "--slurm-version", help="Write for this Slurm version (e.g. 23.11) "
                                                 "instead of the one installed here."),
-    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="gres Type= per GPU: a template over {gpu} (model, "
-                                           "lower case) and {index}, e.g. '{gpu}' or '{gpu}_{index}' (default: no Type=)."),
+    gpu_type: str = typer.Option("none", "--gpu-type", help="gres Type= per GPU: none | model (Type=h100 on every GPU) | "
+                                 "index (Type=h100_3: a type per GPU index, so a job can name exact indices)."),
     cpus_per_gpu: int = typer.Option(8, "--cpus-per-gpu", min=1, help="CPUs= on the node lines, per GPU (take the real "
                                      "figure from `slurmd -C`)."),
     memory_per_gpu: int = typer.Option(65536, "--memory-per-gpu", min=1, help="RealMemory= on the node lines, MB per GPU."),
@@ -50,10 +50,13 @@ def conf_cmd(
     from bandpilot.integrations.slurm.config import ConfOptions, write_conf
     from bandpilot.integrations.slurm.topology import choose_plugin, topology_conf
 
+    from bandpilot.errors import one_of
+
+    template = {"none": None, "model": "{gpu}", "index": "{gpu}_{index}"}[one_of(gpu_type, ("none", "model", "index"), "--gpu-type")]
     spec = cluster_spec(cluster, store)
     version = parse_version(slurm_version) if slurm_version else installed_version()
     plugin = choose_plugin(spec, topology, version)
-    opts = ConfOptions(cpus_per_gpu=cpus_per_gpu, memory_mb_per_gpu=memory_per_gpu, gpu_type=gpu_type,
+    opts = ConfOptions(cpus_per_gpu=cpus_per_gpu, memory_mb_per_gpu=memory_per_gpu, gpu_type=template,
                        partition=partition or None)
     paths = write_conf(out, spec, make_fabric(spec), topology_conf(spec, plugin), plugin, opts)
     found = f"Slurm {version}" if version else "no Slurm found here"

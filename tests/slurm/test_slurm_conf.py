@@ -100,3 +100,14 @@ def test_cli_conf_writes_readable_files(tmp_path, capsys):
     assert main(["slurm", "conf", "--cluster", str(NVL), "--out", str(tmp_path / "b"), "--slurm-version", "23.11"]) == 0
     assert "TopologyPlugin=topology/block" in (tmp_path / "b" / "slurm.bandpilot.conf").read_text()
     assert (tmp_path / "b" / "topology.conf").read_text().count("BlockName=") == 16
+
+
+def test_cli_conf_gpu_types(tmp_path, capsys):
+    from bandpilot.cli.main import main
+
+    assert main(["slurm", "conf", "--cluster", str(H100), "--out", str(tmp_path), "--gpu-type", "index"]) == 0
+    assert "Name=gpu Type=h100_7 File=/dev/nvidia7" in (tmp_path / "gres.conf").read_text()
+    assert "Gres=gpu:h100_0:1," in (tmp_path / "slurm.bandpilot.conf").read_text()
+    capsys.readouterr()
+    assert main(["slurm", "conf", "--cluster", str(H100), "--out", str(tmp_path), "--gpu-type", "per-gpu"]) == 2
+    assert "error: unknown --gpu-type 'per-gpu': use one of none, model, index" in capsys.readouterr().err
