@@ -9,7 +9,7 @@ What Slurm honours (measured on Slurm 22.05 with cons_tres):
   --ntasks=C --gres=...``), separated by ``#SBATCH hetjob``. Components start together; Slurm
   22.05 starts heterogeneous jobs from the backfill scheduler only (``bf_interval`` sets how soon).
 - **GPU indices.** With one gres ``Type=`` per GPU index (``bandpilot slurm conf --gpu-type
-  '{gpu}_{index}'``) a component names its exact GPUs (``--gres=gpu:h100_0:1,gpu:h100_3:1``) and
+  index``) a component names its exact GPUs (``--gres=gpu:h100_0:1,gpu:h100_3:1``) and
   Slurm grants exactly those; untyped requests (``--gpus=N``) still match any of them. Without
   per-index types the indices are Slurm's choice (it follows ``Links=`` in gres.conf).
 - **Rank map.** Within one job, ``SLURM_HOSTFILE`` + ``--distribution=arbitrary`` at ``srun`` puts
