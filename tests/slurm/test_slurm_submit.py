@@ -248,3 +248,21 @@ def test_cli_serve_answers_and_lua_is_written(clean, tmp_path):
     r = subprocess.run([sys.executable, "-m", "bandpilot", "slurm", "lua", "-o", str(out), "--url", "gopher://x"],
                        env=c.env, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error:") and "gopher" in r.stderr
+
+
+def test_interleaved_rank_map_across_components_reaches_every_task(clean, tmp_path):
+    """Uneven counts with a node's ranks not contiguous: SLURM_PROCID goes component by component,
+    RANK (from the task prolog) is BandPilot's, and each task's device is its rank's GPU."""
+    from bandpilot.integrations.slurm.submit import node_types
+    from bandpilot.queue.launch_slurm import batch_script
+
+    c = clean
+    a, b = c.nodes[1], c.nodes[2]
+    ranks = [f"{a}:6", f"{b}:1", f"{a}:0", f"{b}:4", f"{a}:3"]
+    types = node_types(c.run(["scontrol", "-o", "show", "node", "-d"]).stdout)
+    script = batch_script(ranks, BODY, types=types, extra=[f"--output={tmp_path}/%j.out"])
+    assert "#SBATCH hetjob" in script
+    jid = c.run(["sbatch", "--parsable"], input=script).stdout.strip()
+    rows = _tasks(c, jid, tmp_path / f"{jid}.out")
+    _check_tasks(rows, ranks)
+    assert any(rank != procid for _n, rank, procid, _l, _c in rows)  # the map is not Slurm's numbering
