@@ -74,3 +74,25 @@ def test_user_scripts_and_options_bandpilot_owns(tmp_path):
         check_options(["--time=5", "--gpus-per-node=2"], "sbatch options")
     with pytest.raises(RequestError, match="missing.sh"):
         read_script(tmp_path / "missing.sh")
+
+
+def test_a_grant_that_differs_is_a_warning_with_both_figures(capsys):
+    from bandpilot.cli.slurm_submit import _report
+    from bandpilot.integrations.slurm.submit import Grant, Submission
+
+    sub = Submission("7", ["a:0", "a:1", "b:2"], "", 150.0, False, False, 40.0, 10.0,
+                     Grant("7", "RUNNING", {"a": (0, 3), "b": (2,)}), 120.5)
+    assert sub.verdict() == {"nodes": True, "counts": True, "indices": False}
+    _report(sub, as_json=False)
+    cap = capsys.readouterr()
+    assert "asked a:0,1 b:2 - 150.00 GB/s predicted" in cap.out
+    assert cap.err.startswith("warning: Slurm granted a:0,3 b:2 - 120.50 GB/s predicted, not the 150.00 GB/s asked "
+                              "(indices differ)")
+    sub.grant = Grant("7", "RUNNING", {"a": (0, 1), "b": (2,)})
+    sub.granted_gbps = 150.0
+    _report(sub, as_json=False)
+    cap = capsys.readouterr()
+    assert "granted a:0,1 b:2 - as asked (150.00 GB/s predicted)" in cap.out and not cap.err
+    sub.grant = Grant("7", "PENDING", reason="Resources")
+    _report(sub, as_json=False)
+    assert "job 7 is PENDING (Resources)" in capsys.readouterr().out
