@@ -76,7 +76,23 @@ def submit_cmd(
     _report(sub, as_json)
 
 
-def _report(sub, as_json: bool) -> None:
+@slurm_app.command("check")
+def check_cmd(
+    job: str = typer.Argument(..., help="Slurm job id of a job `bandpilot slurm submit` submitted."),
+    model: Optional[str] = MODEL_OPT,
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+    cluster: Optional[str] = CLUSTER_OPT,
+    store: Optional[str] = STORE_OPT,
+) -> None:
+    """Compare what Slurm granted a submitted job with what BandPilot asked (e.g. once a job that was
+    pending at submission has started); a differing grant is a warning with both predicted figures."""
+    from bandpilot.integrations.slurm.submit import check
+
+    spec = cluster_spec(cluster, store)
+    _report(check(_dispatcher(spec, model), spec, job), as_json, verb="job")
+
+
+def _report(sub, as_json: bool, verb: str = "submitted job") -> None:
     verdict = sub.verdict()
     g = sub.grant
     doc = {"job_id": sub.job_id, "ranks": sub.ranks, "predicted_gbps": round(sub.predicted_gbps, 3),
@@ -94,13 +110,15 @@ def _report(sub, as_json: bool) -> None:
         n, _, i = r.rpartition(":")
         per.setdefault(n, []).append(i)
     asked = " ".join(f"{n}:{','.join(v)}" for n, v in per.items())
-    typer.echo(f"submitted job {sub.job_id} ({doc['mechanism']}): asked {asked} - {sub.predicted_gbps:.2f} GB/s "
-               f"predicted (state read {sub.state_ms:.0f} ms, placed in {sub.place_ms:.0f} ms)")
+    timing = f" (state read {sub.state_ms:.0f} ms, placed in {sub.place_ms:.0f} ms)" if sub.place_ms else ""
+    typer.echo(f"{verb} {sub.job_id} ({doc['mechanism']}): asked {asked} - {sub.predicted_gbps:.2f} GB/s "
+               f"predicted{timing}")
     if g is None:
         return
     if not g.gpus:
         why = f" ({g.reason})" if g.reason else ""
-        typer.echo(f"job {sub.job_id} is {g.state}{why}: grant not read yet; Slurm holds it to the request above")
+        typer.echo(f"job {sub.job_id} is {g.state}{why}: grant not read yet; Slurm holds it to the request above "
+                   f"(compare later: bandpilot slurm check {sub.job_id})")
         return
     got = " ".join(f"{n}:{','.join(map(str, v))}" for n, v in g.gpus.items())
     gb = f"{sub.granted_gbps:.2f}" if sub.granted_gbps is not None else "?"

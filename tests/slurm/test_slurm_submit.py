@@ -120,12 +120,19 @@ def test_cli_submit_reports_and_bad_input_is_one_line(clean, tmp_path, monkeypat
     for k, v in c.env.items():
         monkeypatch.setenv(k, v)
     script = tmp_path / "job.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/%j.out\n{BODY}")
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/%j.out\n{BODY.replace('sleep 2', 'sleep 30')}")
     spec = str(ROOT / "params" / "clusters" / "h100.yaml")
     assert main(["slurm", "submit", "-k", "4", "--cluster", spec, "--time=5", str(script)]) == 0
     out = capsys.readouterr().out
     assert re.search(r"submitted job \d+ .* asked h100-\d:[\d,]+ - [\d.]+ GB/s predicted", out), out
     assert "granted" in out and "as asked" in out, out
+    jid = re.search(r"submitted job (\d+)", out).group(1)
+    assert main(["slurm", "check", jid, "--cluster", spec]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"job {jid} .* asked h100-\d:[\d,]+ - [\d.]+ GB/s predicted", out) and "as asked" in out, out
+    other = c.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 30"]).stdout.strip()
+    assert main(["slurm", "check", other, "--cluster", spec]) == 2
+    assert "not submitted by BandPilot" in capsys.readouterr().err
     bad = [
         (["-k", "4", "--cluster", spec, "--allowed-hosts", "nope-7", str(script)], "nope-7"),
         (["-k", "4", "--cluster", spec, "--partition=nosuch", str(script)], "nosuch"),

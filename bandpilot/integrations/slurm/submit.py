@@ -151,6 +151,8 @@ class Grant:
     state: str
     gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
     reason: str = ""
+    #: the job ids of its components (one for an ordinary job)
+    ids: tuple[str, ...] = ()
 
     @property
     def gpu_ids(self) -> list[str]:
@@ -168,7 +170,8 @@ def read_grant(job_id: str, env: Mapping[str, str] | None = None) -> Grant:
     states = _STATE.findall(text)
     reasons = [r for r in _REASON.findall(text) if r != "None"]
     state = next((s for s in states if s != "RUNNING"), states[0] if states else "UNKNOWN")
-    g = Grant(job_id, state, reason=reasons[0] if reasons else "")
+    ids = tuple(re.findall(r"(?<![A-Za-z_])JobId=(\d+)", text))
+    g = Grant(job_id, state, reason=reasons[0] if reasons else "", ids=ids)
     held = parse_jobs(text)
     if states and all(s == "RUNNING" or s == "COMPLETING" or s == "COMPLETED" for s in states):
         for j in held:
@@ -250,4 +253,33 @@ def submit(dispatcher: Any, spec: ClusterSpec, k: int, body: str, *, options: Se
             known = [g for g in sub.grant.gpu_ids if g.rpartition(":")[0] in spec.host_index]
             if known:
                 sub.granted_gbps = float(dispatcher.predict(known, live.snapshot.state)["predicted_gbps"])
+    return sub
+
+
+def requested_ranks(job_id: str, env: Mapping[str, str] | None = None) -> list[str]:
+    """The rank map a BandPilot-submitted job asked for (``BANDPILOT_RANKS`` in its batch script)."""
+    text = run(["scontrol", "write", "batch_script", job_id, "-"], env=env)
+    m = re.search(r"^export BANDPILOT_RANKS=(\S+)$", text, re.M)
+    if not m:
+        raise RequestError(f"job {job_id} was not submitted by BandPilot: its batch script sets no BANDPILOT_RANKS")
+    return m.group(1).split(",")
+
+
+def check(dispatcher: Any, spec: ClusterSpec, job_id: str, env: Mapping[str, str] | None = None) -> Submission:
+    """A submitted job's request next to its grant, both predicted on today's state without the job."""
+    if not job_id.isdigit():
+        raise RequestError(f"job id {job_id!r} must be a number")
+    ranks = requested_ranks(job_id, env)
+    grant = read_grant(job_id, env)
+    live = read_live(spec, env)
+    state = live.snapshot.state
+    for jid in grant.ids:
+        if any(j.id == jid for j in state.jobs):
+            state = state.without_job(jid)
+    known = [g for g in grant.gpu_ids if g.rpartition(":")[0] in spec.host_index]
+    comps = components(ranks, live.types)
+    sub = Submission(job_id, ranks, "", float(dispatcher.predict(ranks, state)["predicted_gbps"]), single_job(comps),
+                     all(c.types is not None for c in comps), live.read_ms, 0.0, grant)
+    if known:
+        sub.granted_gbps = float(dispatcher.predict(known, state)["predicted_gbps"])
     return sub
