@@ -124,7 +124,22 @@ class SlurmCluster:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start(self) -> "SlurmCluster":
+    def start(self, attempts: int = 2) -> "SlurmCluster":
+        """Start the daemons and wait until every node is idle. A port chosen free can be taken
+        before a daemon binds it (other clusters and clients on this machine): a failed start is
+        stopped and retried once on fresh ports and a fresh state directory."""
+        for attempt in range(attempts):
+            try:
+                return self._start()
+            except SlurmStartError:
+                if attempt + 1 == attempts:
+                    raise
+                self.ctld_port, *self.node_ports = free_ports(1 + len(self.nodes))
+                for sub in ("state", "spool", "munge"):
+                    shutil.rmtree(self.work / sub, ignore_errors=True)
+        return self
+
+    def _start(self) -> "SlurmCluster":
         atexit.register(self.stop)
         try:
             self._write_files()

@@ -81,6 +81,7 @@ def test_constraints_map_to_what_the_slurm_supports():
     assert constraint_options({"whole_domains": True}, "topology/block", Version(24, 5), 4) == ["--exclusive=topo"]
 
 
+@pytest.mark.slow
 def test_cli_conf_writes_readable_files(tmp_path, capsys):
     from bandpilot.cli.main import main
 
