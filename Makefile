@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast lint docs bench install browser clean-state help
+.PHONY: run test test-fast lint docs bench install browser slurm clean-state help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | sed 's/:.*## /\t/'
@@ -29,11 +29,19 @@ browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips w
 	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
 	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
 
-test: $(STAMP) browser lint  ## lint + docs build + full test suite (includes the slow end-to-end tests)
+# The Slurm integration tests start real daemons (munged, slurmctld, one slurmd per node): Debian's packages.
+slurm:  ## Debian's Slurm 22.05 + munge for the real-Slurm tests (they skip without them)
+	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null && command -v munged >/dev/null || \
+	  { echo "installing slurmctld slurmd slurm-client munge with apt-get: the Slurm integration tests run against real Slurm daemons"; \
+	    $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1 || \
+	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1; } || \
+	    echo "note: could not install Slurm; the real-Slurm tests will skip"; }
+
+test: $(STAMP) browser slurm lint  ## lint + docs build + full test suite (includes the slow end-to-end tests)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
-test-fast: $(STAMP) browser lint  ## lint + docs build + test suite without the slow end-to-end tests
+test-fast: $(STAMP) browser slurm lint  ## lint + docs build + test suite without the slow end-to-end tests
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 

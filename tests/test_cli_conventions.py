@@ -108,12 +108,14 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
     assert [ln for ln in lines if ln] == [f"{h} slots={len(v)}" for h, v in a["hosts"].items()]
     assert main(["queue", "show", "big", "--format", "slurm", "--store", url]) == 0
     out = capsys.readouterr().out
-    assert f"#SBATCH --nodelist={','.join(a['hosts'])}" in out and "#SBATCH --ntasks=12" in out
+    assert out.startswith("#!/bin/bash\n") and "SLURM_TASK_PROLOG" in out
     for h, v in a["hosts"].items():
-        assert f"{h}) export CUDA_VISIBLE_DEVICES={','.join(map(str, v))} ;;" in out
+        assert f"--nodelist={h}" in out or f",{h}" in out.split("\n")[1]
+        assert f"#   {h}: GPUs {','.join(map(str, v))} (rank order)" in out
     assert main(["queue", "show", "big", "--format", "k8s", "--store", url]) == 0
     doc = _json.loads(capsys.readouterr().out)
     assert doc["metadata"]["annotations"]["bandpilot.io/job"] == "big"
+    assert "advisory" in doc["metadata"]["annotations"]["bandpilot.io/advisory"]
     assert main(["queue", "show", "big", "--format", "env", "--store", url]) == 0
     assert "BANDPILOT_NGPUS=12" in capsys.readouterr().out
     for args, msg in ((["wait"], "has no GPUs"), (["nope"], "no request"), (["big", "--format", "pbs"], "unknown format")):

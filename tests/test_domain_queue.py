@@ -128,8 +128,18 @@ def test_cli_submit_segment_flag_and_bad_segment(tmp_path):
     assert r.returncode == 2 and "request 'x': segment 5 does not divide k=12" in r.stderr
     r = run("queue", "submit", "--id", "y", "--k", "144", "--whole-domains")
     assert r.returncode == 0, r.stderr
-    r = run("cluster", "topology", "--format", "slurm")  # from the store's cluster
+    r = run("cluster", "topology", "--format", "slurm-block")  # from the store's cluster
     assert r.returncode == 0 and r.stdout.count("BlockName=") == 16
+    # the plain slurm format writes blocks only for a Slurm that has topology/block (23.11+)
+    from bandpilot.integrations.slurm.commands import installed_version
+
+    found = installed_version()
+    r = run("cluster", "topology", "--format", "slurm")
+    assert r.returncode == 0
+    if found is not None and found.has_block:
+        assert r.stdout.count("BlockName=") == 16
+    else:
+        assert "topology/tree" in r.stdout and "SwitchName=" in r.stdout and "BlockName=" not in r.stdout
 
 
 @pytest.mark.slow

@@ -163,9 +163,18 @@ def _cli(args, tmp_path):
 @pytest.mark.slow
 def test_cli_cluster_topology_slurm(tmp_path):
     out = tmp_path / "topology.conf"
-    r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "slurm", "--output", str(out)], tmp_path)
+    r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "slurm-block", "--output", str(out)], tmp_path)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == slurm_topology(load_cluster(NVL))
+    # the plain slurm format: blocks only for a Slurm that has topology/block (23.11+), else a switch tree
+    from bandpilot.integrations.slurm.commands import installed_version
+    from bandpilot.topology.domains import slurm_tree
+
+    found = installed_version()
+    r = _cli(["cluster", "topology", "--cluster", str(NVL), "--format", "slurm", "--output", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    want = slurm_topology if found is not None and found.has_block else slurm_tree
+    assert out.read_text() == want(load_cluster(NVL))
     r = _cli(["cluster", "topology", "--cluster", str(ROOT / "params/clusters/h100.yaml"), "--format", "slurm",
               "--output", str(tmp_path / "none.conf")], tmp_path)
     # no domains: Slurm's topology/tree (one switch) instead of a refusal (issue 26)

@@ -14,7 +14,8 @@ from doc_blocks import LANGS, ROOT, bad_cli_uses, blocks, cli_commands, make_doc
 
 README = ROOT / "README.md"
 TEXT = README.read_text()
-NOT_RUN_FIRST_WORDS = [["make", "run"], ["mlflow", "ui"], ["prefect", "server"]]  # the suite, servers
+NOT_RUN_FIRST_WORDS = [["make", "run"], ["bandpilot", "slurm"], ["bandpilot", "slurm"], ["bandpilot", "slurm"],
+                       ["mlflow", "ui"], ["prefect", "server"]]  # the suite, a Slurm cluster, servers
 
 
 def runnable(lang: str) -> list[dict]:
@@ -27,7 +28,7 @@ def test_every_block_is_tagged_and_every_code_block_runs_or_says_why():
     untagged = [b["line"] for b in bs if b["lang"] not in LANGS]
     assert not untagged, f"README.md lines {untagged}: tag each block python, bash (run by the tests), text, yaml or json"
     skipped = [b["code"].split()[0:2] for b in bs if b["not_run"]]
-    assert skipped == NOT_RUN_FIRST_WORDS, skipped  # the main job and the whole suite, and two servers only
+    assert skipped == NOT_RUN_FIRST_WORDS, skipped  # the main job and the whole suite, Slurm, and two servers only
     assert runnable("python") and len(runnable("bash")) >= 3
 
 

@@ -63,8 +63,15 @@ def test_launch_formats_follow_rank_map():
         dev = ",".join(str(i) for i in a["hosts"][h])
         assert f"--node-rank={n}" in line and f"CUDA_VISIBLE_DEVICES={dev}" in line and f"--master-addr={nodes[0]}" in line
     sl = render(a, "slurm")
-    body = sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n")
-    assert body == [g.rpartition(":")[0] for g in sel.ranks] and "--distribution=arbitrary" in sl
+    assert sl.startswith("#!/bin/bash\n") and f"export BANDPILOT_RANKS={','.join(sel.ranks)}" in sl
+    counts = {h: len(v) for h, v in a["hosts"].items()}
+    if len(set(counts.values())) > 1:  # uneven: one heterogeneous component per node, in rank order
+        comps = [ln for ln in sl.split("\n") if ln.startswith("#SBATCH --nodes=1 ")]
+        assert comps == [f"#SBATCH --nodes=1 --nodelist={h} --ntasks={c} --gres=gpu:{c}" for h, c in counts.items()]
+        assert sl.count("#SBATCH hetjob") == len(nodes) - 1 and f"--het-group=0-{len(nodes) - 1}" in sl
+    else:
+        body = sl.split("<<'BANDPILOT_HOSTS'\n")[1].split("\nBANDPILOT_HOSTS")[0].split("\n")
+        assert body == [g.rpartition(":")[0] for g in sel.ranks] and "SLURM_DISTRIBUTION=arbitrary" in sl
     k8s = json.loads(render(a, "k8s"))["metadata"]["annotations"]
     assert k8s["bandpilot.io/ranks"] == ",".join(sel.ranks) and k8s[f"bandpilot.io/node-rank.{nodes[1]}"] == "1"
     assert json.loads(render(a, "json"))["ranks"] == sel.ranks
@@ -78,7 +85,8 @@ def test_launch_torchrun_warns_on_interleaved_ranks():
     a = {"id": "j", "gpus": sorted(ranks), "ranks": ranks, "hosts": {"h100-0": [0, 1], "h100-1": [0, 1]}}
     assert "WARNING" in render(a, "torchrun")
     sl = render(a, "slurm")
-    assert sl.split("<<'EOF'\n")[1].split("\nEOF")[0].split("\n") == ["h100-0", "h100-1", "h100-0", "h100-1"]
+    assert sl.split("<<'BANDPILOT_HOSTS'\n")[1].split("\nBANDPILOT_HOSTS")[0].split("\n") == ["h100-0", "h100-1", "h100-0", "h100-1"]
+    assert "#SBATCH --nodes=2 --nodelist=h100-0,h100-1 --ntasks=4 --ntasks-per-node=2 --gres=gpu:2" in sl
 
 
 # ---- queue: shape in the request, rank map in the assignment (schema v8) ----------------------

@@ -16,15 +16,16 @@ FORMATS = ("text", "slurm", "slurm-block", "slurm-tree")
 
 @cluster_app.command("topology")
 def topology_cmd(
-    fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays); slurm (topology.conf: topology/block for a cluster with domains, else "
-                                    "topology/tree); slurm-block or slurm-tree to choose."),
+    fmt: str = typer.Option("text", "--format", "-f", help="text (domains and trays); slurm (topology.conf: topology/tree, or topology/block for a cluster "
+                                    "with domains when the Slurm found here is 23.11+); slurm-block or slurm-tree to choose."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (default: the store's cluster)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Write to FILE (atomically) instead of stdout."),
     output: Optional[str] = typer.Option(None, "--output", hidden=True),  # the old spelling of --out
     store: Optional[str] = STORE_OPT,
 ) -> None:
     """The cluster's NVLink domains (or rack domains) and their trays; --format slurm exports a Slurm
-    topology.conf: blocks for a cluster with domains, a switch tree otherwise."""
+    topology.conf: a switch tree, or blocks for a cluster with domains when the installed Slurm has
+    topology/block (23.11+; an older slurmctld refuses to start with it)."""
     from bandpilot.io import write_text_atomic
     from bandpilot.topology.cluster import load_cluster, resolve_spec
     from bandpilot.topology.domains import slurm_topology, slurm_tree
@@ -32,10 +33,14 @@ def topology_cmd(
     if fmt not in FORMATS:
         raise RequestError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
     spec = load_cluster(resolve_spec(cluster)) if cluster else cli_store(store).spec
-    has_domains = bool(spec.nvlink_domains) or any(h.domain for h in spec.hosts)
-    if fmt == "slurm-tree" or (fmt == "slurm" and not has_domains):
+    if fmt == "slurm":
+        from bandpilot.integrations.slurm.commands import installed_version
+        from bandpilot.integrations.slurm.topology import choose_plugin
+
+        fmt = "slurm-block" if choose_plugin(spec, "auto", installed_version()) == "topology/block" else "slurm-tree"
+    if fmt == "slurm-tree":
         text = slurm_tree(spec)
-    elif fmt in ("slurm", "slurm-block"):
+    elif fmt == "slurm-block":
         text = slurm_topology(spec)
     else:
         nv = set(spec.nvlink_domains)

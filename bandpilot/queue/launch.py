@@ -1,16 +1,16 @@
 """How does a launcher start a job on the GPUs it was given? Assignments as launcher input.
 
-``json`` (everything), ``slurm`` (``--nodelist`` and a per-node ``CUDA_VISIBLE_DEVICES``), ``hostfile``
-(MPI, one line per host with its slots), ``env`` (shell lines), ``torchrun`` (one command per node)
-and ``k8s`` (pod annotations and the node selector term for the hosts).
+``json`` (everything), ``slurm`` (a complete batch script: :mod:`bandpilot.queue.launch_slurm`),
+``hostfile`` (MPI, one line per host with its slots), ``env`` (shell lines), ``torchrun`` (one
+command per node) and ``k8s`` (pod annotations and the node selector term for the hosts; the node
+affinity is enforced, the device indices are advisory and the output says so).
 
 Every format carries the **rank map**: ``ranks`` (GPU ids in rank order; a shaped request's
 Megatron order, else the GPUs in host order). Nodes are numbered in order of their first rank (node
 rank 0 is ``MASTER_ADDR``), each node's ``CUDA_VISIBLE_DEVICES`` lists its GPUs in rank order (local
 rank i -> the i-th listed device), the hostfile lists nodes in that order. When a node's ranks are not
-one contiguous run, block launchers (torchrun, ``mpirun`` with a hostfile) cannot reproduce the map:
-the ``slurm`` format then uses ``SLURM_HOSTFILE`` with ``--distribution=arbitrary`` (one line per rank),
-and ``torchrun`` says so.
+one contiguous run, block launchers (torchrun, ``mpirun`` with a hostfile) cannot reproduce the map
+and ``torchrun`` says so; the ``slurm`` script carries it (``SLURM_HOSTFILE`` or a task prolog).
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from bandpilot.queue.store import Store
 
 FORMATS = ("json", "slurm", "hostfile", "env", "torchrun", "k8s")
 MASTER_PORT = 29500
+#: said in the k8s output itself: Kubernetes has no mechanism that pins device indices
+ADVISORY_K8S = ("node affinity is enforced; the device indices are advisory: Kubernetes' GPU device plugin "
+                "chooses which devices a pod gets (request bandpilot.io/gpu-count.NODE as nvidia.com/gpu in the "
+                "pod on NODE) and nothing reads bandpilot.io/devices.*")
 
 
 def assignment(store: Store, job_id: str) -> dict[str, Any]:
@@ -84,19 +88,10 @@ def render(a: dict[str, Any], fmt: str) -> str:
         lines += [f"CUDA_VISIBLE_DEVICES_{_envname(h)}={v}" for h, v in cvd.items()]
         lines += [f"NODE_RANK_{_envname(h)}={n}" for n, h in enumerate(hosts)]
         return "\n".join(lines)
-    if fmt == "slurm":
-        lines = [f"#SBATCH --nodelist={','.join(hosts)}", f"#SBATCH --nodes={len(hosts)}", f"#SBATCH --ntasks={len(a['gpus'])}",
-                 f"export MASTER_ADDR={master} MASTER_PORT={MASTER_PORT}",
-                 "# each node sees only its assigned GPUs, in rank order (SLURM_LOCALID i -> the i-th):",
-                 'case "$SLURMD_NODENAME" in']
-        lines += [f"  {h}) export CUDA_VISIBLE_DEVICES={v} ;;" for h, v in cvd.items()]
-        lines.append("esac")
-        lines.append("# the rank map: task i runs on line i (srun --distribution=arbitrary)")
-        lines.append("cat > bandpilot_hosts.$SLURM_JOB_ID <<'EOF'")
-        lines += [g.rpartition(":")[0] for g in ranks]
-        lines += ["EOF", "export SLURM_HOSTFILE=bandpilot_hosts.$SLURM_JOB_ID",
-                  f"# srun --distribution=arbitrary --ntasks={len(ranks)} YOUR_PROGRAM"]
-        return "\n".join(lines)
+    if fmt == "slurm":  # a complete batch script: exact nodes, per-node counts, rank map, per-task devices
+        from bandpilot.queue.launch_slurm import batch_script
+
+        return batch_script(ranks, job=str(a["id"]), port=MASTER_PORT).rstrip("\n")
     if fmt == "torchrun":
         lines = [f"# job {a['id']}: {len(hosts)} nodes, {len(ranks)} ranks; run line i on node i"]
         if not blocks:
@@ -111,6 +106,8 @@ def render(a: dict[str, Any], fmt: str) -> str:
            "bandpilot.io/ranks": ",".join(ranks), "bandpilot.io/master-addr": master}
     ann.update({f"bandpilot.io/devices.{h}": v for h, v in cvd.items()})
     ann.update({f"bandpilot.io/node-rank.{h}": str(n) for n, h in enumerate(hosts)})
+    ann.update({f"bandpilot.io/gpu-count.{h}": str(len(v)) for h, v in hosts.items()})
+    ann["bandpilot.io/advisory"] = ADVISORY_K8S
     doc = {"metadata": {"annotations": ann},
            "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(hosts)}]}]}}}}}

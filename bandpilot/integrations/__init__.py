@@ -1,0 +1,1 @@
+"""Bridges between BandPilot and the schedulers operators already run (Slurm)."""
