@@ -89,16 +89,19 @@ def state_cmd(
         typer.echo(json.dumps(doc, indent=2))
     busy = sum(len(j.gpus) for j in snap.state.jobs)
     typer.echo(f"{snap.state.n_free} free GPUs; {len(snap.state.jobs)} jobs hold {busy} GPUs", err=True)
-    for node, why in snap.unavailable.items():
+    gone = list(snap.unavailable.items())
+    for node, why in gone[:10]:
         typer.echo(f"unavailable: {node} ({why})", err=True)
+    if len(gone) > 10:
+        typer.echo(f"unavailable: {len(gone) - 10} more nodes", err=True)
 
 
 @slurm_app.command("drain")
 def drain_cmd(
     nodes: Optional[List[str]] = typer.Argument(None, help="Nodes to drain (Slurm names)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (Slurm shows it in sinfo -R); prefixed 'bandpilot:'."),
-    from_verify: Optional[Path] = typer.Option(None, "--from-verify", help="A `bandpilot verify --json` report: drain "
-                                               "degraded/failed hosts, resume healthy ones BandPilot had drained."),
+    from_verify: Optional[str] = typer.Option(None, "--from-verify", help="A `bandpilot verify --json` report ('-': "
+                                               "stdin): drain degraded/failed hosts, resume healthy ones BandPilot had drained."),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --from-verify: say what would change, change nothing."),
 ) -> None:
     """Drain nodes in Slurm (running jobs finish, no new job lands), by name or from a verify report."""

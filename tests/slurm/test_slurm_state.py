@@ -9,7 +9,8 @@ import pytest
 
 from bandpilot.dispatch.state import State
 from bandpilot.integrations.slurm.hostlist import expand, expand_indices
-from bandpilot.integrations.slurm.state import read_state
+from bandpilot.integrations.slurm.commands import SlurmError
+from bandpilot.integrations.slurm.state import read_job_gpus, read_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
@@ -40,6 +41,7 @@ def test_state_reflects_jobs_holding_gpus_and_drained_nodes(slurm_clean):
         for node, idx in granted(c, jid).items():
             truth.setdefault(node, []).extend(idx)
     assert sorted(len(v) for v in truth.values()) == [2, 3, 5]
+    assert read_job_gpus(b, env=c.env) == {n: tuple(v) for n, v in granted(c, b).items()}  # both components
     alloc = snap.allocated()
     assert n0 not in alloc  # drained: none of its GPUs offered
     for node in (n1, n2, n3):
@@ -54,6 +56,11 @@ def test_state_reflects_jobs_holding_gpus_and_drained_nodes(slurm_clean):
     # the document is what `select --state` takes
     again = State.from_dict(c.spec, json.loads(json.dumps(snap.state.to_dict())))
     assert again.free_gpus == snap.state.free_gpus
+
+
+def test_reading_an_unknown_job_is_one_line(slurm_cluster):
+    with pytest.raises(SlurmError, match=r"^scontrol -o show job -d 999999: .*Invalid job id specified"):
+        read_job_gpus("999999", env=slurm_cluster.env)
 
 
 def test_selection_on_the_slurm_state_never_takes_a_busy_gpu(slurm_clean):

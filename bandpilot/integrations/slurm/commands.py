@@ -43,14 +43,19 @@ def run(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: f
     try:
         proc = subprocess.run(list(args), capture_output=True, text=True, env=full, timeout=timeout, input=input)
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{' '.join(args[:3])}: Slurm did not answer within {timeout:g} s",
+        raise SlurmError(f"{_cmd(args)}: Slurm did not answer within {timeout:g} s",
                          code="slurm_unavailable") from None
     if proc.returncode != 0:
         msg = (proc.stderr.strip() or proc.stdout.strip() or f"exit status {proc.returncode}").splitlines()
         text = " ".join(line.strip() for line in msg[-2:])
         code = "slurm_unavailable" if _UNREACHABLE.search(text) else "slurm_error"
-        raise SlurmError(f"{' '.join(args[:3])}: {text}", code=code)
+        raise SlurmError(f"{_cmd(args)}: {text}", code=code)
     return proc.stdout
+
+
+def _cmd(args: Sequence[str]) -> str:
+    """The command as typed, for messages (long arguments cut)."""
+    return " ".join(a if len(a) <= 40 else a[:37] + "..." for a in args)
 
 
 _UNREACHABLE = re.compile(r"Unable to contact slurm controller|Connection refused|Socket timed out|"

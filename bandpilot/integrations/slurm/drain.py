@@ -11,6 +11,7 @@ drained. Slurm drains whole nodes, so one slow GPU or link takes its node out; t
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -61,10 +62,11 @@ def _drained(info: NodeInfo) -> bool:
 def read_verdicts(path: str | Path) -> dict[str, dict[str, Any]]:
     """Host verdicts ``{host: {"status", "gpus", "links", "ratio"}}`` from a ``bandpilot verify
     --json`` report (``{"hosts": {...}}``, or a ``--pairwise`` one: ``{"nodes": {...}, "links":
-    [...]}``, whose slow NIC rails become the links named); one-line errors naming the file."""
+    [...]}``, whose slow NIC rails become the links named); ``-`` reads standard input. One-line
+    errors naming the file."""
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(sys.stdin.read() if str(path) == "-" else p.read_text())
     except FileNotFoundError:
         raise SlurmError(f"verify report not found: {p}", code="invalid_request") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

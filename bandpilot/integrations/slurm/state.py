@@ -155,6 +155,16 @@ def parse_jobs_json(text: str) -> list[JobGpus]:
     return jobs
 
 
+def read_job_gpus(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, tuple[int, ...]]:
+    """Node -> GPU indices Slurm granted job ``job_id`` (every component of a heterogeneous job;
+    empty while it is pending). :class:`SlurmError` naming the job when Slurm does not know it."""
+    out: dict[str, tuple[int, ...]] = {}
+    for j in parse_jobs(run(["scontrol", "-o", "show", "job", "-d", str(job_id)], env=env)):
+        for node, idx in j.gpus.items():
+            out[node] = tuple(sorted(set(out.get(node, ())) | set(idx)))
+    return out
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """One read of Slurm: the dispatcher's state plus what explains the unavailable GPUs."""
