@@ -60,14 +60,12 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
-from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_HOLDS, T_REQ
 from bandpilot.queue.views import format_gpus
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.reservations import Book, Reservation
 
-START_WAIT_MODES = ("off", "on", "local")
 #: Largest added queueing considered (a nearby reservation, not a distant one).
 MAX_WAIT_S = 2 * 3600.0
 #: A request that has waited this long starts where it can.
@@ -89,10 +87,6 @@ MAX_STEPS = 6
 #: as planning every step when the dispatcher finds the idle cluster's best (checked on seeded
 #: cases, tests/test_startwait.py); only for BandPilot's search and plain gangs; False plans every step.
 PRUNE = True
-
-
-def check_start_wait(mode: str) -> str:
-    return one_of(mode, START_WAIT_MODES, "start-or-wait mode")
 
 
 @dataclass(frozen=True)
@@ -252,4 +246,4 @@ def write_held(conn: sa.Connection, held: dict[str, float], holding: set[str], s
         conn.execute(sa.insert(T_HOLDS), rows)
 
 
-__all__ = ["MAX_HELD_S", "START_WAIT_MODES", "StartOrWait", "WaitPlan", "check_start_wait", "load_held", "write_held"]
+__all__ = ["MAX_HELD_S", "StartOrWait", "WaitPlan", "load_held", "write_held"]

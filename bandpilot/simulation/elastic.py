@@ -117,7 +117,7 @@ class ElasticSim(_Sim):
         if not at and key == self.last_key:
             return 0  # no boundary, nothing freed or queued since the last round: it would decide the same
         self._flush()
-        rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
+        rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.profile.algorithm_for(self.spec),
                         demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
                         admission=self.cfg.admission, scaling=self.cfg.scaling_pricing, relocate=self.cfg.relocate,
                         current_share=self.cfg.current_share, fill_idle=self.cfg.fill_idle,
