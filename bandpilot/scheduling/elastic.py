@@ -66,20 +66,20 @@ _RUNNING = (
 )
 
 
-#: Resizes may relocate (README issue 22): measured better on held-out seeds on mean JCT, p95 and
+#: Resizes may relocate (benchmarks/bench_elastic.py): measured better on held-out seeds on mean JCT, p95 and
 #: makespan than growing around the old GPUs only (``rebalance(relocate=False)``, ``--no-relocate``).
 DEFAULT_RELOCATE = True
 
 #: True: growths are priced from the job's collective share at its current size, derived from its
 #: declared share at its requested ``k`` (:func:`current_share`; ``rebalance(current_share=True)``,
 #: ``--current-share``). False (default): the declared share as if it were the share now. Measured
-#: (README issue 22): better makespan everywhere and ``srpt-suspend`` better on every figure, but the
-#: default's mean JCT a tie on seeds 0-9 and 0.35 % worse on held-out seeds 30-39, +36 % CPU at scale.
+#: (benchmarks/bench_elastic.py): better makespan everywhere and ``srpt-suspend`` better on every figure, but the
+#: default's mean JCT a tie on the ten tuning seeds and 0.35 % worse on ten held-out seeds, +36 % CPU at scale.
 CURRENT_SHARE = False
 
 #: True: after admissions, GPUs still free when no request waits are offered to the running jobs at
 #: a boundary, shortest remaining work first, each growth priced as any (``rebalance(fill_idle=True)``,
-#: ``--fill-idle``; README issue 22). A flag: see the README for the measured figures.
+#: ``--fill-idle``). A flag: benchmarks/bench_elastic.py measures it.
 FILL_IDLE = False
 
 
@@ -374,7 +374,7 @@ def _fill_idle(conn, rep, state: State, held: dict[str, np.ndarray], rnd: _Round
     """``fill_idle``: the GPUs still free after the quotas' resizes and the admissions, when no
     request waits (nobody pending can use them this round), are offered to the jobs at this boundary
     in ``order`` (shortest remaining work first), each up to ``max_k``, priced as any growth. Why
-    (README issue 22, the srpt-suspend tail): with two J1 jobs left on 32 GPUs the leftovers' rule
+    (the srpt-suspend tail): with two J1 jobs left on 32 GPUs the leftovers' rule
     gives the shorter one 24, the pricer takes 16 (24 over three hosts is slower) and 8 GPUs idled
     for ~1 h beside the other J1 at 8 on one host, whose growth was never priced. Jobs resized or
     priced for growth this round are skipped (the same candidates were just priced)."""

@@ -79,7 +79,7 @@ class Admission:
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
-#: default (best measured, README issue 22): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
+#: default (best measured: benchmarks/bench_elastic.py): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
 #: once, every one slowly - processor sharing, which on a burst doubles mean JCT against first come,
 #: first served - and crowds the NICs; ``idle`` (the seed's text) lets 16-GPU jobs starve behind
 #: smaller ones, as greedy backfill does.
@@ -91,12 +91,12 @@ ADMISSIONS = {a.name: a for a in (
     Admission("idle", lambda c, n: max(c.lo, min(c.k, n)), False,
               "seed 001's text: while the requested k fits the GPUs idle now (running jobs are not shrunk for it)",
               idle_only=True),
-    # SRTF-like admission (README issue 22): a newcomer claims half its k; the admitted jobs with less
+    # SRTF-like admission (benchmarks/bench_elastic.py): a newcomer claims half its k; the admitted jobs with less
     # remaining work than it keep their size against it, those with more yield to their min_k
     Admission("srpt", lambda c, n: max(c.lo, min(c.k // 2, n)), False,
               "by remaining work: jobs with less remaining keep their size, the others yield to min_k; "
               "a newcomer claims half its k", srpt=True),
-    # fewer jobs at once (README issue 22, flags): shortest remaining work first, one host's worth
+    # fewer jobs at once (flags; benchmarks/bench_elastic.py): shortest remaining work first, one host's worth
     # each; running jobs keep min_k (srpt-host) or are suspended to 0 at their boundary (srpt-suspend)
     Admission("srpt-host", lambda c, n: c.lo, False,
               "by remaining work, each up to one host's GPUs; running jobs keep their min_k", srpt=True, host_srpt=True),

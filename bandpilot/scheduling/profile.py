@@ -6,7 +6,7 @@ SchedulerParameters: few, validated once when loaded, documented in one place).
 A profile names the plug-in at each extension point of a batch, in the order the batch asks them:
 
 * **QueueSort** ``queue_sort`` - the order pending requests are tried in (:mod:`~bandpilot.scheduling.policies`):
-  ``fifo``, ``priority``, ``sjf``, ``utility`` (seed 001's tenant quotas) or ``hrrn``.
+  ``fifo``, ``priority``, ``sjf``, ``utility`` (per-tenant GPU quotas by job utility) or ``hrrn``.
 * **Score** ``placement`` and ``locality`` - the dispatcher strategy that places a request
   (:mod:`bandpilot.dispatch.strategies`; ``compact`` is Slurm's: ``block`` on clusters with NVLink
   domains, ``topo`` otherwise) and, for model-guided placement, the lifetime locality margin: a

@@ -1,5 +1,6 @@
-"""Start now, or wait for a better placement? Issue 21 item 3, a plug-in asked after the placer found
-a placement for a gang (the step after Filter/Score and before Bind in Kubernetes' terms).
+"""Start now, or wait for a better placement? The Permit plug-in of a scheduler profile
+(``start_or_wait: true``, :mod:`bandpilot.scheduling.profile`), asked after the placer found a
+placement for a gang (the step after Filter/Score and before Bind in Kubernetes' terms).
 
 A gang that can start now on a poor placement (a spread one, or one whose NICs are shared) may do
 better by waiting for a running job to end. For each of the next running-job ends within
@@ -17,20 +18,20 @@ already waited ``max_hold_s`` starts where it can (it never waits twice for long
 holds a reservation on the GPUs chosen at ``t`` (later requests backfill around it as around the
 EASY reservation, without taking EASY's slot), and its deferral says why, e.g.
 ``waits for a better placement: ~0.4 h for h100-2:0-7 at 312 GB/s vs 151 GB/s now (saves ~1.3 h of 6.0 h)``.
-Recomputed every batch like every reservation. Off by default (``start_or_wait="off"``; README,
-issue 21, has the measurement).
+Recomputed every batch like every reservation. On in the ``recommended`` profile
+(docs/experiments/scheduler-profiles.md has the measurement).
 
-``start_or_wait="local"`` adds a locality rule for gangs that fit one host (issue 21, eleventh
-round): the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
+The one-host rule (``local=True``, what a profile's start-or-wait runs) adds a locality rule for
+gangs that fit one host: the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
 2-3 hosts of a quiet fragmented cluster looks nearly as fast as one host - until later jobs share
 its NICs and it runs many times its compute time. Such a gang, when the price rule says start now,
 waits instead for the earliest one-host placement among the same nearby ends, if that wait is shorter
 than the communicating share of its expected run time (what a spread placement at half the bandwidth
 would add). ``max_wait_s`` bounds each wait; ``max_hold_s`` (time since submission) does not apply:
-the traced collapses (seeds 14 and 15) are gangs that had already waited many hours and were then
+the traced collapses (two seeds of the mixed workload) are gangs that had already waited many hours and were then
 spread. The time it has been *held* is bounded instead, below.
 
-Cumulative hold bound (issue 21, "Cumulative hold bound"): each hold is planned from running jobs'
+Cumulative hold bound: each hold is planned from running jobs'
 expected ends, and those slip (estimates are wrong; an overdue job is always expected to end soon),
 so without a memory a gang could be told "wait ~0.1 h for a one-host placement" batch after batch,
 forever (the one-host rule has no other bound). The time a request has been held by either rule is
@@ -43,8 +44,8 @@ wait stays below the bound of the rule that makes it:
 * price rule: ``max_held_s`` (:data:`MAX_HELD_S`); it also stops once the request has waited
   ``max_hold_s`` since submission, as before. Charging the time held against the saving too
   (``saved - held - wait > min_gain_s``) was measured and not kept: on the benchmark's seeds it
-  flips one hold of a short job on seeds 0, 1 and 99 (mean JCT -3.4 % / +3.0 % on seed 0 `full` /
-  `comm`), a change of the default's figures without a held-out gain (README, issue 21).
+  flips one hold of a short job on three seeds (mean JCT -3.4 % / +3.0 % on one of them, `full` /
+  `comm`), a change of the default's figures without a held-out gain.
 
 A first hold is decided exactly as before (a single wait is at most ``max_wait_s`` < ``max_held_s``,
 and the one-host rule already required it below the communicating share). The deferral says how

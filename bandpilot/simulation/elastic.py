@@ -1,5 +1,5 @@
 """How long does an elastic job's epoch take, and what happens at its boundaries? The simulator's
-side of issue 22 (``simulate --elastic on``).
+elastic side (``simulate --elastic on``).
 
 *Runtime model.* A job declares its size ``k0`` (the trace's ``k``), its run time ``compute_s`` on a
 best placement of ``k0`` GPUs, ``epochs`` (default :attr:`SimConfig.epochs`), its communication
@@ -43,7 +43,7 @@ from bandpilot.topology.cluster import popcount
 
 #: Compute scaling efficiency per doubling of GPUs when the trace gives none.
 DEFAULT_SCALING = 0.9
-#: ``simulate --elastic``: ``auto`` (the default, README issue 22) runs per-epoch quotas when some job of
+#: ``simulate --elastic``: ``auto`` (the default) runs per-epoch quotas when some job of
 #: the trace declares a range (``min_k < max_k``) and the fixed-gang queue otherwise, so a trace without
 #: ranges runs exactly as with ``off``.
 ELASTIC_MODES = ("auto", "on", "off")
