@@ -36,7 +36,7 @@ import yaml
 
 from bandpilot.errors import BandPilotError
 from bandpilot.io import write_json_atomic, write_text_atomic
-from bandpilot.scheduling import DEMAND_MODELS, PROFILES, ProfileError, SchedulerProfile, get_profile
+from bandpilot.scheduling import DEMAND_MODELS, ProfileError, SchedulerProfile, get_profile
 from bandpilot.simulation.engine import SimConfig
 from bandpilot.simulation.trace import TraceJob, parse_trace
 from bandpilot.simulation.workloads import PUBLIC_SHAPES, public_trace_workload, seed001_workload
@@ -138,7 +138,7 @@ def _profiles(path: str | Path, base: Path, v: Any) -> list[SchedulerProfile]:
         raise SweepError(f"{path}: 'profiles' must be a non-empty list of profile names or YAML files")
     out: dict[str, SchedulerProfile] = {}
     for x in v:
-        ref = x if x in PROFILES or Path(x).is_absolute() else str(base / x)
+        ref = str(base / x) if x.endswith((".yaml", ".yml")) and not Path(x).is_absolute() else x
         try:
             prof = get_profile(ref)
             SimConfig(profile=prof).check()
