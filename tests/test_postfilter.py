@@ -31,6 +31,9 @@ class Evict:
             return None
         return Plan(self.name, "preemption_planned", f"evict {len(u.state.jobs)} jobs", tuple(j.id for j in u.state.jobs))
 
+    def evicted(self, ids, planned):
+        """Its plans are never carried out (a plain Plan, not a preemption plan)."""
+
 
 def test_default_plugin_records_why_nothing_fit():
     placer = Placer(SPEC, Dispatcher(make_fabric(SPEC)), "bandpilot")

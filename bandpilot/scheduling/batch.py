@@ -223,14 +223,15 @@ class _Batch:
         if self.backfill != "greedy":
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.profile.reservations, estimates=self.estimates(conn))
-            self.placer.add_post_filter(ReservationPostFilter(self.book))
             if self.profile.start_or_wait:
                 self.starter = StartOrWait.load(conn, self.book, local=True)
         if self.profile.preempt:
-            # asked first: a plan that starts the gang now beats a reservation for later
             self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm),
                                                     now(), estimates=self.estimates(conn))
-            self.placer.post_filters.insert(0, self.preemptor)
+        # in the profile's order: a preemption plan that starts the gang now beats a reservation for later
+        for plugin in (self.preemptor, ReservationPostFilter(self.book) if self.book is not None else None):
+            if plugin is not None:
+                self.placer.add_post_filter(plugin)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
@@ -340,13 +341,8 @@ class _Batch:
         for v in plan.victims:
             st = st.without_job(v)
         self.placer.set_state(st)
-        if self.book is not None:
-            self.book.evicted(plan.victims)
-        for f in self.placer.post_filters:  # the planning plug-in counts its plan; the others drop the victims
-            if f.name == plan.plugin and hasattr(f, "evicted"):
-                f.evicted(plan.victims)
-            elif hasattr(f, "forget"):
-                f.forget(plan.victims)
+        for f in self.placer.post_filters:  # the book frees the victims' GPUs; the planner counts its plan
+            f.evicted(plan.victims, planned=f.name == plan.plugin)
         self.report.preempted.append({"request_id": req.id, "victims": list(plan.victims), "detail": plan.detail,
                                       "lost_gpu_h": plan.cost_gpu_h, "at": ts})
         out = self.started(req, plan.selection, out)

@@ -137,15 +137,12 @@ class PreemptPostFilter:
             return [(str(self.dom_names[d]), np.flatnonzero(self.dom_ids == d)) for d in range(len(self.dom_names))]
         return [(h.name, np.array([i])) for i, h in enumerate(self.spec.hosts)]
 
-    def evicted(self, ids: tuple[str, ...]) -> None:
-        """The batch carried this plug-in's plan out: its victims are no longer running."""
-        self.forget(ids)
-        self.plans += 1
-
-    def forget(self, ids: tuple[str, ...]) -> None:
-        """Another plug-in's plan evicted ``ids``: they are no longer candidates."""
+    def evicted(self, ids: tuple[str, ...], planned: bool) -> None:
+        """A plan evicted ``ids``: they are no longer candidates; this plug-in's own plans are counted
+        (at most ``max_plans`` a batch)."""
         for v in ids:
             self.cands.pop(v, None)
+        self.plans += planned
 
     # -- planning -------------------------------------------------------------------------------
     def post_filter(self, u: Unschedulable) -> Plan | None:
