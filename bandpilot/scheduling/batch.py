@@ -163,8 +163,7 @@ class _Batch:
         self._estimates: Estimates | None = None
 
     def estimates(self, conn: sa.Connection) -> Estimates:
-        """The run-time estimates of this batch, loaded once (the plan, the book, the outlook and
-        preemption each loaded every estimate in the store before)."""
+        """The run-time estimates of this batch, loaded once for the order, the book and preemption."""
         if self._estimates is None:
             self._estimates = Estimates.load_live(conn)
         return self._estimates
@@ -224,7 +223,7 @@ class _Batch:
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
                                   self.profile.reservations, estimates=self.estimates(conn))
             if self.profile.start_or_wait:
-                self.starter = StartOrWait.load(conn, self.book, local=True)
+                self.starter = StartOrWait.load(conn, self.book)
         if self.profile.preempt:
             self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm),
                                                     now(), estimates=self.estimates(conn))

@@ -21,7 +21,7 @@ EASY reservation, without taking EASY's slot), and its deferral says why, e.g.
 Recomputed every batch like every reservation. On in the ``recommended`` profile
 (docs/experiments/scheduler-profiles.md has the measurement).
 
-The one-host rule (``local=True``, what a profile's start-or-wait runs) adds a locality rule for
+The one-host rule adds a locality rule for
 gangs that fit one host: the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
 2-3 hosts of a quiet fragmented cluster looks nearly as fast as one host - until later jobs share
 its NICs and it runs many times its compute time. Such a gang, when the price rule says start now,
@@ -106,9 +106,9 @@ class StartOrWait:
     reason = "waits_for_better_placement"
 
     def __init__(self, book: Book, max_wait_s: float = MAX_WAIT_S, max_hold_s: float = MAX_HOLD_S,
-                 min_gain_s: float = MIN_GAIN_S, local: bool = False, max_held_s: float | None = None,
+                 min_gain_s: float = MIN_GAIN_S, max_held_s: float | None = None,
                  held: dict[str, float] | None = None) -> None:
-        self.book, self.local = book, local
+        self.book = book
         self.max_wait_s, self.max_hold_s, self.min_gain_s = max_wait_s, max_hold_s, min_gain_s
         self.max_held_s = MAX_HELD_S if max_held_s is None else max_held_s
         #: seconds each pending request has been held so far (:func:`load_held`); holds of this batch
@@ -146,7 +146,7 @@ class StartOrWait:
             if net > self.min_gain_s and (best is None or net > best[0]):
                 best = (net, t, saved, s_t, b_t)
         bound = self.max_held_s
-        if best is None and self.local:
+        if best is None:
             best = self._one_host(req, sel, f * est, b_now, held)
             bound = min(self.max_held_s, f * est)
         if best is None:
@@ -164,7 +164,7 @@ class StartOrWait:
         self.held[req.id] = held
         self.holding.add(req.id)
         where = format_gpus(gpus)
-        what = "a one-host placement" if self.local and self._hosts(gpus) == 1 < self._hosts(sel.gpus) \
+        what = "a one-host placement" if self._hosts(gpus) == 1 < self._hosts(sel.gpus) \
             else "a better placement"
         detail = (f"waits for {what}: ~{(t - book.now) / 3600:.1f} h for {where} at {b_t:.0f} GB/s "
                   f"vs {b_now:.0f} GB/s now (saves ~{saved / 3600:.1f} h of {est / 3600:.1f} h; "
