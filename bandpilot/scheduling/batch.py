@@ -177,7 +177,7 @@ class _Batch:
             self.placer.set_state(state)
             pl = self.plan(load_pending(conn), state, conn)
             report.batch_id = batch_id = self.new_batch(conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
@@ -193,7 +193,7 @@ class _Batch:
         with store.read() as conn:
             state = store.load_state(conn, self.mspec)
             pl = self.plan(load_pending(conn), state, conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -217,7 +217,7 @@ class _Batch:
             .returning(T_BATCH.c.id)
         ).scalar_one())
 
-    def load_book(self, conn: sa.Connection, state: State, pl: _Plan) -> None:
+    def load_book(self, conn: sa.Connection, state: State) -> None:
         """The PostFilter and Permit plug-ins of the profile, loaded from the store."""
         if self.backfill != "greedy":
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
