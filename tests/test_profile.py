@@ -53,6 +53,11 @@ def test_contradictions_are_errors_not_ignored(fields, message):
         dataclasses.replace(FIFO_GREEDY, **{"placement": "bandpilot", **fields})  # a derived profile is checked too
 
 
+def test_a_profile_has_a_name():
+    with pytest.raises(ProfileError, match="name must be a non-empty string"):
+        SchedulerProfile("")
+
+
 def test_a_yaml_profile_starts_from_its_base(tmp_path):
     p = tmp_path / "site.yaml"
     p.write_text("base: slurm-like\nqueue_sort: priority\npreempt: true\n")

@@ -66,6 +66,8 @@ class SchedulerProfile:
 
     def check(self) -> None:
         """Each field a known value and no contradiction between them (a one-line :class:`ProfileError`)."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ProfileError(f"name must be a non-empty string, got {self.name!r}")
         _one_of("queue_sort", self.queue_sort, POLICIES)
         _one_of("backfill", self.backfill, BACKFILL_MODES)
         _one_of("placement", self.placement, placements())
