@@ -43,7 +43,7 @@ from bandpilot.scheduling.reservations import Book, write_reservations
 from bandpilot.scheduling.profile import ProfileError, SchedulerProfile, get_profile
 from bandpilot.scheduling.startwait import StartOrWait
 from bandpilot.scheduling.policies import (
-    ESTIMATE_POLICIES, Pending, order_pending, utility_quotas,
+    Pending, order_pending, queue_sort, utility_quotas,
 )
 from bandpilot.scheduling.pending import load_pending  # also imported from here (elastic, tests)
 from bandpilot.queue.requests import Request
@@ -236,14 +236,15 @@ class _Batch:
         pending, notes = loaded
         self.report.pending_before = len(pending)
         expected = None
-        if self.policy in ESTIMATE_POLICIES:
+        sort = queue_sort(self.policy)
+        if sort.estimates:
             est = self.estimates(conn)
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         queue = order_pending(pending, self.policy, expected, now())
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
-        quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
+        quotas = utility_quotas(queue, state.n_free) if sort.quotas else None
         self.report.quotas = quotas
         return _Plan(queue, quotas, notes, max(map(_SEQ, pending), default=0), whole)
 
