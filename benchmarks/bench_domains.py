@@ -54,6 +54,7 @@ from bandpilot.dispatch.search import cross_domain_bound  # noqa: E402
 from bandpilot.dispatch.state import State  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
 from bandpilot.topology.cluster import load_cluster, popcount  # noqa: E402
+from bandpilot.scheduling.profile import SchedulerProfile  # noqa: E402
 
 SPEC = ROOT / "params" / "clusters" / "nvl72x16.yaml"
 KS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 36, 48, 64, 72, 96, 128, 144, 192, 288]
@@ -167,7 +168,7 @@ def bench_queue(fab, n: int, seed: int) -> dict:
         worst = None
         while True:
             t0 = time.perf_counter()
-            rep = sched.run_batch(store, d)
+            rep = sched.run_batch(store, d, SchedulerProfile("bench"))
             batch_s += time.perf_counter() - t0
             batches += 1
             assigned += rep.counts()["assigned"]

@@ -37,7 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_jct import RECOMMENDED, truth_fabric  # noqa: E402
+from benchmarks.bench_jct import truth_fabric  # noqa: E402
+from bandpilot.scheduling.profile import RECOMMENDED, SchedulerProfile  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.simulation.elastic import DEFAULT_SCALING, simulate  # noqa: E402
 from bandpilot.simulation.engine import SimConfig  # noqa: E402
@@ -47,50 +48,57 @@ from bandpilot.simulation.workloads import public_trace_workload, seed001_worklo
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
-#: Fixed-gang baselines as the queue ran them before reservations (greedy backfill, no locality margin)
-PLAIN = SimConfig(backfill="greedy", locality=0.0)
+#: The recommended profile ordered by job utility: the queue the elastic rounds admit through.
+UTILITY = replace(RECOMMENDED, name="recommended-utility", queue_sort="utility")
+
+
+def plain(policy: str, **kw) -> SimConfig:
+    """A fixed-gang baseline as the queue ran it before reservations (greedy backfill, no locality margin)."""
+    return SimConfig(profile=SchedulerProfile(f"{policy}-greedy", queue_sort=policy), **kw)
+
+
 CONFIGS = {
-    "fifo (fixed gangs)": replace(PLAIN, policy="fifo"),
-    "sjf (fixed gangs)": replace(PLAIN, policy="sjf"),
-    "utility (fixed gangs)": replace(PLAIN, policy="utility"),
-    "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": RECOMMENDED,
-    "elastic + utility": SimConfig(policy="utility", elastic=True),
-    "elastic + utility, perfect-scaling pricing (before)": SimConfig(policy="utility", elastic=True, scaling_pricing="perfect"),
+    "fifo (fixed gangs)": plain("fifo"),
+    "sjf (fixed gangs)": plain("sjf"),
+    "utility (fixed gangs)": plain("utility"),
+    "best non-elastic (the default queue: hrrn + conservative 2 + start-or-wait + locality 0.5)": SimConfig(profile=RECOMMENDED),
+    "elastic + utility": SimConfig(profile=UTILITY, elastic=True),
+    "elastic + utility, perfect-scaling pricing (before)": SimConfig(profile=UTILITY, elastic=True, scaling_pricing="perfect"),
     # resizes grow around the old GPUs only (before relocation became the default)
-    "elastic + utility, no relocation (before)": SimConfig(policy="utility", elastic=True, relocate=False),
-    "elastic + utility, self pricing": SimConfig(policy="utility", elastic=True, pricing="self"),
-    "elastic + utility, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
-    "elastic + utility, min-k admission": SimConfig(policy="utility", elastic=True, admission="min-k"),
-    "elastic + utility, idle admission (seed 001's text)": SimConfig(policy="utility", elastic=True, admission="idle"),
-    "elastic + utility, srpt admission": SimConfig(policy="utility", elastic=True, admission="srpt"),
+    "elastic + utility, no relocation (before)": SimConfig(profile=UTILITY, elastic=True, relocate=False),
+    "elastic + utility, self pricing": SimConfig(profile=UTILITY, elastic=True, pricing="self"),
+    "elastic + utility, blind growth": SimConfig(profile=UTILITY, elastic=True, blind=True),
+    "elastic + utility, min-k admission": SimConfig(profile=UTILITY, elastic=True, admission="min-k"),
+    "elastic + utility, idle admission (seed 001's text)": SimConfig(profile=UTILITY, elastic=True, admission="idle"),
+    "elastic + utility, srpt admission": SimConfig(profile=UTILITY, elastic=True, admission="srpt"),
     # shortest remaining work first, 2 x min_k each; suspension to 0 GPUs at a boundary, or not
-    "elastic, srpt-suspend admission": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
-    "elastic, srpt-host admission (no suspension)": SimConfig(policy="utility", elastic=True, admission="srpt-host"),
+    "elastic, srpt-suspend admission": SimConfig(profile=UTILITY, elastic=True, admission="srpt-suspend"),
+    "elastic, srpt-host admission (no suspension)": SimConfig(profile=UTILITY, elastic=True, admission="srpt-host"),
     # heSRPT shares by rank in remaining work (the mean-JCT optimum for a speedup k^p), suspension below min_k
-    "elastic, hesrpt-suspend admission": SimConfig(policy="utility", elastic=True, admission="hesrpt-suspend"),
+    "elastic, hesrpt-suspend admission": SimConfig(profile=UTILITY, elastic=True, admission="hesrpt-suspend"),
     # growths priced from the collective share at the current size (a flag), not the declared one
-    "elastic + utility, current-share pricing": SimConfig(policy="utility", elastic=True, current_share=True),
-    "elastic, srpt-suspend admission, current-share pricing": SimConfig(policy="utility", elastic=True,
+    "elastic + utility, current-share pricing": SimConfig(profile=UTILITY, elastic=True, current_share=True),
+    "elastic, srpt-suspend admission, current-share pricing": SimConfig(profile=UTILITY, elastic=True,
                                                                       admission="srpt-suspend", current_share=True),
     # srpt-suspend with claims sized by marginal gain on each job's priced speed curve (a flag)
-    "elastic, srpt-marginal admission, current-share pricing": SimConfig(policy="utility", elastic=True,
+    "elastic, srpt-marginal admission, current-share pricing": SimConfig(profile=UTILITY, elastic=True,
                                                                        admission="srpt-marginal", current_share=True),
     # srpt-suspend whose round's leftover GPUs go to waiting requests at a smaller legal size (a flag)
-    "elastic, srpt-fill admission, current-share pricing": SimConfig(policy="utility", elastic=True,
+    "elastic, srpt-fill admission, current-share pricing": SimConfig(profile=UTILITY, elastic=True,
                                                                    admission="srpt-fill", current_share=True),
     # GPUs free when nothing waits offered to the jobs at a boundary (running jobs keep their size), a flag
     "elastic, srpt-suspend admission, current-share pricing, fill-idle": SimConfig(
-        policy="utility", elastic=True, admission="srpt-suspend", current_share=True, fill_idle=True),
-    "elastic + utility, fill-idle": SimConfig(policy="utility", elastic=True, fill_idle=True),
-    "elastic + utility, min-k admission, self pricing (before)": SimConfig(policy="utility", elastic=True,
+        profile=UTILITY, elastic=True, admission="srpt-suspend", current_share=True, fill_idle=True),
+    "elastic + utility, fill-idle": SimConfig(profile=UTILITY, elastic=True, fill_idle=True),
+    "elastic + utility, min-k admission, self pricing (before)": SimConfig(profile=UTILITY, elastic=True,
                                                                           admission="min-k", pricing="self"),
-    "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(policy="utility", elastic=True,
+    "elastic + utility, min-k admission, self pricing, blind (before)": SimConfig(profile=UTILITY, elastic=True,
                                                                                  admission="min-k", pricing="self", blind=True),
-    "elastic + utility, step = min_k": SimConfig(policy="utility", elastic=True),
-    "elastic + utility, step = min_k, blind growth": SimConfig(policy="utility", elastic=True, blind=True),
+    "elastic + utility, step = min_k": SimConfig(profile=UTILITY, elastic=True),
+    "elastic + utility, step = min_k, blind growth": SimConfig(profile=UTILITY, elastic=True, blind=True),
     # the other demand model (co-tenant pressure scaled by the communication fraction), both sides
-    "fifo (fixed gangs), demand comm": replace(PLAIN, policy="fifo", demand="comm"),
-    "elastic + utility, demand comm": SimConfig(policy="utility", elastic=True, demand="comm"),
+    "fifo (fixed gangs), demand comm": plain("fifo", demand="comm"),
+    "elastic + utility, demand comm": SimConfig(profile=UTILITY, elastic=True, demand="comm"),
 }
 REF = "fifo (fixed gangs)"
 
@@ -126,18 +134,18 @@ def scale(n_jobs: int, configs: list[str]) -> int:
 
 
 #: The scale run's configurations (``--scale N --scale-configs fifo,elastic``).
-SCALE = {"fifo": replace(PLAIN, policy="fifo"), "elastic": SimConfig(policy="utility", elastic=True),
-         "elastic-min-k-self": SimConfig(policy="utility", elastic=True, admission="min-k", pricing="self"),
-         "elastic-srpt": SimConfig(policy="utility", elastic=True, admission="srpt"),
-         "elastic-srpt-suspend": SimConfig(policy="utility", elastic=True, admission="srpt-suspend"),
-         "elastic-no-relocate": SimConfig(policy="utility", elastic=True, relocate=False),
-         "elastic-current-share": SimConfig(policy="utility", elastic=True, current_share=True),
-         "elastic-fill": SimConfig(policy="utility", elastic=True, fill_idle=True),
-         "elastic-srpt-suspend-cs": SimConfig(policy="utility", elastic=True, admission="srpt-suspend", current_share=True),
-         "elastic-srpt-suspend-cs-fill": SimConfig(policy="utility", elastic=True, admission="srpt-suspend",
+SCALE = {"fifo": plain("fifo"), "elastic": SimConfig(profile=UTILITY, elastic=True),
+         "elastic-min-k-self": SimConfig(profile=UTILITY, elastic=True, admission="min-k", pricing="self"),
+         "elastic-srpt": SimConfig(profile=UTILITY, elastic=True, admission="srpt"),
+         "elastic-srpt-suspend": SimConfig(profile=UTILITY, elastic=True, admission="srpt-suspend"),
+         "elastic-no-relocate": SimConfig(profile=UTILITY, elastic=True, relocate=False),
+         "elastic-current-share": SimConfig(profile=UTILITY, elastic=True, current_share=True),
+         "elastic-fill": SimConfig(profile=UTILITY, elastic=True, fill_idle=True),
+         "elastic-srpt-suspend-cs": SimConfig(profile=UTILITY, elastic=True, admission="srpt-suspend", current_share=True),
+         "elastic-srpt-suspend-cs-fill": SimConfig(profile=UTILITY, elastic=True, admission="srpt-suspend",
                                                    current_share=True, fill_idle=True),
-         "elastic-srpt-marginal-cs": SimConfig(policy="utility", elastic=True, admission="srpt-marginal", current_share=True),
-         "elastic-srpt-fill-cs": SimConfig(policy="utility", elastic=True, admission="srpt-fill", current_share=True)}
+         "elastic-srpt-marginal-cs": SimConfig(profile=UTILITY, elastic=True, admission="srpt-marginal", current_share=True),
+         "elastic-srpt-fill-cs": SimConfig(profile=UTILITY, elastic=True, admission="srpt-fill", current_share=True)}
 
 
 def main() -> int:

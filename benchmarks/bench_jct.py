@@ -1,4 +1,4 @@
-"""Jobs finish sooner: reservations, backfill, lifetime locality and queue order, by JCT.
+"""Jobs finish sooner: the scheduler profiles (order, backfill, locality, start-or-wait), by JCT.
 
     python -m benchmarks jct                 # or: python -m benchmarks.bench_jct [--seeds 2] [--only mixed,fifo,seed001,batch,plan,helios]
 
@@ -7,27 +7,26 @@ the emulated ``params/clusters/h100.yaml`` (labelled EMULATED). The dispatcher's
 itself (a perfect predictor): this measures the scheduler, not the surrogate's error; it is said so
 in every table. Nothing is written into the repository.
 
-1. ``mixed``: issue 21's 200-job workload (:func:`~bandpilot.simulation.workloads.mixed_workload`:
+1. ``mixed``: the 200-job mixed workload (:func:`~bandpilot.simulation.workloads.mixed_workload`:
    sizes 1-32, log-normal run times 5 min - 24 h, ~half preemptible, time limits off by up to 3x
    either way, offered load 1.0), per seed, under the ``full`` demand model (and ``comm`` for the
-   recommended configuration). Targets: mean JCT >= 25 % below FIFO + topo (greedy), >= 15 % below
+   recommended profile). Targets: mean JCT >= 25 % below FIFO + topo (greedy), >= 15 % below
    the Slurm-like baseline; p95 >= 15 % below Slurm-like; max JCT no worse than Slurm-like's.
 2. ``fifo``: placement alone, FIFO, greedy queue, no reservations: a held-out-shaped workload (120
    jobs, 2-16 GPUs, 0.5-4 h, comm 0.2-0.7, overloaded) and the mixed one, BandPilot (locality 0 and
-   the default margin) vs topo, under both demand models. Target: never worse on mean and p95.
+   the recommended margin) vs topo, under both demand models. Target: never worse on mean and p95.
 3. ``seed001``: seed 001's 50-job workload: the utility policy vs FIFO (target: no longer loses).
 4. ``batch`` (only when asked): one batch with 1,000 pending requests and reservations on the
    emulated 1,152-GPU ``nvl72x16`` (target: <= 60 s).
 5. ``plan`` (only when asked): the preemption plug-in's time per call on the mixed workload, then
    at scale on a full emulated ``nvl72x16`` with starving gangs of 8-288 GPUs (target: one plan <= 1 s p99).
 6. ``helios`` (only when asked, minutes a run): 2,000 Helios-shaped jobs on the emulated
-   ``nvl72x16`` at ``--load`` (0.9), FIFO + topo and the default vs the Slurm-like baseline.
+   ``nvl72x16`` at ``--load`` (0.9), ``fifo-greedy`` and ``recommended`` vs ``slurm-like``.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -41,18 +40,16 @@ sys.path.insert(0, str(ROOT))
 
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
-from bandpilot.scheduling import policies, reservations  # noqa: E402
+from bandpilot.scheduling.profile import FIFO_GREEDY, RECOMMENDED, SLURM_LIKE, SchedulerProfile  # noqa: E402
 from bandpilot.simulation.engine import SimConfig, simulate  # noqa: E402
-from bandpilot.simulation.presets import apply_preset  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
 from bandpilot.simulation.workloads import mixed_workload, poisson_workload, seed001_workload  # noqa: E402
 from bandpilot.topology.cluster import load_cluster  # noqa: E402
 
 H = 3600.0
-RECOMMENDED = SimConfig()  # the simulator's default: what the queue runs without flags
-# the default before issue 21's third round (chosen on 2 seeds; worse than Slurm-like on seeds 8-15)
-PREVIOUS = replace(RECOMMENDED, backfill="easy", start_or_wait="off")
-OTHER_PRICING = "lifetime" if RECOMMENDED.placement_pricing == "now" else "now"
+#: The recommended profile before its second reservation and start-or-wait (hrrn + EASY), the reference
+#: the two changes were measured against (docs/experiments/scheduler-profiles.md).
+PREVIOUS = replace(RECOMMENDED, name="previous", backfill="easy", reservations=1, start_or_wait=False)
 CONFIGS: list[str] = []  # --configs
 FIRST_SEED = [0]  # --first-seed: held-out seeds confirm a choice made on others
 LOAD = [0.9]  # --load: helios's offered load
@@ -68,24 +65,17 @@ def truth_fabric():
         "EMULATED H100 (params/clusters/h100.yaml; ../shared/data absent), perfect predictor"
 
 
-def run(jobs, truth, cfg: SimConfig, knobs: dict | None = None) -> dict:
-    """One simulation; ``knobs`` temporarily set module constants of the scheduler ({(module, name):
-    value}) for the variants measured against the defaults (e.g. hrrn's age cap)."""
-    old = {(m, n): getattr(m, n) for m, n in (knobs or {})}
-    try:
-        for (m, n), v in (knobs or {}).items():
-            setattr(m, n, v)
-        return summarize(simulate(jobs, Dispatcher(truth, seed=cfg.seed), truth, cfg))
-    finally:
-        for (m, n), v in old.items():
-            setattr(m, n, v)
+def run(jobs, truth, cfg: SimConfig) -> dict:
+    """One simulation's summary (the truth as a perfect predictor)."""
+    return summarize(simulate(jobs, Dispatcher(truth, seed=cfg.seed), truth, cfg))
 
 
-def label(c: SimConfig) -> str:
-    pricing = f", {c.placement_pricing} pricing" if c.algorithm == "bandpilot" and c.placement_pricing != "now" else ""
-    backfill = f"conservative {c.reservations}" if c.backfill == "conservative" else c.backfill
-    wait = {"on": " + start-or-wait", "local": " + start-or-wait local"}.get(c.start_or_wait, "")
-    return f"{c.policy} + {c.algorithm}{f' (locality {c.locality:g}{pricing})' if c.locality or pricing else ''} + {backfill}{wait}"
+def label(p: SchedulerProfile) -> str:
+    return f"{p.name}: {p.describe()}"
+
+
+def sim(p: SchedulerProfile, **kw) -> SimConfig:
+    return SimConfig(profile=p, **kw)
 
 
 def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
@@ -105,61 +95,16 @@ def table(rows: dict[str, list[dict]], ref: str | None = None) -> str:
 
 
 def mixed(truth, seeds: int) -> str:
-    spec = truth.spec
     cfgs = {
-        "FIFO + topo, greedy (today's queue, compact)": apply_preset(SimConfig(), "greedy-topo", spec),
-        "FIFO + bandpilot, greedy (today's default)": apply_preset(SimConfig(), "greedy", spec),
-        "Slurm-like (FIFO + topo + EASY)": apply_preset(SimConfig(), "slurm", spec),
-        f"recommended: {label(RECOMMENDED)}": RECOMMENDED,
-        f"previous default: {label(PREVIOUS)}": PREVIOUS,
-        f"{label(replace(RECOMMENDED, start_or_wait='off'))} (2 reservations, no start-or-wait)": replace(RECOMMENDED, start_or_wait="off"),
-        f"{label(PREVIOUS)} + start-or-wait (1 reservation)": replace(PREVIOUS, start_or_wait="on"),
-        "fifo + bandpilot (locality 0.5) + easy": SimConfig(policy="fifo", backfill="easy", locality=0.5, start_or_wait="off"),
-        f"{label(RECOMMENDED)} + preempt": replace(RECOMMENDED, preempt="on"),
-        f"{label(RECOMMENDED)}, hrrn uncapped": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): math.inf}),
-        f"{label(RECOMMENDED)}, hrrn age cap 4 h": (RECOMMENDED, {(policies, "HRRN_AGE_CAP_S"): 4 * H}),
-        # issue 21's max-JCT levers: hrrn with starvation aging (past 12 h, +1 per 0.1 h waited beyond;
-        # policies.HRRN_STARVE_S / HRRN_STARVE_RATE_S), preemption by the leading blocked gang only
-        f"{label(replace(RECOMMENDED, policy='hrrn-aged'))} (starvation aging)": replace(RECOMMENDED, policy="hrrn-aged"),
-        # the same aging, started at 18 h for gangs over 16 GPUs (policies.HRRN_STARVE_BIG_S / HRRN_BIG_GANG)
-        f"{label(replace(RECOMMENDED, policy='hrrn-sized'))} (starvation aging by gang size)": replace(RECOMMENDED, policy="hrrn-sized"),
-        f"{label(RECOMMENDED)} + preempt leader": replace(RECOMMENDED, preempt="leader"),
-        # the age slot (scheduling/age_slot.py): the longest-waiting request / the largest projected JCT
-        # past 30 h is reserved first, in place of hrrn's second slot; a delay budget for older backfill
-        f"{label(RECOMMENDED)} + age slot oldest": replace(RECOMMENDED, age_slot="oldest"),
-        f"{label(RECOMMENDED)} + age slot projected": replace(RECOMMENDED, age_slot="projected"),
-        f"{label(RECOMMENDED)} + delay budget 4 h": (RECOMMENDED, {(reservations, "DELAY_BUDGET_S"): 4 * H}),
-        # preemption into the leading reservation of preemptible jobs past their time limit, once the gang
-        # waited 12 h (scheduling/overrun_preempt.py), alone and with the projected age slot
-        f"{label(RECOMMENDED)} + preempt overrun": replace(RECOMMENDED, preempt="overrun"),
-        f"{label(RECOMMENDED)} + age slot projected + preempt overrun": replace(RECOMMENDED, age_slot="projected", preempt="overrun"),
-        # the projected age slot that prices its drain (scheduling/slot_price.py; README "Eighth round")
-        f"{label(RECOMMENDED)} + age slot priced": replace(RECOMMENDED, age_slot="priced"),
-        f"{label(RECOMMENDED)} + age slot priced + preempt overrun": replace(RECOMMENDED, age_slot="priced", preempt="overrun"),
-        # the age slot for the request later-submitted jobs overtook most (scheduling/overtaken.py; README "Tenth round")
-        f"{label(RECOMMENDED)} + age slot overtaken": replace(RECOMMENDED, age_slot="overtaken"),
-        # backfill onto a reservation's GPUs if it can be planned again at the same start (scheduling/replan.py;
-        # README "Twelfth round"): for every request / only for one that has waited hrrn's 8 h cap
-        f"{label(RECOMMENDED)} + backfill check replan": replace(RECOMMENDED, backfill_check="replan"),
-        f"{label(RECOMMENDED)} + backfill check replan-waited": replace(RECOMMENDED, backfill_check="replan-waited"),
-        # preemptible loans onto reserved GPUs until the reservation's start, reclaimed then (scheduling/loans.py;
-        # README "Thirteenth round")
-        f"{label(RECOMMENDED)} + backfill check lend": replace(RECOMMENDED, backfill_check="lend"),
-        # the default before issue 21's eleventh round: start-or-wait without the one-host rule (README "Eleventh round")
-        f"{label(replace(RECOMMENDED, start_or_wait='on'))} (the default before the eleventh round)": replace(RECOMMENDED, start_or_wait="on"),
-        # hrrn ranking a request expected past the 8 h cap by its projected JCT (README "Ninth round")
-        f"{label(replace(RECOMMENDED, policy='hrrn-jct'))} (projected JCT past the cap)": replace(RECOMMENDED, policy="hrrn-jct"),
-        # the drain target keeps last batch's EASY holder: measured on the previous (EASY) default
-        f"{label(PREVIOUS)} + drain target after 8 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H}),
-        f"{label(PREVIOUS)} + drain target after 24 h": (PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H}),
-        f"{label(PREVIOUS)} + drain target after 8 h, backfill safe at 3x": (
-            PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 8 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
-        f"{label(PREVIOUS)} + drain target after 24 h, backfill safe at 3x": (
-            PREVIOUS, {(reservations, "DRAIN_AFTER_S"): 24 * H, (reservations, "DRAIN_ESTIMATE_SLACK"): 3.0}),
-        f"las: {label(replace(RECOMMENDED, policy='las'))}": replace(RECOMMENDED, policy="las"),
-        f"las: {label(replace(RECOMMENDED, policy='las'))} + preempt": replace(RECOMMENDED, policy="las", preempt="on"),
-        # the recommended queue with the other placement pricing (lifetime <-> now)
-        f"{label(RECOMMENDED)}, {OTHER_PRICING} pricing": replace(RECOMMENDED, placement_pricing=OTHER_PRICING),
+        label(FIFO_GREEDY): FIFO_GREEDY,
+        "fifo + bandpilot, greedy": SchedulerProfile("fifo-greedy-bandpilot"),
+        "Slurm-like (FIFO + topo + EASY)": SLURM_LIKE,
+        f"recommended: {RECOMMENDED.describe()}": RECOMMENDED,
+        label(PREVIOUS): PREVIOUS,
+        "recommended without start-or-wait (2 reservations)": replace(RECOMMENDED, name="no-wait", start_or_wait=False),
+        "previous + start-or-wait (1 reservation)": replace(PREVIOUS, name="previous-wait", start_or_wait=True),
+        "fifo + bandpilot (locality 0.5) + easy": SchedulerProfile("fifo-easy", backfill="easy", locality=0.5),
+        "recommended + preempt": replace(RECOMMENDED, name="recommended-preempt", preempt=True),
     }
     if CONFIGS:  # a subset (keeps a run under ~5 min on a loaded machine); Slurm-like and the recommended row stay (the reference and the targets)
         cfgs = {k: v for k, v in cfgs.items() if k.startswith(("Slurm-like", "recommended")) or any(c in k for c in CONFIGS)}
@@ -169,8 +114,7 @@ def mixed(truth, seeds: int) -> str:
         for s in range(FIRST_SEED[0], FIRST_SEED[0] + seeds):
             jobs = mixed_workload(200, seed=s)
             for name, c in cfgs.items():
-                c, knobs = c if isinstance(c, tuple) else (c, None)
-                rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s, demand=demand), knobs))
+                rows.setdefault(name, []).append(run(jobs, truth, sim(c, seed=s, demand=demand)))
         blocks.append(f"demand model `{demand}` (means over {seeds} seeds from seed {FIRST_SEED[0]}; ref = Slurm-like)\n\n"
                       + table(rows, "Slurm-like (FIFO + topo + EASY)"))
         blocks.append(targets(rows))
@@ -180,7 +124,7 @@ def mixed(truth, seeds: int) -> str:
 def targets(rows: dict[str, list[dict]]) -> str:
     m = lambda k, key: float(np.mean([r[key] for r in rows[k]]))  # noqa: E731
     rec = next(k for k in rows if k.startswith("recommended"))
-    fifo, slurm = "FIFO + topo, greedy (today's queue, compact)", "Slurm-like (FIFO + topo + EASY)"
+    fifo, slurm = label(FIFO_GREEDY), "Slurm-like (FIFO + topo + EASY)"
     checks = [] if fifo not in rows else [
         ("mean JCT >= 25 % below FIFO + topo", m(rec, "avg_jct_s") <= 0.75 * m(fifo, "avg_jct_s"), m(rec, "avg_jct_s") / m(fifo, "avg_jct_s") - 1)]
     checks += [
@@ -189,7 +133,7 @@ def targets(rows: dict[str, list[dict]]) -> str:
         ("max JCT no worse than Slurm-like", m(rec, "max_jct_s") <= m(slurm, "max_jct_s"), m(rec, "max_jct_s") / m(slurm, "max_jct_s") - 1),
         ("every job completes", all(r["completed"] == r["jobs"] for r in rows[rec]), 0.0),
     ]
-    pre = next((k for k in rows if k.endswith("+ preempt") and not k.startswith("las")), None)
+    pre = next((k for k in rows if k.endswith("+ preempt")), None)
     if pre is not None:
         waste = m(pre, "wasted_gpu_hours") / max(m(pre, "gpu_hours"), 1e-9)
         checks += [
@@ -202,14 +146,11 @@ def targets(rows: dict[str, list[dict]]) -> str:
     return "\n".join(f"- {name}: {'met' if ok else 'MISSED'} ({d * 100:+.1f} %)" for name, ok, d in checks)
 
 
-#: placement alone: (name, config) rows of the ``fifo`` part (FIFO, greedy queue, no reservations)
+#: placement alone: (name, profile) rows of the ``fifo`` part (FIFO, greedy queue, no reservations)
 PLACEMENT_ROWS = (
-    ("topo", SimConfig(algorithm="topo")),
-    ("bandpilot, now, locality 0", SimConfig(locality=0.0, placement_pricing="now")),
-    ("bandpilot, now, locality 0.5", SimConfig(locality=0.5, placement_pricing="now")),
-    ("bandpilot, lifetime, locality 0", SimConfig(locality=0.0, placement_pricing="lifetime")),
-    ("bandpilot, lifetime, locality 0.5", SimConfig(locality=0.5, placement_pricing="lifetime")),
-    ("bandpilot, lifetime-queue, locality 0", SimConfig(locality=0.0, placement_pricing="lifetime-queue")),
+    ("topo", SchedulerProfile("fifo-greedy-topo", placement="topo")),
+    ("bandpilot, locality 0", SchedulerProfile("fifo-greedy-bandpilot")),
+    ("bandpilot, locality 0.5", SchedulerProfile("fifo-greedy-local", locality=0.5)),
 )
 
 
@@ -224,7 +165,7 @@ def fifo_placement(truth, seeds: int) -> str:
                 for name, c in PLACEMENT_ROWS:
                     if CONFIGS and name != "topo" and not any(x in name for x in CONFIGS):
                         continue
-                    rows.setdefault(name, []).append(run(jobs, truth, replace(c, policy="fifo", backfill="greedy", seed=s, demand=demand)))
+                    rows.setdefault(name, []).append(run(jobs, truth, sim(c, seed=s, demand=demand)))
             # the queue is chaotic (one placement shifts every later start): say how often each row beats topo
             wins = "\n".join(f"- {k}: mean below topo in {sum(r['avg_jct_s'] < t['avg_jct_s'] for r, t in zip(v, rows['topo']))}/{seeds} "
                               f"seeds; per seed mean / p95 (h): " + ", ".join(f"{r['avg_jct_s'] / H:.2f} / {r['p95_jct_s'] / H:.2f}" for r in v)
@@ -235,17 +176,15 @@ def fifo_placement(truth, seeds: int) -> str:
 
 
 def seed001(truth, seeds: int) -> str:
-    from dataclasses import replace
-
     rows: dict[str, list[dict]] = {}
     for s in range(seeds):
         jobs = seed001_workload(s)
-        for name, c in (("fifo + bandpilot, greedy", SimConfig(policy="fifo", backfill="greedy", locality=0.0)),
-                        ("utility + bandpilot, greedy (before)", SimConfig(policy="utility", backfill="greedy", locality=0.0)),
-                        (label(replace(RECOMMENDED, policy="fifo")), replace(RECOMMENDED, policy="fifo")),
-                        (label(replace(RECOMMENDED, policy="utility")), replace(RECOMMENDED, policy="utility")),
-                        (f"recommended: {label(RECOMMENDED)}", RECOMMENDED)):
-            rows.setdefault(name, []).append(run(jobs, truth, replace(c, seed=s)))
+        for name, c in (("fifo + bandpilot, greedy", SchedulerProfile("fifo-greedy-bandpilot")),
+                        ("utility + bandpilot, greedy", SchedulerProfile("utility-greedy", queue_sort="utility")),
+                        ("recommended, fifo order", replace(RECOMMENDED, name="recommended-fifo", queue_sort="fifo")),
+                        ("recommended, utility order", replace(RECOMMENDED, name="recommended-utility", queue_sort="utility")),
+                        (f"recommended: {RECOMMENDED.describe()}", RECOMMENDED)):
+            rows.setdefault(name, []).append(run(jobs, truth, sim(c, seed=s)))
     return f"seed 001's 50 jobs (means over {seeds} seeds; ref = fifo + bandpilot, greedy)\n\n" + table(rows, "fifo + bandpilot, greedy")
 
 
@@ -268,12 +207,14 @@ def batch_latency(truth, seeds: int) -> str:
             store.init_cluster(spec)
             busy = [{"id": f"run{i}", "k": 8, "time_limit_s": float(rng.uniform(600, 36000)), "submitted": 0} for i in range(72)]
             q.submit(store, busy)
-            sched.run_batch(store, Dispatcher(fab), backfill="greedy", locality=0.5)
+            sched.run_batch(store, Dispatcher(fab), SchedulerProfile("bench", backfill="greedy", locality=0.5))
             sizes = rng.choice([1, 2, 4, 8, 16, 32, 64, 128], size=1000, p=[.3, .15, .15, .15, .1, .08, .05, .02])
             q.submit(store, [{"id": f"p{i}", "k": int(k), "time_limit_s": float(rng.uniform(300, 20000)), "submitted": 1 + i}
                              for i, k in enumerate(sizes)])
             t0 = time.perf_counter()
-            rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill=mode, locality=0.5)
+            depth = 16 if mode == "conservative" else 1
+            rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("bench", queue_sort="hrrn", backfill=mode,
+                                                                            reservations=depth, locality=0.5))
             wall = time.perf_counter() - t0
             out.append(f"| {mode} | {rep.pending_before} | {len(rep.assigned)} | {len(rep.reservations)} | {wall:.1f} |")
             store.close()
@@ -299,7 +240,8 @@ def plan_latency(truth, seeds: int) -> str:
     pre.PreemptPostFilter.post_filter = timed
     try:
         for s in range(seeds):
-            simulate(mixed_workload(200, seed=s), Dispatcher(truth, seed=s), truth, replace(RECOMMENDED, preempt="on", seed=s))
+            simulate(mixed_workload(200, seed=s), Dispatcher(truth, seed=s), truth,
+                     sim(replace(RECOMMENDED, name="recommended-preempt", preempt=True), seed=s))
         h100 = _plan_line(f"preemption plug-in on {truth.spec.name} ({truth.spec.n_gpus} GPUs), {seeds} seeds", calls, plans)
         calls.clear()
         plans.clear()
@@ -349,7 +291,7 @@ def plan_scale(seeds: int) -> int:
                                      for i, k in enumerate(rng.permutation(PLAN_GANGS * 3))])
                 for b in range(4 * len(PLAN_GANGS) * 3):
                     with use_clock(lambda: 6 * H + 60.0 * b):
-                        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="conservative", preempt="on")
+                        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("bench", queue_sort="hrrn", backfill="conservative", reservations=16, preempt=True))
                     out = {o.request_id: o for o in rep.outcomes}
                     for p in rep.preempted:
                         o = out[p["request_id"]]
@@ -380,7 +322,7 @@ def _fill_busy(store, spec, fab, rng) -> None:
     fixed = [{"id": f"fix{i}", "k": k, "submitted": 0, "time_limit_s": 48 * H}
              for i, k in enumerate(_fill_sizes(spec.n_gpus - used - 2, rng))]
     q.submit(store, busy + fixed)
-    rep = sched.run_batch(store, Dispatcher(fab), backfill="greedy", locality=0.5)
+    rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("bench", backfill="greedy", locality=0.5))
     assert len(rep.assigned) == len(busy) + len(fixed), "the busy cluster did not fit"
 
 
@@ -395,7 +337,7 @@ def _fill_sizes(n: int, rng) -> list[int]:
 
 
 def helios(truth, seeds: int) -> str:
-    """Issue 21's second workload: 2,000 Helios-shaped jobs (offered load ``--load``, 0.9 by default,
+    """The second workload: 2,000 Helios-shaped jobs (offered load ``--load``, 0.9 by default,
     realised exactly: :func:`~bandpilot.simulation.workloads.offered_load`) on the emulated 1,152-GPU
     ``nvl72x16`` (the emulator as truth and as a perfect predictor): FIFO + topo (greedy), the
     Slurm-like baseline and the default. Each run's line is printed as it ends (a seed takes minutes)."""
@@ -404,9 +346,7 @@ def helios(truth, seeds: int) -> str:
     spec = load_cluster(ROOT / "params" / "clusters" / "nvl72x16.yaml")
     fab = make_fabric(spec)
     ref = "Slurm-like (FIFO + block + EASY)"
-    cfgs = {"FIFO + topo, greedy (today's queue, compact)": apply_preset(SimConfig(), "greedy-topo", spec),
-            ref: apply_preset(SimConfig(), "slurm", spec),
-            f"recommended: {label(RECOMMENDED)}": RECOMMENDED}
+    cfgs = {label(FIFO_GREEDY): FIFO_GREEDY, ref: SLURM_LIKE, f"recommended: {RECOMMENDED.describe()}": RECOMMENDED}
     if CONFIGS:
         cfgs = {k: v for k, v in cfgs.items() if k == ref or any(c in k for c in CONFIGS)}
     rows: dict[str, list[dict]] = {}
@@ -422,7 +362,7 @@ def helios(truth, seeds: int) -> str:
         loads.append(f"seed {s}: offered {offered_load(jobs, spec.n_gpus):.2f} over {t[-1] / H:.1f} h, {inside:.2f} inside it")
         for name, c in cfgs.items():
             t0 = time.perf_counter()
-            rows.setdefault(name, []).append(summarize(simulate(jobs, Dispatcher(fab, seed=s), fab, replace(c, seed=s))))
+            rows.setdefault(name, []).append(summarize(simulate(jobs, Dispatcher(fab, seed=s), fab, sim(c, seed=s))))
             r = rows[name][-1]
             r["wall_s"] = time.perf_counter() - t0
             print(f"  seed {s} {name}: mean {r['avg_jct_s'] / H:.3f} h, p95 {r['p95_jct_s'] / H:.3f} h, max {r['max_jct_s'] / H:.2f} h, "

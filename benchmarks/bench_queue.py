@@ -33,6 +33,7 @@ from bandpilot import queue as q  # noqa: E402
 from bandpilot import scheduling as sched  # noqa: E402
 from bandpilot.topology.cluster import ClusterSpec, load_cluster, spec_from_dict  # noqa: E402
 from bandpilot.config import setup_env  # noqa: E402
+from bandpilot.scheduling.profile import SchedulerProfile  # noqa: E402
 
 TARGETS = {"small": 30.0, "large": 300.0, "100k": 60.0}  # 100k: batch time (bench_scale.bench_queue_100k)
 
@@ -99,7 +100,7 @@ def run_scenario(name: str, spec: ClusterSpec, args, url: str, schema: str | Non
     assigned = rejected = deferred_attempts = 0
     while True:
         t = time.perf_counter()
-        rep = sched.run_batch(store, dispatcher, policy=args.policy, commit=args.commit)
+        rep = sched.run_batch(store, dispatcher, SchedulerProfile("bench", queue_sort=args.policy), commit=args.commit)
         batch_s.append(time.perf_counter() - t)
         batches += 1
         c = rep.counts()

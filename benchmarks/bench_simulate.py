@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bandpilot.config import setup_env  # noqa: E402
 from bandpilot.dispatch.dispatcher import Dispatcher  # noqa: E402
 from bandpilot.fabric.emulator import make_fabric  # noqa: E402
+from bandpilot.scheduling.profile import RECOMMENDED, SchedulerProfile  # noqa: E402
 from bandpilot.simulation.engine import SimConfig, simulate  # noqa: E402
 from bandpilot.simulation.report import summarize  # noqa: E402
 from bandpilot.simulation.workloads import public_trace_workload, seed001_workload  # noqa: E402
@@ -75,7 +76,7 @@ def table_50(seeds: int, threads: int) -> str:
     for s in range(seeds):
         jobs = seed001_workload(s)
         for p, a, lam in cells:
-            res = simulate(jobs, Dispatcher(model, seed=s), truth, SimConfig(policy=p, algorithm=a, lam=lam, seed=s, backfill="greedy", locality=0.0))
+            res = simulate(jobs, Dispatcher(model, seed=s), truth, SimConfig(profile=SchedulerProfile(f"{p}-{a}", queue_sort=p, placement=a), lam=lam, seed=s))
             rows.setdefault((p, a, lam), []).append(summarize(res))
     wall = time.perf_counter() - t0
 
@@ -112,7 +113,7 @@ def scale(n_jobs: int) -> str:
     fab = make_fabric(spec)
     jobs = public_trace_workload("helios", n_jobs, n_gpus=spec.n_gpus, load=0.9, seed=0)
     t0 = time.perf_counter()
-    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0))
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("fifo-greedy-bandpilot")))
     wall = time.perf_counter() - t0
     s = summarize(res)
     ok = "met" if wall <= 600 else "MISSED"
@@ -123,11 +124,11 @@ def scale(n_jobs: int) -> str:
             f"Target <= 600 s for 10,000 jobs: {ok if n_jobs >= 10_000 else 'see extrapolation'}.")
 
 
-#: Queue configurations of the surrogate scale run: the default queue users run
-#: (:mod:`bandpilot.scheduling.recommended`) and the fifo + greedy-backfill one measured before.
+#: Queue configurations of the surrogate scale run: the recommended profile users run and the
+#: fifo + greedy-backfill one measured before.
 SCALE_QUEUES = {
-    "default": SimConfig(algorithm="bandpilot"),
-    "greedy": SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0),
+    "default": SimConfig(profile=RECOMMENDED),
+    "greedy": SimConfig(profile=SchedulerProfile("fifo-greedy-bandpilot")),
 }
 
 
@@ -181,8 +182,7 @@ def scale_surrogate(n_jobs: int, threads: int, memo: bool = True, queue: str = "
     measured = n_jobs >= 10_000
     ok = ("met" if s <= 300 else "MISSED") if measured else "not measured at 10,000 jobs"
     cfg = SCALE_QUEUES[queue]
-    return (f"{n_jobs} of the same jobs, queue {queue} ({cfg.policy} + {cfg.backfill} backfill, locality "
-            f"{cfg.locality:g}), with a trained surrogate (trained in {t_train:.0f} s; prediction memo "
+    return (f"{n_jobs} of the same jobs, queue {queue} ({cfg.profile.describe()}), with a trained surrogate (trained in {t_train:.0f} s; prediction memo "
             f"{'on' if memo else 'OFF'}): {s:.0f} s wall ({cpus['surrogate']:.0f} CPU s, {sr['batches']} batches, mean JCT "
             f"{sr['avg_jct_s'] / H:.2f} h, peak RSS {rss:.2f} GB){vs}"
             f"{'' if measured else f'; linear extrapolation to 10,000 jobs (not a measurement): {s * 10_000 / n_jobs:.0f} s'} "

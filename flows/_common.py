@@ -99,6 +99,13 @@ def resolve(path: str | Path) -> Path:
     return p if p.is_absolute() else project_root() / p
 
 
+def profile_param(disp: dict[str, Any]) -> str:
+    """The scheduler profile of ``params/pipeline.yaml``'s ``dispatch`` block: a name, or a YAML file
+    relative to the project root."""
+    name = str(disp.get("profile", "recommended"))
+    return str(resolve(name)) if name.endswith((".yaml", ".yml")) else name
+
+
 def content_hash(*parts: Any) -> str:
     """Stable hash of JSON-able parts (dataset hash, params) for skip-if-unchanged checks."""
     h = hashlib.sha256()

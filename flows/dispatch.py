@@ -9,7 +9,6 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
 
 from bandpilot import config
-from bandpilot.scheduling import recommended as rec
 from flows._common import prepare
 
 
@@ -33,17 +32,13 @@ def load_dispatcher_task(model_uri: str):
 
 
 @task(cache_policy=NONE)
-def run_batch_task(store_url: str, dispatcher, policy: str, limit: int | None, model_uri: str,
-                   backfill: str = "greedy", demand: str = "full", locality: float | None = None,
-                   preempt: str = "off", pricing: str | None = None, reservations: int | None = None,
-                   start_or_wait: str = "off", age_slot: str = "off") -> dict[str, Any]:
+def run_batch_task(store_url: str, dispatcher, profile: str, limit: int | None, model_uri: str,
+                   demand: str = "full") -> dict[str, Any]:
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
     with q.Store(store_url) as store:
-        rep = sched.run_batch(store, dispatcher, policy=policy, limit=limit, model_uri=model_uri, backfill=backfill, demand=demand,
-                              max_reservations=reservations, locality=locality, pricing=pricing, preempt=preempt,
-                              start_or_wait=start_or_wait, age_slot=age_slot)
+        rep = sched.run_batch(store, dispatcher, profile, limit, model_uri=model_uri, demand=demand)
         problems = q.check_invariants(store)
     if problems:
         raise RuntimeError(f"queue invariants violated after batch: {problems[:3]}")
@@ -71,20 +66,17 @@ def batch_markdown(rep: dict[str, Any]) -> str:
 def dispatch_flow(
     cluster: str,
     model_uri: str | None = None,
-    policy: str = rec.POLICY,
+    profile: str = "recommended",
     store_url: str | None = None,
     limit: int | None = None,
-    backfill: str = rec.BACKFILL,
     demand: str = "full",
-    locality: float = rec.LOCALITY,
-    preempt: str = rec.PREEMPT,
-    placement_pricing: str = rec.PRICING,
-    reservations: int = rec.RESERVATIONS,
-    start_or_wait: str = rec.START_OR_WAIT,
-    age_slot: str = rec.AGE_SLOT,
 ) -> dict[str, Any]:
-    """Assign the pending requests of ``cluster``'s queue with its champion model (:func:`bandpilot.config.model_uri`)."""
+    """Assign the pending requests of ``cluster``'s queue with its champion model (:func:`bandpilot.config.model_uri`),
+    as the scheduler ``profile`` says (a name or a YAML file; :mod:`bandpilot.scheduling.profile`)."""
     prepare()
+    from bandpilot.scheduling import get_profile
+
+    get_profile(profile)  # a bad profile fails the flow before the store or the model is touched
     log = get_run_logger()
     uri = model_uri or config.model_uri(cluster)
     url = store_url_for(cluster, store_url)
@@ -96,8 +88,7 @@ def dispatch_flow(
         log.info("no batch on %s: %s", cluster, idle)
         return {"batch_id": None, "skipped": idle, "outcomes": []}
     dispatcher = load_dispatcher_task(uri)
-    rep = run_batch_task(url, dispatcher, policy, limit, uri, backfill, demand, locality, preempt, placement_pricing,
-                         reservations, start_or_wait, age_slot)
+    rep = run_batch_task(url, dispatcher, profile, limit, uri, demand)
     create_markdown_artifact(markdown=batch_markdown(rep), key=f"dispatch-{cluster}", description="Batch assignments")
     counts = {s: sum(1 for o in rep.get("outcomes", []) if o.get("status") == s) for s in ("assigned", "deferred", "rejected")}
     log.info("batch on %s: %s", cluster, counts)

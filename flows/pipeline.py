@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 
 from bandpilot.progress import stage
-from flows._common import cluster_sources, load_params, prepare, resolve, truth_line
+from flows._common import cluster_sources, load_params, prepare, profile_param, resolve, truth_line
 from flows.dispatch import dispatch_flow, store_url_for
 from flows.ingest import dvc_track_task, ingest_flow
 from flows.retrain import retrain_flow
@@ -99,7 +99,7 @@ def pipeline_flow(params_file: str = "params/pipeline.yaml") -> dict[str, Any]:
         with stage(f"dispatch {name}"):
             q = prepare_queue_task(cluster, url, int(disp.get("demo_requests", 24)))
             if rt.get("champion"):
-                batch = dispatch_flow(cluster=name, policy=str(disp.get("policy", "utility")), store_url=url)
+                batch = dispatch_flow(cluster=name, profile=profile_param(disp), store_url=url)
             else:
                 log.warning("no champion for %s yet: the queue waits", name)
         results["clusters"][name] = {"ingest": ing, "retrain": rt, "queue": q, "batch": batch, "store": url,

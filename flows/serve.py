@@ -11,7 +11,7 @@ import asyncio
 import signal
 from typing import Any
 
-from flows._common import cluster_sources, load_params, prepare, resolve
+from flows._common import cluster_sources, load_params, prepare, profile_param, resolve
 
 
 def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
@@ -57,7 +57,7 @@ def deployments(params_file: str = "params/pipeline.yaml") -> list[Any]:
         ))
         out.append(dispatch_flow.to_deployment(
             name=f"dispatch-{name}", interval=every, tags=["bandpilot", name],
-            parameters={"cluster": name, "policy": str(disp.get("policy", "utility")), "store_url": disp.get("store")},
+            parameters={"cluster": name, "profile": profile_param(disp), "store_url": disp.get("store")},
         ))
     return out
 

@@ -21,6 +21,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
 
 from test_queue import h100, new_store  # pytest puts tests/ on sys.path
+from bandpilot.scheduling.profile import SchedulerProfile
 
 # Tables a refused call must leave exactly as they were (the audit log records refusals on purpose).
 STATE_TABLES = ("bp_requests", "bp_assignments", "bp_jobs", "bp_gpus", "bp_observations", "bp_tokens")
@@ -43,7 +44,7 @@ class World:
         q.revoke(store, tenant="carol")  # a deleted tenant
         q.submit(store, [{"id": "a-run", "k": 4, "tenant": "alice"}, {"id": "a-done", "k": 2, "tenant": "alice"},
                          {"id": "b-run", "k": 2, "tenant": "bob"}])
-        sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+        sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", queue_sort="fifo"))
         q.release(store, "a-done")
         q.submit(store, [{"id": "a-wait", "k": 30, "tenant": "alice"}])  # never fits: stays pending
         self.client = TestClient(create_app(store, sample_s=None))
@@ -177,7 +178,7 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     assert r.status_code == 201 and r.json()["tenant"] == "alice" and r.json()["status"] == "pending"
     assert c.post("/v1/requests", json={"k": 1, "tenant": "bob"}, headers=h(a)).status_code == 403
     assert c.post("/v1/requests", json={"id": "b-by-ops", "k": 1, "tenant": "bob"}, headers=h(world.admin)).json()["tenant"] == "bob"
-    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)), policy="priority")
+    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)), SchedulerProfile("test", queue_sort="priority"))
     shown = c.get("/v1/requests/a-new", headers=h(a)).json()
     assert shown["status"] == "assigned" and len(shown["gpus"]) == 2 and shown["predicted_gbps"] > 0
     slurm = c.get("/v1/requests/a-new/launch?format=slurm", headers=h(a))
@@ -323,7 +324,7 @@ def test_submit_with_shape_launch_carries_rank_map(world):
     assert r.status_code == 201, r.text
     assert c.post("/v1/requests", json={"id": "mp2", "k": 8, "shape": {"tp": 3}}, headers=h(a)).status_code in (400, 422)
     assert c.post("/v1/requests", json={"id": "mp3", "k": 8, "shape": 5}, headers=h(a)).status_code == 422
-    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)))
+    sched.run_batch(world.store, Dispatcher(make_fabric(world.store.spec)), SchedulerProfile("test"))
     doc = c.get("/v1/requests/mp/launch?format=json", headers=h(a)).json()
     assert len(doc["ranks"]) == 8 and doc["shape"]["tp"] == 4 and set(doc["axis_gbps"]) == {"tp", "dp"}
     tr = c.get("/v1/requests/mp/launch?format=torchrun", headers=h(a))

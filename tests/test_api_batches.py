@@ -56,6 +56,7 @@ def test_api_assigns_submitted_requests_with_the_champion(tmp_path, champion, mo
         loop = client.get("/healthz").json()["batches"]
         assert loop["model"] == "models:/bandpilot-h100@champion" and loop["model_version"] == "1"
         assert loop["error"] is None and loop["last_batch"]["assigned"] == 1
+        assert (loop["profile"], loop["policy"]) == ("recommended", "hrrn")  # the API's batches run a profile
         # more than fits waits, with the reason, and no batch loads anything for it
         assert client.post("/v1/requests", json={"id": "j2", "k": 32}, headers=auth).status_code == 201
         time.sleep(0.6)

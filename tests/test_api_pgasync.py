@@ -23,6 +23,7 @@ from bandpilot.queue.quotas import DuplicateId, QuotaExceeded, TenantLimits
 from bandpilot.queue.schema import T_AUDIT, T_REQ
 
 from test_queue import h100, new_store
+from bandpilot.scheduling.profile import SchedulerProfile
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # ~1 s each with a fresh schema at load 10
 
@@ -128,7 +129,7 @@ def test_an_invalid_request_is_refused_like_the_synchronous_path_and_audited(sto
 
 def test_submit_and_list_give_the_synchronous_documents(store):
     q.submit(store, [{"id": "alice:run", "k": 4, "tenant": "alice"}, {"id": "b", "k": 2, "tenant": "bob"}])
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", queue_sort="fifo"))
 
     async def go(pg):
         new = await _submit(pg, "alice", "new", 2, constraints={"single_host": True}, min_k=2, max_k=4, time_limit_s=60.0)

@@ -14,6 +14,7 @@ from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_BATCH, T_REQ
 
 from test_queue import GreedyDispatcher, h100, new_store
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def _rows(store: q.Store) -> tuple[list[tuple], list[tuple]]:
@@ -42,7 +43,7 @@ def scenario_bulk_matches_eager(bulk: q.Store, eager: q.Store) -> None:
             t[0] += 60.0
             reps = []
             for s, hook in ((bulk, None), (eager, lambda o: None)):
-                reps.append(sched.run_batch(s, GreedyDispatcher(s.spec), policy=policy, commit=commit, after_each=hook))
+                reps.append(sched.run_batch(s, GreedyDispatcher(s.spec), SchedulerProfile("test", queue_sort=policy), commit=commit, after_each=hook))
             rb, re_ = reps
             # the bulk path did not try the requests it deferred (under quotas a held request is
             # tried on its second pass); the eager one tried every request
@@ -83,7 +84,7 @@ def test_quick_deferral_timestamps_follow_the_last_request_tried(tmp_path):
         # the first request of each k in a batch is tried (and validated); later ones are quick
         q.submit(s, [{"id": i, "k": k} for i, k in (("a", 32), ("b1", 8), ("b2", 8), ("c1", 4), ("c2", 4), ("b3", 8))])
         with use_clock(clock):
-            rep = sched.run_batch(s, GreedyDispatcher(s.spec))
+            rep = sched.run_batch(s, GreedyDispatcher(s.spec), SchedulerProfile("test"))
         assert [o.request_id for o in rep.tried()] == ["a", "b1", "c1"]
         a, b1, b2, c1, c2, b3 = rep.outcomes
         assert a.status == "assigned"

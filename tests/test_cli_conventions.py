@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def test_queue_show_renders_launcher_input(tmp_path, capsys):
     store = q.Store(url)
     store.init_cluster(spec)
     q.submit(store, [{"id": "big", "k": 12, "tenant": "t"}, {"id": "wait", "k": 32, "tenant": "t"}])
-    sched.run_batch(store, Dispatcher(EmulatorFabric(spec)))
+    sched.run_batch(store, Dispatcher(EmulatorFabric(spec)), SchedulerProfile("test"))
     a = q.assignment(store, "big")
     assert sum(len(v) for v in a["hosts"].values()) == 12 and len(a["hosts"]) >= 2
     capsys.readouterr()

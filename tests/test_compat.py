@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY_COMMIT = "5e0607d10fc0272d2706d72085459bda15896d2d"  # the last commit of the 0.1 flat layout
@@ -92,7 +93,7 @@ def test_legacy_queue_store_opens_reports_and_runs(legacy, tmp_path):
     assert q.check_invariants(store) == []
     # the store keeps working: release a job, run a batch that places the deferred 12-GPU request
     q.release(store, "job-3")
-    report = sched.run_batch(store, Dispatcher(make_fabric(store.spec)))
+    report = sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test"))
     assert [o.status for o in report.outcomes] == ["assigned"]
     assert q.check_invariants(store) == []
     assert "h100-3:7" not in report.outcomes[0].gpus  # the drained GPU stays out

@@ -19,6 +19,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
 
 from test_queue import domain_spec, new_store  # pytest puts tests/ on sys.path
+from bandpilot.scheduling.profile import SchedulerProfile
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -42,11 +43,11 @@ def live(tmp_path):
     admin, _ = q.create_token(store, "ops", admin=True)
     alice, _ = q.create_token(store, "alice")
     q.submit(store, [{"id": "a-train", "k": 8, "tenant": "alice"}, {"id": "b-eval", "k": 4, "tenant": "bob"}])
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", queue_sort="fifo"))
     q.drain(store, "h100-3:7", "fan")
     q.apply_verdicts(store, {"h100-2": {"status": "degraded", "gpus": ["h100-2:1"], "links": [], "ratio": 0.6}}, "test")
     q.submit(store, [{"id": "a-big", "k": 24, "tenant": "alice"}])
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), policy="fifo")  # a-big is deferred: not enough GPUs
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", queue_sort="fifo"))  # a-big is deferred: not enough GPUs
     # submitted after the last batch, and nothing pending fits: no batch runs, so no batch gave it a reason
     q.submit(store, [{"id": "a-huge", "k": 30, "tenant": "alice"}])
     port = _port()

@@ -23,6 +23,7 @@ from bandpilot.simulation.bandwidth import TrueBandwidth
 from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 
@@ -139,21 +140,21 @@ def test_truth_scales_co_tenant_pressure(spec, fab):
 
 def test_queue_stores_the_pressure_the_predictor_charges(store, fab):
     q.submit(store, [{"id": "a", "k": 12, "comm_fraction": 0.25}, {"id": "b", "k": 12}])
-    rep = sched.run_batch(store, Dispatcher(fab), demand="comm")
+    rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"), demand="comm")
     got = {o.request_id: o for o in rep.assigned}
     with store.read() as conn:
         d = dict(conn.execute(sa.select(q_schema.T_JOBS.c.id, q_schema.T_JOBS.c.demand_gbps)).all())
     assert d["a"] == pytest.approx(0.25 * got["a"].standalone_gbps)
     assert d["b"] == pytest.approx(got["b"].standalone_gbps)  # no fraction given: full pressure
     with pytest.raises(RequestError, match="unknown demand model"):
-        sched.run_batch(store, Dispatcher(fab), demand="nope")
+        sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"), demand="nope")
 
 
 def test_simulated_jobs_run_faster_when_co_tenants_talk_less(fab):
     jobs = [TraceJob("a", 0.0, 12, "t", 3600.0, 0.3), TraceJob("b", 0.0, 12, "t", 3600.0, 0.3)]
     out = {}
     for demand in ("full", "comm"):
-        res = simulate(jobs, Dispatcher(fab), fab, SimConfig(algorithm="default", demand=demand))
+        res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="hrrn", backfill="conservative", reservations=2, start_or_wait=True, placement="default"), demand=demand))
         out[demand] = sum(j.service_s for j in res.jobs)
     assert out["comm"] < out["full"]
     with pytest.raises(SimulationError, match="unknown demand model"):

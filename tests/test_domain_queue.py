@@ -21,6 +21,7 @@ from bandpilot.dispatch.state import State
 from bandpilot.errors import RequestError
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.topology.cluster import load_cluster, popcount, spec_from_dict
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAY = ["X NV18 NV18 NV18", "NV18 X NV18 NV18", "NV18 NV18 X NV18", "NV18 NV18 NV18 X"]
@@ -52,7 +53,7 @@ def test_domain_constraints_through_the_batch(store):
         {"id": "seg", "k": 12, "constraints": {"segment": 4}},
         {"id": "one", "k": 8, "constraints": {"single_domain": True}},
     ])
-    rep = sched.run_batch(store, d)
+    rep = sched.run_batch(store, d, SchedulerProfile("test"))
     got = {o.request_id: o for o in rep.outcomes}
     assert all(o.status == "assigned" for o in got.values()), [(o.request_id, o.detail) for o in rep.outcomes]
     w = doms(spec, got["whole"].gpus)
@@ -63,7 +64,7 @@ def test_domain_constraints_through_the_batch(store):
     assert len(set(doms(spec, got["one"].gpus))) == 1
     # no wholly free domain is left for another whole-domain gang: deferred, not rejected
     q.submit(store, [{"id": "whole2", "k": 16, "constraints": {"whole_domains": True}}])
-    o = sched.run_batch(store, d).outcomes[0]
+    o = sched.run_batch(store, d, SchedulerProfile("test")).outcomes[0]
     assert o.status == "deferred" and o.reason == "constraint_unmet"
     assert q.check_invariants(store) == []
 
@@ -150,7 +151,7 @@ def test_batch_places_gangs_in_one_domain_on_nvl72x16(tmp_path):
     rng = np.random.default_rng(1)
     ks = rng.choice([1, 2, 4, 8, 16, 32, 72], size=40)
     q.submit(s, [{"id": f"r{i}", "k": int(k)} for i, k in enumerate(ks)])
-    rep = sched.run_batch(s, Dispatcher(make_fabric(spec)))
+    rep = sched.run_batch(s, Dispatcher(make_fabric(spec)), SchedulerProfile("test"))
     assert rep.counts()["assigned"] == 40
     for o in rep.outcomes:
         assert len(set(doms(spec, o.gpus))) == 1

@@ -21,6 +21,7 @@ from bandpilot.queue.generations import Resize, generation_history, resize
 from bandpilot.queue.schema import T_GEN
 from bandpilot.scheduling.batch import run_batch
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -153,7 +154,7 @@ class _Lowest:
 def _running(tmp_path, reqs):
     s = new_store(tmp_path)
     q.submit(s, reqs)
-    run_batch(s, _Lowest(s.spec))
+    run_batch(s, _Lowest(s.spec), SchedulerProfile("test"))
     return s
 
 

@@ -19,6 +19,7 @@ from bandpilot.scheduling.elastic import rebalance
 from bandpilot.scheduling.elastic_fragments import fill_fragments, fragment_size
 
 from tests.test_elastic import _Lowest, new_store
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def _req(lo, hi, step=1):
@@ -64,10 +65,10 @@ def _fragment_round(s, t):
     q.submit(s, [{"id": "g0", "k": 6, "submitted_at": 900.0},
                  {"id": "a", "k": 2, "min_k": 2, "max_k": 8, "comm_fraction": 0.45, "scaling": 0.9, "submitted_at": 901.0},
                  {"id": "tmp", "k": 8, "submitted_at": 902.0}, {"id": "g2", "k": 16, "submitted_at": 903.0}])
-    run_batch(s, lo)
+    run_batch(s, lo, SchedulerProfile("test"))
     q.release(s, "tmp")
     q.submit(s, [{"id": "g1", "k": 6, "submitted_at": 904.0}])
-    run_batch(s, lo)
+    run_batch(s, lo, SchedulerProfile("test"))
     q.submit(s, [{"id": "w", "k": 8, "min_k": 2, "max_k": 16, "comm_fraction": 0.45, "scaling": 0.9,
                   "submitted_at": 950.0}])
     q.set_estimates(s, {"a": 1000.0, "w": 100000.0, "g0": 1e6, "g1": 1e6, "g2": 1e6})
@@ -153,7 +154,6 @@ def test_elastic_simulation_with_srpt_fill_fills_fragments_and_keeps_invariants(
     monkeypatch.setattr(sim_el.ElasticSim, "_batch", checking)
     monkeypatch.setattr(el, "fill_fragments", counting)
     jobs = [replace(j, min_k=max(1, j.k // 4), max_k=min(2 * j.k, 32), scaling=0.9) for j in seed001_workload(1)]
-    res = sim_el.simulate(jobs, Dispatcher(fab, seed=1), fab, SimConfig(policy="utility", elastic=True, seed=1,
-                                                                      admission="srpt-fill", current_share=True))
+    res = sim_el.simulate(jobs, Dispatcher(fab, seed=1), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), elastic=True, seed=1, admission="srpt-fill", current_share=True))
     assert summarize(res)["completed"] == len(jobs)
     assert sum(filled) > 0

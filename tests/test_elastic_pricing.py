@@ -11,6 +11,7 @@ from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.state import State
 from bandpilot.scheduling.elastic import Candidate, _grow_priced, _Round, elastic_quotas
 from bandpilot.scheduling.elastic_pricing import PRICERS, Context, tenant_bandwidths
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def _gpus(spec, host, ids):
@@ -122,7 +123,7 @@ def test_simulator_skips_rounds_that_would_decide_the_same(fab, tmp_path, monkey
     jobs = [replace(j, submit_s=0.0, min_k=max(1, j.k // 4), max_k=min(32, 2 * j.k)) for j in seed001_workload(0)[:12]]
     store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
     store.init_cluster(fab.spec)
-    sim = sim_el.ElasticSim(jobs, Dispatcher(fab), TrueBandwidth(fab), SimConfig(policy="utility", elastic=True), store, None)
+    sim = sim_el.ElasticSim(jobs, Dispatcher(fab), TrueBandwidth(fab), SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), elastic=True), store, None)
     with use_clock(lambda: 0.0):
         sim._to_submit += jobs
         sim.pending.update(j.id for j in jobs)

@@ -19,6 +19,7 @@ from bandpilot.scheduling.batch import run_batch
 from bandpilot.scheduling.elastic import Candidate, _grow_priced, _move_priced, _placer, _Round, rebalance
 from bandpilot.scheduling.elastic_pricing import PRICERS
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ def _store(tmp_path):
     s.init_cluster(load_cluster(ROOT / "params" / "clusters" / "h100.yaml"))
     q.submit(s, [{"id": "x", "k": 4, "min_k": 4, "max_k": 8, "comm_fraction": 0.45, "scaling": 0.9},
                  {"id": "y", "k": 4, "comm_fraction": 0.3}, {"id": "big", "k": 16, "comm_fraction": 0.3}])
-    run_batch(s, _Lowest(s.spec))
+    run_batch(s, _Lowest(s.spec), SchedulerProfile("test"))
     return s
 
 

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from bandpilot import queue as q
 from bandpilot.errors import RequestError
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -188,8 +189,7 @@ def _solo(scaling, pricing):
 
     fab = make_fabric(load_cluster(H100))
     jobs = [TraceJob("lo", 0.0, 2, "t", 3600.0, 0.2, 0, min_k=1, max_k=8, epochs=10, scaling=scaling)]
-    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", elastic=True, interval_s=60,
-                                                         scaling_pricing=pricing))
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), elastic=True, interval_s=60, scaling_pricing=pricing))
     return res.jobs[0]
 
 

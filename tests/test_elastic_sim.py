@@ -11,6 +11,7 @@ import pytest
 from bandpilot import queue as q
 from bandpilot.simulation.elastic import epoch_time
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -48,7 +49,7 @@ def test_jobs_report_entropy_once_per_own_epoch(monkeypatch):
     monkeypatch.setattr(engine, "report_entropy", capture)
     fab = make_fabric(load_cluster(H100))
     jobs = [TraceJob("long", 0.0, 2, "t", 600.0, 0.2, 0, epochs=50), TraceJob("dflt", 0.0, 2, "t", 600.0, 0.2, 0)]
-    simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", epochs=20, interval_s=30))
+    simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), epochs=20, interval_s=30))
     assert seen["long"] == set(range(51)) and seen["dflt"] == set(range(21))
 
 
@@ -101,15 +102,15 @@ def test_elastic_simulation_resizes_and_keeps_invariants(monkeypatch):
 
     monkeypatch.setattr(sim_el.ElasticSim, "_batch", checking)
     jobs = _elastic_jobs()
-    on = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", elastic=True, interval_s=30)))
+    on = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), elastic=True, interval_s=30)))
     assert on["completed"] == len(jobs) and on["resizes"] > 0 and on["elastic"] is True and len(checked) > 3
-    off = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", interval_s=30)))
+    off = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), interval_s=30)))
     assert off["resizes"] == 0 and off["completed"] == len(jobs)
     # elastic off ignores the ranges: the same as the trace without them
     from dataclasses import replace
 
     plain = summarize(simulate([replace(j, min_k=None, max_k=None) for j in jobs], Dispatcher(fab), fab,
-                               SimConfig(policy="utility", interval_s=30)))
+                               SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), interval_s=30)))
     assert plain["avg_jct_s"] == pytest.approx(off["avg_jct_s"])
 
 
@@ -120,7 +121,9 @@ def test_cli_simulate_elastic_on_writes_resizes(tmp_path, capsys):
 
     trace = write_trace(_elastic_jobs(8), tmp_path / "t.csv")
     out = tmp_path / "out"
-    rc = main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100), "--policy", "utility",
+    (tmp_path / "by-utility.yaml").write_text("base: recommended\nqueue_sort: utility\n")
+    rc = main(["simulate", "--trace", str(trace), "--model", "emulator", "--cluster", str(H100),
+               "--profile", str(tmp_path / "by-utility.yaml"),
                "--elastic", "on", "--out", str(out), "--no-log", "--no-figures"])
     assert rc == 0, capsys.readouterr().err
     s = json.loads((out / "summary.json").read_text())

@@ -17,6 +17,7 @@ from bandpilot.scheduling.elastic import Candidate, elastic_quotas
 from bandpilot.scheduling.elastic_remaining import done_share, remaining_work, speed
 
 from tests.test_elastic import _Lowest, new_store
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def test_srpt_admits_by_remaining_work_and_only_longer_jobs_yield():
@@ -55,7 +56,7 @@ def test_remaining_work_reads_estimates_and_attained_generations(tmp_path):
                          {"id": "p", "k": 4, "min_k": 1, "max_k": 8, "submitted_at": 950.0},
                          {"id": "u", "k": 4, "min_k": 1, "max_k": 8, "submitted_at": 960.0}])
             q.set_estimates(s, {"e": 4000.0, "p": 600.0})
-            run_batch(s, _Lowest(s.spec))  # everything fits: all three start at t = 1000
+            run_batch(s, _Lowest(s.spec), SchedulerProfile("test"))  # everything fits: all three start at t = 1000
             t[0] = 2000.0  # 1,000 s at 8 GPUs: a quarter of e's estimate
             held = q.assignment(s, "e")["gpus"]
             resize(s, Resize("e", tuple(held[:2])))  # then 2 GPUs: speed 0.25 / 0.81 of 8 (eta 0.9)

@@ -20,6 +20,7 @@ from bandpilot.scheduling.elastic import Candidate, elastic_quotas, rebalance
 from bandpilot.scheduling.elastic_remaining import remaining_work
 
 from tests.test_elastic import _Lowest, new_store
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def test_srpt_suspend_gives_the_shortest_their_claims_and_suspends_the_longest():
@@ -101,7 +102,7 @@ def test_remaining_work_counts_only_the_generations_since_a_resume(tmp_path):
         try:
             q.submit(s, [{"id": "e", "k": 8, "min_k": 2, "max_k": 16}])
             q.set_estimates(s, {"e": 4000.0})
-            run_batch(s, _Lowest(s.spec))
+            run_batch(s, _Lowest(s.spec), SchedulerProfile("test"))
             t[0] = 2000.0
             resize(s, Resize("e", tuple(q.assignment(s, "e")["gpus"][:4])))  # a generation before the suspension
             t[0] = 2500.0
@@ -154,8 +155,7 @@ def test_elastic_simulation_with_suspension_completes_and_keeps_invariants(monke
     from dataclasses import replace
 
     jobs = [replace(j, submit_s=j.submit_s / 20) for j in _elastic_jobs(30)]  # seed 001's burst, 20x faster
-    res = sim_el.simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="utility", elastic=True, interval_s=30,
-                                                              admission="srpt-suspend"))
+    res = sim_el.simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="utility", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), elastic=True, interval_s=30, admission="srpt-suspend"))
     out = summarize(res)
     assert out["completed"] == len(jobs)
     assert sum(r.preemptions for r in res.jobs) > 0 and resumed  # some job was suspended and resumed

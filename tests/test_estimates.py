@@ -17,6 +17,7 @@ from bandpilot.queue.schema import T_JOBS
 from bandpilot.scheduling.estimates import Estimates, expected_end
 from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceError, TraceJob, format_trace, parse_trace
+from bandpilot.scheduling.profile import SchedulerProfile
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 HEADER = "id,submit_s,k,tenant,compute_s,comm_fraction"
@@ -39,7 +40,7 @@ def test_estimate_sources_in_order_and_learning_from_finished_jobs(store, fab):
     t = [1000.0]
     with use_clock(lambda: t[0]):
         q.submit(store, [{"id": f"old{i}", "k": 2, "tenant": "a"} for i in range(3)] + [{"id": "old-b", "k": 2, "tenant": "b"}])
-        sched.run_batch(store, d)
+        sched.run_batch(store, d, SchedulerProfile("test"))
         for i, dur in enumerate((100.0, 300.0, 200.0)):
             t[0] = 1000.0 + dur
             q.release(store, f"old{i}")
@@ -65,7 +66,7 @@ def test_estimate_sources_in_order_and_learning_from_finished_jobs(store, fab):
 def test_sjf_orders_by_time_limit_when_nothing_better_is_known(store, fab):
     q.submit(store, [{"id": "long", "k": 32, "time_limit_s": 9000, "submitted": 1},
                      {"id": "short", "k": 32, "time_limit_s": 60, "submitted": 2}])
-    rep = sched.run_batch(store, Dispatcher(fab), policy="sjf")
+    rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="sjf"))
     assert rep.assigned[0].request_id == "short"
 
 
@@ -86,11 +87,11 @@ def test_simulation_plans_with_the_trace_limits_not_the_truth(fab):
     # sjf with limits that lie: the truly short job says it is long, so it runs second
     jobs = [TraceJob("liar", 0.0, 32, "t", 100.0, 0.0, time_limit_s=10_000.0),
             TraceJob("honest", 0.0, 32, "t", 5000.0, 0.0, time_limit_s=5000.0)]
-    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(policy="sjf"))
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="sjf", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5)))
     rec = {j.id: j for j in res.jobs}
     assert rec["honest"].start_s < rec["liar"].start_s
     oracle = simulate([TraceJob(j.id, j.submit_s, j.k, j.tenant, j.compute_s, j.comm_fraction) for j in jobs],
-                      Dispatcher(fab), fab, SimConfig(policy="sjf"))
+                      Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="sjf", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5)))
     rec = {j.id: j for j in oracle.jobs}
     assert rec["liar"].start_s < rec["honest"].start_s  # without limits: the stated oracle estimate
 
@@ -131,64 +132,3 @@ def test_an_overdue_job_is_expected_to_run_half_its_estimate_more():
 
     assert expected_end(0.0, 100.0, 50.0) == 100.0  # on time: its estimate
     assert expected_end(0.0, 100.0, 300.0) == 300.0 + OVERDUE_SHARE * 100.0 > 300.0  # overdue: never in the past
-
-
-def test_hrrn_aged_lifts_a_starving_request_steeply(monkeypatch):
-    from bandpilot.scheduling import policies
-    from bandpilot.scheduling.policies import Pending, order_pending
-
-    mk = lambda rid, sub: Pending(q.Request(rid, 2, submitted_at=sub), 0, sub)  # noqa: E731
-    # a 29 h estimate (capped to 8 h) waiting 20 h: ratio 1 + 20/8 = 3.5; a 0.2 h job waiting 1 h: 6
-    exp = {"long": 29 * 3600.0, "short": 0.2 * 3600.0}
-    pend = [mk("long", 0.0), mk("short", 19 * 3600.0)]
-    order = lambda policy: [p.req.id for p in order_pending(pend, policy, exp, now=20 * 3600.0)]  # noqa: E731
-    assert order("hrrn") == ["short", "long"]  # plain hrrn: the short one leads
-    monkeypatch.setattr(policies, "HRRN_STARVE_S", 12 * 3600.0)
-    monkeypatch.setattr(policies, "HRRN_STARVE_RATE_S", 0.5 * 3600.0)
-    assert order("hrrn-aged") == ["long", "short"]  # 3.5 + (20 - 12) / 0.5 = 19.5 > 6
-    pend[0] = mk("long", 9 * 3600.0)  # waited 11 h: not starving yet, no boost (2.4 < 6)
-    assert order("hrrn-aged") == ["short", "long"]
-
-
-def test_hrrn_sized_ages_a_large_gang_later_than_a_small_one(monkeypatch):
-    from bandpilot.scheduling import policies
-    from bandpilot.scheduling.policies import Pending, order_pending
-
-    monkeypatch.setattr(policies, "HRRN_STARVE_S", 12 * 3600.0)
-    monkeypatch.setattr(policies, "HRRN_STARVE_BIG_S", 18 * 3600.0)
-    monkeypatch.setattr(policies, "HRRN_STARVE_RATE_S", 0.5 * 3600.0)
-    monkeypatch.setattr(policies, "HRRN_BIG_GANG", 16)
-    mk = lambda rid, k, sub: Pending(q.Request(rid, k, submitted_at=sub), 0, sub)  # noqa: E731
-    exp = {"small": 29 * 3600.0, "big": 29 * 3600.0, "short": 0.2 * 3600.0}
-    # both long requests waited 15 h (ratio 1 + 15/8 ~ 2.9); a 0.2 h job waiting 1 h has 6
-    pend = [mk("small", 2, 0.0), mk("big", 32, 0.0), mk("short", 2, 14 * 3600.0)]
-    order = lambda policy, now: [p.req.id for p in order_pending(pend, policy, exp, now=now)]  # noqa: E731
-    assert order("hrrn-aged", 15 * 3600.0)[-1] == "short"  # hrrn-aged lifts both past 12 h
-    # hrrn-sized: the 2-GPU gang is starving at 12 h (2.9 + 6 = 8.9 > 6), the 32-GPU one only at 18 h
-    assert order("hrrn-sized", 15 * 3600.0) == ["small", "short", "big"]
-    pend[2] = mk("short", 2, 19 * 3600.0)
-    assert order("hrrn-sized", 20 * 3600.0) == ["small", "big", "short"]  # 20 h: both starving
-    # a gang of exactly HRRN_BIG_GANG GPUs is still small
-    pend[1] = mk("big", 16, 0.0)
-    pend[2] = mk("short", 2, 14 * 3600.0)
-    assert order("hrrn-sized", 15 * 3600.0)[:2] == ["small", "big"]
-
-
-def test_hrrn_jct_ranks_a_long_request_by_its_projected_jct(monkeypatch):
-    from bandpilot.scheduling import policies
-    from bandpilot.scheduling.policies import Pending, order_pending
-
-    monkeypatch.setattr(policies, "HRRN_AGE_CAP_S", 8 * 3600.0)
-    mk = lambda rid, sub: Pending(q.Request(rid, 2, submitted_at=sub), 0, sub)  # noqa: E731
-    # at 20 h: "long" (29 h estimate) waited 4 h; "mid" (4 h) waited 8 h; "short" (0.2 h) waited 0.6 h
-    exp = {"long": 29 * 3600.0, "mid": 4 * 3600.0, "short": 0.2 * 3600.0}
-    pend = [mk("long", 16 * 3600.0), mk("mid", 12 * 3600.0), mk("short", 19.4 * 3600.0)]
-    order = lambda policy: [p.req.id for p in order_pending(pend, policy, exp, now=20 * 3600.0)]  # noqa: E731
-    # hrrn: long 1 + 4/8 = 1.5, mid 1 + 8/4 = 3, short 1 + 0.6/0.2 = 4
-    assert order("hrrn") == ["short", "mid", "long"]
-    # hrrn-jct: long (4 + 29) / 8 = 4.125 leads; a request within the cap keeps hrrn's ratio
-    assert order("hrrn-jct") == ["long", "short", "mid"]
-    pend[0] = mk("long", 18 * 3600.0)  # waited 2 h: (2 + 29) / 8 = 3.875, between short (4) and mid (3)
-    assert order("hrrn-jct") == ["short", "long", "mid"]
-    monkeypatch.setattr(policies, "HRRN_AGE_CAP_S", 40 * 3600.0)  # no estimate past the cap: plain hrrn
-    assert order("hrrn-jct") == order("hrrn")

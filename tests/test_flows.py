@@ -60,7 +60,7 @@ def project(tmp_path, monkeypatch, mlflow_uri):
         "sweep": {"n_trials": 0},
         "evaluate": {"profiles": ["idle", "heavy"], "repeats": 1, "seed": 0, "workers": 1},
         "promotion_policy": "params/promotion.yaml",
-        "dispatch": {"policy": "utility", "demo_requests": 8, "store": None},
+        "dispatch": {"profile": "params/scheduler-utility.yaml", "demo_requests": 8, "store": None},
         "task_runner": "thread",
     }
     (root / "params" / "pipeline-tiny.yaml").write_text(yaml.safe_dump(pipeline))
@@ -279,7 +279,7 @@ def test_simulate_sweep_flow_matches_the_thread_pool(harness, tmp_path):
     h100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
     write_trace(seed001_workload(4)[:8], tmp_path / "a.csv")
     y = tmp_path / "sweep.yaml"
-    y.write_text(f"cluster: {h100}\nmodel: emulator\ntraces: [a.csv]\npolicies: [fifo, sjf]\nalgorithms: [topo]\nseeds: [0]\n")
+    y.write_text(f"cluster: {h100}\nmodel: emulator\ntraces: [a.csv]\nprofiles: [fifo-greedy, slurm-like]\nseeds: [0]\n")
     res = simulate_sweep_flow(sweep=str(y), out_dir=str(tmp_path / "flow"), log_mlflow=False)
     assert res["cells"] == 2
     run_sweep(load_sweep(y), tmp_path / "pool", figures=False)

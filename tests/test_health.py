@@ -18,6 +18,7 @@ from bandpilot.health.diagnosis import Tolerance, diagnose
 from bandpilot.health.probes import plan_probes, runs_per_host
 from bandpilot.health.verify import verify_probes
 from bandpilot.topology.cluster import load_cluster, spec_from_dict
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -198,7 +199,7 @@ def test_gate_drains_suspects_undrains_after_a_pass_and_keeps_operator_drains(h1
     from bandpilot.dispatch.dispatcher import Dispatcher
 
     q.submit(store, [{"id": "job", "k": 8, "tenant": "t", "constraints": {"allowed_hosts": ["h100-0"]}}])
-    sched.run_batch(store, Dispatcher(EmulatorFabric(h100)))  # the job holds all of h100-0
+    sched.run_batch(store, Dispatcher(EmulatorFabric(h100)), SchedulerProfile("test"))  # the job holds all of h100-0
     q.drain(store, "h100-3:0", reason="operator: fan")
     verdicts = {
         "h100-0": {"status": "degraded", "gpus": ["h100-0:2"], "links": [], "ratio": 0.5},
@@ -275,7 +276,7 @@ def test_job_telemetry_is_stored_atomically_and_drives_drift(h100, tmp_path, cap
     store = q.Store(url)
     store.init_cluster(h100)
     q.submit(store, [{"id": f"j{i}", "k": 4, "tenant": "t"} for i in range(6)])
-    rep = sched.run_batch(store, Dispatcher(EmulatorFabric(h100)))
+    rep = sched.run_batch(store, Dispatcher(EmulatorFabric(h100)), SchedulerProfile("test"))
     pred = {o.request_id: o.predicted_gbps for o in rep.outcomes}
 
     def n_obs():

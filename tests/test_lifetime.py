@@ -1,4 +1,4 @@
-"""Issue 21, item 4-5: lifetime pricing and queue protection, as a registered pricing plug-in.
+"""Lifetime pricing and queue protection, as a registered pricing plug-in of the dispatcher.
 
 A placement is priced over its estimated run time: running co-tenants press for as long as they
 overlap it, the GPUs that turn over on its hosts go to later cross-host jobs at the recent mix's
@@ -12,17 +12,12 @@ import math
 import numpy as np
 import pytest
 
-from bandpilot import queue as q
-from bandpilot import scheduling as sched
 from bandpilot.dispatch import strategies
 from bandpilot.dispatch.contention import ContentionPredictor
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.lifetime import LifetimePredictor, Outlook
 from bandpilot.dispatch.state import State
-from bandpilot.errors import PlacementError, RequestError
-from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.outlook import build_outlook
-from bandpilot.simulation.engine import SimConfig, SimulationError
+from bandpilot.errors import PlacementError
 
 
 def mask(spec, counts: dict[int, int], offset: int = 0) -> np.ndarray:
@@ -44,9 +39,6 @@ def test_the_pricings_are_registered_and_an_unknown_one_is_a_one_line_error(fab)
     assert {"now", "lifetime", "lifetime-queue"} <= set(strategies.pricings())
     with pytest.raises(PlacementError, match="unknown pricing 'soon'"):
         Dispatcher(fab, pricing="soon")
-    with pytest.raises(SimulationError, match="unknown placement pricing"):
-        SimConfig(placement_pricing="soon").check()
-    SimConfig(placement_pricing="lifetime").check()  # beside the elastic growth pricing, not instead of it
 
 
 def test_without_an_outlook_lifetime_pricing_is_todays_contention(fab):
@@ -114,53 +106,3 @@ def test_among_near_equal_hosts_the_choice_leaves_the_next_gang_a_whole_host(fab
     alone = State(spec, st.free, st.jobs, outlook=Outlook(remaining=out.remaining).for_run(3600.0, "me"))
     assert host(Dispatcher(fab, pricing="lifetime-queue").select(4, alone)) == {spec.hosts[0].name}
     assert host(Dispatcher(fab, pricing="lifetime").select(4, view)) == {spec.hosts[0].name}
-
-
-def test_the_outlook_reads_the_store_mix_estimates_and_queue(fab):
-    spec = fab.spec
-    st = state_with(spec, [("x", mask(spec, {0: 4, 1: 4}), 140.0), ("s", mask(spec, {2: 4}), 0.0)])
-    running = [("x", 0.0, 8, "t", 7200.0, 0.5), ("s", 0.0, 4, "t", None, None)]
-    recent = [(16, 900.0, 0.4), (8, 800.0, 0.6), (1, 700.0, None), (4, 600.0, 0.3)]
-    o = build_outlook(st, Estimates(), 1000.0, running, recent, [("p", 16)])
-    assert o.remaining["x"] == pytest.approx(6200.0) and o.remaining["s"] == math.inf
-    assert o.comm == {"x": 0.5, "s": 1.0}
-    # 16 spans for sure; of the running 2..8-GPU gangs 1 of 2 spans: (16 + 0.5 * (8 + 4)) / 29 GPUs
-    assert o.cross_share == pytest.approx((16 + 0.5 * 12) / 29)
-    assert o.slice_gpus == 4.0 and o.pressure_gbps == 140.0 and o.fill_s == 0.0
-    assert o.queue == (("p", 16),) and o.mix_k == (4, 8, 16)
-    idle = build_outlook(st, Estimates(), 1000.0, running, recent, [])
-    assert idle.fill_s == pytest.approx(st.n_free / (29 / 400.0))
-
-
-def test_run_batch_prices_over_the_queue_outlook(store, fab):
-    q.submit(store, [{"id": "big", "k": 16, "time_limit_s": 36000, "comm_fraction": 0.5, "submitted": 0},
-                     {"id": "mid", "k": 8, "time_limit_s": 3600, "submitted": 1},
-                     {"id": "small", "k": 4, "time_limit_s": 600, "submitted": 2}])
-    rep = sched.run_batch(store, Dispatcher(fab), pricing="lifetime")
-    assert sorted(o.request_id for o in rep.assigned) == ["big", "mid", "small"]
-    assert q.check_invariants(store) == []
-    with pytest.raises(RequestError, match="unknown pricing 'soon'"):
-        sched.run_batch(store, Dispatcher(fab), pricing="soon")
-
-
-def test_each_request_is_priced_over_its_own_estimate_and_pressure(store, fab):
-    """The batch hands the dispatcher the outlook with the request's time limit, id and pressure
-    under the demand model; jobs started earlier in the batch are in its running set."""
-    seen = []
-
-    class Recording(Dispatcher):
-        def select(self, k, state, algorithm=None, **kw):
-            seen.append(state.outlook)
-            return super().select(k, state, algorithm, **kw)
-
-    q.submit(store, [{"id": "a", "k": 16, "time_limit_s": 7200, "comm_fraction": 0.4, "submitted": 0},
-                     {"id": "b", "k": 8, "time_limit_s": 600, "submitted": 1}])
-    sched.run_batch(store, Recording(fab), pricing="lifetime", demand="comm")
-    a, b = seen
-    assert (a.request_id, a.run_s, a.comm_fraction, a.press_factor) == ("a", 7200.0, 0.4, 0.4)
-    assert (b.request_id, b.run_s, b.press_factor) == ("b", 600.0, 1.0)
-    assert b.remaining["a"] == 7200.0 and b.comm["a"] == 0.4 and ("a", 16) not in b.queue
-    seen.clear()
-    q.submit(store, [{"id": "c", "k": 2, "submitted": 2}])
-    sched.run_batch(store, Recording(fab), pricing="now")
-    assert seen == [None]  # priced now: no outlook is built

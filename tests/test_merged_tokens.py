@@ -19,6 +19,7 @@ from bandpilot.model.net_kinds import build_net
 from bandpilot.model.surrogate import Surrogate
 from bandpilot.model.tokens import host_arrays
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 RTOL = 1e-5  # float32 sums in another order (and log m added to a score instead of m multiplying)
@@ -114,7 +115,7 @@ def test_simulation_with_merged_tokens_places_like_one_token_per_host(fab128):
             "split": "random", "replay_size": 16}
     sur = train(fabric_dataset(fab128, n_cross=120, seed=1), tiny, plots=False).surrogate
     jobs = public_trace_workload("helios", 80, n_gpus=fab128.spec.n_gpus, load=0.9, seed=0)
-    cfg = SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0)
+    cfg = SimConfig(profile=SchedulerProfile("test"))
     out = {}
     for merge in (False, True):
         sur.merge_tokens, sur._memo = merge, None

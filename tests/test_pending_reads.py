@@ -11,6 +11,7 @@ from bandpilot.queue.schema import T_REQ
 from bandpilot.scheduling import run_batch
 from bandpilot.scheduling.pending import load_pending
 from bandpilot.scheduling.policies import PENDING_REQ_COLS, PENDING_STMT, row_to_pending
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 def _full(conn):
@@ -36,7 +37,7 @@ def test_cached_pending_reads_match_full_reads(store, fab):
     n = fab.spec.n_gpus
     q.submit(store, [{"id": f"r{i}", "k": n // 2 + i % 2, "tenant": "t", "utility": 0.5} for i in range(6)])
     assert len(_same(store)) == 6
-    run_batch(store, d)  # two fit, the rest are deferred with a note
+    run_batch(store, d, SchedulerProfile("test"))  # two fit, the rest are deferred with a note
     pend = _same(store)
     assert len(pend) == 4  # r0 and r2 (16 GPUs each) fill the 32; the 17-GPU ones wait
     q.report_entropy(store, [{"job": "r3", "entropy": 0.9}, {"job": "r3", "entropy": 0.4}])  # utility changes

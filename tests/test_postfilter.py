@@ -12,6 +12,7 @@ from bandpilot.scheduling.postfilter import Plan, RecordReason, Unschedulable
 from bandpilot.dispatch.state import State
 from bandpilot.queue.requests import Request
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 SPEC = load_cluster("params/clusters/h100.yaml")
 
@@ -29,6 +30,9 @@ class Evict:
         if u.status != "deferred" or not u.state.jobs:
             return None
         return Plan(self.name, "preemption_planned", f"evict {len(u.state.jobs)} jobs", tuple(j.id for j in u.state.jobs))
+
+    def evicted(self, ids, planned):
+        """Its plans are never carried out (a plain Plan, not a preemption plan)."""
 
 
 def test_default_plugin_records_why_nothing_fit():
@@ -56,7 +60,7 @@ def test_a_plugin_plan_is_stored_and_the_default_still_answers_otherwise(tmp_pat
 
     monkeypatch.setattr(Placer, "__init__", with_plugin)
     q.submit(store, [{"id": "big", "k": 32}, {"id": "more", "k": 8}, {"id": "huge", "k": 99}], partial=True)
-    rep = batch.run_batch(store, Dispatcher(make_fabric(SPEC)))
+    rep = batch.run_batch(store, Dispatcher(make_fabric(SPEC)), SchedulerProfile("test"))
     by = {o.request_id: o for o in rep.outcomes}
     assert by["big"].status == "assigned"
     assert (by["more"].reason, by["more"].detail) == ("preemption_planned", "evict 1 jobs")

@@ -18,6 +18,7 @@ from bandpilot.model.train import train
 from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.workloads import public_trace_workload
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"epochs": 3, "layers": 1, "hidden": 16, "heads": 2, "prior_steps": 20, "n_train": 80, "threads": 1,
@@ -123,7 +124,7 @@ def test_simulation_with_the_memo_places_like_the_network(sur128, fab128):
     """Real model, real simulator: the same jobs start and end at the same times; where the GPUs
     differ the two choices are the same pattern (an exact tie the float order used to break)."""
     jobs = public_trace_workload("helios", 60, n_gpus=fab128.spec.n_gpus, load=0.9, seed=0)
-    cfg = SimConfig(policy="fifo", algorithm="bandpilot", backfill="greedy", locality=0.0)
+    cfg = SimConfig(profile=SchedulerProfile("test"))
     out = {}
     for memo in (False, True):
         sur128.memo_enabled = memo

@@ -16,6 +16,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_AUDIT, T_ESTIMATES, T_REQ
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 H = 3600.0
@@ -31,7 +32,7 @@ def _fill(store, fab, *, preemptible=(True, True, False)):
         return {"id": rid, "k": k, "submitted": 0, "time_limit_s": 20 * H, **ck}
 
     q.submit(store, [job("P1", 16, preemptible[0]), job("P2", 8, preemptible[1]), job("N", 8, preemptible[2])])
-    rep = sched.run_batch(store, Dispatcher(fab))
+    rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"))
     assert len(rep.assigned) == 3
     q.submit(store, [{"id": "G", "k": 16, "submitted": 1, "time_limit_s": 2 * H}])
 
@@ -46,7 +47,7 @@ def scenario_starving_gang_preempts(store, fab):
     with use_clock(lambda: 0.0):
         _fill(store, fab)
     with use_clock(lambda: 5 * H + 300):  # G waited 5 h: starving; P1/P2 lost 300 s since their checkpoint
-        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True))
     out = {o.request_id: o for o in rep.outcomes}
     assert out["G"].status == "assigned" and len(out["G"].gpus) == 16
     assert rep.preempted and rep.preempted[0]["request_id"] == "G"
@@ -79,7 +80,7 @@ def test_the_cheapest_victims_are_chosen(store, fab):
     with use_clock(lambda: 0.0):
         _fill(store, fab)
     with use_clock(lambda: 5 * H + 540):
-        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True))
     plan = rep.preempted[0]
     # P1 alone frees 16 GPUs: 16 x (540 + 60) s; P2 cannot free 16 without N
     assert plan["victims"] == ["P1"]
@@ -90,7 +91,7 @@ def test_never_evicts_non_preemptible_jobs(store, fab):
     with use_clock(lambda: 0.0):
         _fill(store, fab, preemptible=(False, False, False))
     with use_clock(lambda: 5 * H):
-        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True))
     assert rep.preempted == [] and rep.assigned == []
     assert _raw(store) == {"P1": "assigned", "P2": "assigned", "N": "assigned", "G": "pending"}
     assert q.check_invariants(store) == []
@@ -100,19 +101,22 @@ def test_no_preemption_when_off_or_not_starving_unless_higher_priority(store, fa
     with use_clock(lambda: 0.0):
         _fill(store, fab)
     with use_clock(lambda: 5 * H):
-        assert sched.run_batch(store, Dispatcher(fab)).preempted == []  # off by default in run_batch
+        assert sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test")).preempted == []  # off by default in run_batch
     with use_clock(lambda: 1 * H):  # waited 1 h, same priority: not starving
-        assert sched.run_batch(store, Dispatcher(fab), preempt="on").preempted == []
+        assert sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True)).preempted == []
         q.submit(store, [{"id": "U", "k": 8, "submitted": 3000, "priority": 5}])
-        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True))
     assert [p["request_id"] for p in rep.preempted] == ["U"]
     assert q.check_invariants(store) == []
-    with pytest.raises(RequestError, match="preempt"):
-        sched.run_batch(store, Dispatcher(fab), preempt="maybe")
+    with pytest.raises(ProfileError, match="preempt must be true or false"):
+        SchedulerProfile("test", preempt="maybe")
+    with pytest.raises(RequestError, match="unknown profile 'preempting'"):
+        sched.run_batch(store, Dispatcher(fab), "preempting")
 
 
 _RUNNER = """
 import sys
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 import time
 from bandpilot import queue as q, scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
@@ -122,7 +126,7 @@ store = q.Store(sys.argv[1])
 print("START", flush=True)
 with use_clock(lambda: 5 * 3600.0):
     # after_each sleeps inside the transaction, after the eviction: a window to kill -9 mid-preemption
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), preempt="on", after_each=lambda o: time.sleep(0.5))
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", preempt=True), after_each=lambda o: time.sleep(0.5))
 """
 
 
@@ -136,7 +140,7 @@ def test_kill9_mid_preemption_leaves_the_old_state(store, fab):
     assert _raw(store) == before  # one transaction: no victim evicted, G still pending
     assert q.check_invariants(store) == []
     with use_clock(lambda: 5 * H):
-        rep = sched.run_batch(store, Dispatcher(fab), preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", preempt=True))
     assert rep.preempted and q.check_invariants(store) == []
 
 
@@ -154,7 +158,7 @@ def test_simulated_preemption_restarts_victims_and_counts_the_waste(fab):
     d = Dispatcher(fab)
     out = {}
     for mode in ("off", "on"):
-        cfg = SimConfig(policy="fifo", backfill="easy", preempt=mode, interval_s=300)
+        cfg = SimConfig(profile=SchedulerProfile("test", backfill="easy", preempt=mode == "on"), interval_s=300)
         res = simulate(jobs, d, fab, cfg)
         out[mode] = (summarize(res), {j.id: j for j in res.jobs})
     s_off, recs_off = out["off"]
@@ -166,13 +170,13 @@ def test_simulated_preemption_restarts_victims_and_counts_the_waste(fab):
     assert recs_on["G"].queue_s < 4 * H + 600
     for j in recs_on.values():  # a victim lost at most one checkpoint period + restart per eviction
         assert j.wasted_gpu_s <= j.preemptions * j.k * (1800 + 120) + 1e-6
-    assert s_on["preempt"] == "on"
+    assert s_on["preempt"] is True
 
 
-def test_preempt_mode_is_checked_and_off_by_default():
-    from bandpilot.scheduling import recommended
-    from bandpilot.simulation.engine import SimConfig, SimulationError
+def test_preemption_is_off_in_every_named_profile():
+    from bandpilot.scheduling.profile import PROFILES
+    from bandpilot.simulation.engine import SimConfig
 
-    assert SimConfig().preempt == recommended.PREEMPT == "off"  # measured: it does not fix the max-JCT miss
-    with pytest.raises(SimulationError, match="unknown preempt mode 'maybe'"):
-        SimConfig(preempt="maybe").check()
+    # measured: on top of the recommended order it costs the mean and does not bound the largest JCT
+    assert SimConfig().profile.preempt is False
+    assert not any(p.preempt for p in PROFILES.values())

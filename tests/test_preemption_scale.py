@@ -14,6 +14,7 @@ from bandpilot.fabric.emulator import make_fabric
 from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_REQ
 from bandpilot.topology.cluster import spec_from_dict
+from bandpilot.scheduling.profile import SchedulerProfile
 
 H = 3600.0
 TRAY = ["X NV18 NV18 NV18", "NV18 X NV18 NV18", "NV18 NV18 X NV18", "NV18 NV18 NV18 X"]
@@ -44,7 +45,7 @@ def _full_cluster(store, fab) -> dict[str, list[str]]:
         q.submit(store, [{"id": "N1", "k": 16, "submitted": 0, "time_limit_s": 20 * H},
                          {"id": "N2", "k": 8, "submitted": 0, "time_limit_s": 20 * H}]
                  + [{"id": f"P{i}", "k": 8, "submitted": 0, "time_limit_s": 20 * H, **pre} for i in (1, 2, 3)])
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="greedy", locality=0.5)
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="greedy", locality=0.5))
     assert len(rep.assigned) == 5
     return {o.request_id: o.gpus for o in rep.assigned}
 
@@ -56,7 +57,7 @@ def test_a_plan_on_a_domain_cluster_evicts_only_preemptible_jobs_and_starts_the_
     with use_clock(lambda: 1.0):
         q.submit(store, [{"id": "G", "k": k, "submitted": 1, "time_limit_s": 2 * H}])
     with use_clock(lambda: 5 * H + 300):  # G waited 5 h: starving; the P jobs lost 300 s since their checkpoint
-        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="conservative", preempt="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="hrrn", backfill="conservative", reservations=16, preempt=True))
     out = {o.request_id: o for o in rep.outcomes}
     assert out["G"].status == "assigned" and len(out["G"].gpus) == k, out["G"].detail
     assert len(rep.preempted) == 1 and rep.preempted[0]["request_id"] == "G"

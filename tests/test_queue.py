@@ -28,6 +28,7 @@ from bandpilot.dispatch.dispatcher import Dispatcher, PlacementError
 from bandpilot.errors import RequestError
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.state import State
+from bandpilot.scheduling.profile import SchedulerProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -119,7 +120,7 @@ def assigned_rows(store: q.Store) -> list[tuple[str, list[str]]]:
 def scenario_basic(store: q.Store, dispatcher) -> None:
     """Submit, batch, contention visible to later requests, release, re-batch."""
     q.submit(store, reqs(10, k=4))
-    rep = sched.run_batch(store, dispatcher, policy="fifo")
+    rep = sched.run_batch(store, dispatcher, SchedulerProfile("test", queue_sort="fifo"))
     assert rep.counts()["assigned"] == 8 and rep.counts()["deferred"] == 2
     assert [o.request_id for o in rep.assigned] == [f"r{i}" for i in range(8)]
     assert {o.reason for o in rep.deferred} == {"insufficient_gpus"}
@@ -134,7 +135,7 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
     assert_consistent(store)
     q.release(store, "r0")
     q.release(store, "r1")
-    rep2 = sched.run_batch(store, dispatcher, policy="fifo")
+    rep2 = sched.run_batch(store, dispatcher, SchedulerProfile("test", queue_sort="fifo"))
     assert [o.request_id for o in rep2.assigned] == ["r8", "r9"]
     assert_consistent(store)
     rows = {r["id"]: r for r in q.list_requests(store)}
@@ -145,6 +146,7 @@ def scenario_basic(store: q.Store, dispatcher) -> None:
 # Subprocess batch runner (crash and concurrency tests); argv: url schema spec commit policy sleep
 RUNNER = r"""
 import sys
+from bandpilot.scheduling.profile import SchedulerProfile
 from bandpilot.topology.cluster import load_cluster
 from bandpilot.fabric.emulator import make_fabric
 from bandpilot.dispatch.dispatcher import Dispatcher
@@ -155,7 +157,7 @@ url, schema, spec_path, commit, policy, sleep = sys.argv[1:7]
 store = Store(url, schema=schema or None)
 d = Dispatcher(make_fabric(load_cluster(spec_path)))
 print("START", flush=True)
-rep = run_batch(store, d, policy=policy, commit=commit, after_each=lambda o: time.sleep(float(sleep)))
+rep = run_batch(store, d, SchedulerProfile("test", queue_sort=policy), commit=commit, after_each=lambda o: time.sleep(float(sleep)))
 print("DONE " + " ".join(o.request_id for o in rep.assigned), flush=True)
 """
 
@@ -201,7 +203,7 @@ def scenario_kill9(store: q.Store, url: str, commit: str, schema: str = "") -> N
         assert 3 <= len(done) < 12
         assert q.status(store)["last_batch"]["interrupted"]
     assert_consistent(store)
-    rep = sched.run_batch(store, Dispatcher(make_fabric(store.spec)))
+    rep = sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test"))
     assert len(rep.assigned) == 12 - len(done)
     rows = assigned_rows(store)
     assert sorted(r for r, _ in rows) == sorted(f"c{i}" for i in range(12))
@@ -276,7 +278,7 @@ def test_spec_round_trip_and_init_idempotent(store, spec):
     with pytest.raises(q.StoreError, match="already holds cluster 'h100'"):
         store.init_cluster(domain_spec())
     q.submit(store, reqs(1))
-    sched.run_batch(store, GreedyDispatcher(spec))
+    sched.run_batch(store, GreedyDispatcher(spec), SchedulerProfile("test"))
     with pytest.raises(q.StoreError, match="still active"):
         store.init_cluster(domain_spec(), force=True)
     q.release(store, "r0")
@@ -301,7 +303,7 @@ def test_spec_stored_as_json_and_yaml_stores_still_open(tmp_path, spec):
     assert reopened.spec.gpu_ids == spec.gpu_ids
     assert reopened.init_cluster(spec) is False
     q.submit(reopened, reqs(1))
-    assert sched.run_batch(reopened, GreedyDispatcher(spec)).counts()["assigned"] == 1
+    assert sched.run_batch(reopened, GreedyDispatcher(spec), SchedulerProfile("test")).counts()["assigned"] == 1
 
 
 def test_uninitialised_and_bad_urls(tmp_path):

@@ -28,6 +28,7 @@ H100 = ROOT / "params" / "clusters" / "h100.yaml"
 # Helpers and fixtures live in test_queue.py (pytest puts tests/ on sys.path).
 from test_queue import GreedyDispatcher, assert_consistent, h100, new_store, reqs, scenario_concurrent, scenario_kill9  # noqa: E402
 from test_queue import disp, spec, store, url  # noqa: E402, F401  (pytest fixtures)
+from bandpilot.scheduling.profile import SchedulerProfile  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------
@@ -37,7 +38,7 @@ def test_release_errors(store, disp):
     q.submit(store, reqs(1))
     with pytest.raises(StateError, match="no active job 'r0' \\(request 'r0' is pending\\)"):
         q.release(store, "r0")
-    sched.run_batch(store, disp)
+    sched.run_batch(store, disp, SchedulerProfile("test"))
     assert len(q.release(store, "r0")["freed"]) == 2
     with pytest.raises(StateError, match="already released"):
         q.release(store, "r0")
@@ -50,7 +51,7 @@ def test_drain_undrain_host_gpu_and_busy(store, spec):
     r = q.drain(store, "h100-0", reason="nvlink degraded")
     assert len(r["drained"]) == 8
     q.submit(store, [{"id": "a", "k": 8}])
-    rep = sched.run_batch(store, g)
+    rep = sched.run_batch(store, g, SchedulerProfile("test"))
     assert all(not x.startswith("h100-0:") for x in rep.assigned[0].gpus)  # drained GPUs never handed out
     busy = rep.assigned[0].gpus
     r = q.drain(store, busy[0].rpartition(":")[0])
@@ -67,7 +68,7 @@ def test_drain_undrain_host_gpu_and_busy(store, spec):
     q.undrain(store, "h100-0")
     # a pending drain can be cancelled
     q.submit(store, [{"id": "b", "k": 2}])
-    b = sched.run_batch(store, g).assigned[0].gpus
+    b = sched.run_batch(store, g, SchedulerProfile("test")).assigned[0].gpus
     q.drain(store, b[0])
     assert q.undrain(store, b[0])["cancelled"] == [b[0]]
     assert q.release(store, "b")["unavailable"] == []
@@ -85,7 +86,7 @@ def test_fragmentation_report(store, spec):
         {"id": "b", "k": 8, "constraints": {"allowed_hosts": ["h100-1"]}},
         {"id": "c", "k": 2, "constraints": {"allowed_hosts": ["h100-2"]}},
     ])
-    sched.run_batch(store, g)
+    sched.run_batch(store, g, SchedulerProfile("test"))
     q.drain(store, "h100-3:0")
     f = q.fragmentation(store)
     hosts = {h["host"]: h for h in f["hosts"]}
@@ -105,7 +106,7 @@ def test_fragmentation_report(store, spec):
 
 def test_export_state_is_dispatcher_format(store, disp):
     q.submit(store, reqs(3, k=4))
-    sched.run_batch(store, disp)
+    sched.run_batch(store, disp, SchedulerProfile("test"))
     q.drain(store, "h100-3")
     doc = q.export_state(store)
     assert set(doc) == {"free", "jobs"}
@@ -151,7 +152,8 @@ def test_cli_end_to_end(cli, capsys, tmp_path):
     assert cli.run("queue", "submit", jl) == 0
     assert "submitted 10 request(s)" in capsys.readouterr().out
     assert cli.run("queue", "submit", "--k", 2, "--id", "flag1", "--tenant", "u", "--single-host", "--min-gbps", 1) == 0
-    assert cli.run("dispatch", "--batch", "--policy", "utility") == 0
+    (tmp_path / "by-utility.yaml").write_text("base: recommended\nqueue_sort: utility\n")
+    assert cli.run("dispatch", "--batch", "--profile", tmp_path / "by-utility.yaml") == 0
     out = capsys.readouterr().out
     assert cli.loaded == ["models:/bandpilot-h100@champion"]
     assert "batch #1 (utility" in out and "8 assigned" in out and "3 deferred" in out
@@ -210,7 +212,8 @@ def test_cli_errors(cli, capsys, tmp_path):
     assert "error: model not found" in capsys.readouterr().err
     assert cli.run("queue", "status", "--json") == 0
     assert json.loads(capsys.readouterr().out)["requests"]["pending"] == 2  # nothing assigned
-    assert cli.run("dispatch", "--batch", "--policy", "random") == 2
+    assert cli.run("dispatch", "--batch", "--profile", "random") == 2
+    assert "unknown profile 'random'" in capsys.readouterr().err
     assert cli.run("queue", "release", "zzz") == 2
     assert cli.run("cluster", "drain", "rack-7") == 2
     assert cli.run("queue", "submit", "--k", 0) == 2
@@ -296,7 +299,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(policy=st.sampled_from(sched.POLICIES), commit=st.sampled_from(sched.COMMIT_MODES), limit=st.none() | st.integers(1, 4))
     def dispatch(self, policy, commit, limit):
-        rep = sched.run_batch(self.store, self.disp, policy=policy, commit=commit, limit=limit)
+        rep = sched.run_batch(self.store, self.disp, SchedulerProfile("test", queue_sort=policy), commit=commit, limit=limit)
         new = {o.request_id for o in rep.assigned}
         assert not (new & self.ever_assigned), "a request was assigned twice"
         self.ever_assigned |= new

@@ -16,6 +16,7 @@ from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.fabric.emulator import make_fabric
+from bandpilot.scheduling.profile import SchedulerProfile
 
 from test_queue import (  # pytest puts tests/ on sys.path
     GreedyDispatcher,
@@ -108,12 +109,6 @@ def test_pg_preemption_in_one_transaction(store):
     scenario_starving_gang_preempts(store, make_fabric(store.spec))
 
 
-def test_pg_loan_and_reclaim(store):
-    from test_loans import scenario_loan_and_reclaim
-
-    scenario_loan_and_reclaim(store, make_fabric(store.spec))
-
-
 def test_pg_basic_flow(store):
     scenario_basic(store, Dispatcher(make_fabric(store.spec)))
 
@@ -121,7 +116,7 @@ def test_pg_basic_flow(store):
 def test_pg_lifecycle_and_policies(store):
     g = GreedyDispatcher(store.spec)
     q.submit(store, reqs(8, k=4, prefix="a", tenant="A", utility=0.9) + reqs(8, k=4, prefix="b", tenant="B", utility=0.3))
-    rep = sched.run_batch(store, g, policy="utility", commit="request")
+    rep = sched.run_batch(store, g, SchedulerProfile("test", queue_sort="utility"), commit="request")
     assert rep.quotas == {"A": 24, "B": 8} and rep.counts()["assigned"] == 8
     q.drain(store, "h100-0")
     victim = next(o for o in rep.assigned if o.gpus[0].startswith("h100-0:"))
@@ -129,7 +124,7 @@ def test_pg_lifecycle_and_policies(store):
     f = q.fragmentation(store)
     assert f["unavailable"] == 4 and f["free"] == 0
     q.undrain(store, "h100-0")
-    assert sched.run_batch(store, g, policy="utility").counts()["assigned"] == 1
+    assert sched.run_batch(store, g, SchedulerProfile("test", queue_sort="utility")).counts()["assigned"] == 1
     with pytest.raises(q.SubmitError):
         q.submit(store, [{"id": "a0", "k": 1}])
     assert_consistent(store)
@@ -158,7 +153,7 @@ def test_entropy_reports_and_sjf_on_postgresql(store):
         q.report_entropy(store, [{"job": "e0", "entropy": 0.2}, {"job": "nope", "entropy": 0.2}])
     assert q.entropy_history(store, "e0") == []
     q.set_estimates(store, {"e2": 10.0, "e0": 99.0})
-    rep = sched.run_batch(store, Dispatcher(make_fabric(h100())), policy="sjf")
+    rep = sched.run_batch(store, Dispatcher(make_fabric(h100())), SchedulerProfile("test", queue_sort="sjf"))
     assert rep.assigned[0].request_id == "e2"
 
 

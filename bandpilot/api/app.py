@@ -62,12 +62,13 @@ def dashboard_html() -> str:
 
 def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: int = MAX_BODY,
                token_ttl: float = 5.0, threads: int | None = None, dispatch_s: float | None = None,
-               model_uri: str | None = None, policy: str = "hrrn", max_pending: int | None = None,
+               model_uri: str | None = None, profile: str = "recommended", max_pending: int | None = None,
                max_pending_gpus: int | None = None, retry_after_s: int = 30, auth_failures: int = 20,
                auth_window_s: float = 60.0, async_db: bool | None = None) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
     valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
-    batch that often with ``model_uri`` (default the cluster's champion) and ``policy`` (None: off).
+    batch that often (None: off) with ``model_uri`` (default the cluster's champion) and the scheduler
+    ``profile`` (a name or a YAML file).
     Per tenant (admins are
     exempt): at most ``max_pending`` pending requests (``$BANDPILOT_API_MAX_PENDING``, default 100)
     asking for at most ``max_pending_gpus`` GPUs together (``$BANDPILOT_API_MAX_PENDING_GPUS``,
@@ -78,7 +79,7 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
     with the app's lifespan, so without it those calls take the request threads as on SQLite."""
     st = store if isinstance(store, Store) else Store(store)
     sampler = _Sampler(st, sample_s)
-    batches = BatchLoop(st, dispatch_s, model_uri=model_uri, policy=policy)
+    batches = BatchLoop(st, dispatch_s, model_uri=model_uri, profile=profile)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bandpilot import config
 from bandpilot.errors import BandPilotError
 from bandpilot.queue.store import Store
 from bandpilot.queue.views import nothing_to_place
+
+if TYPE_CHECKING:
+    from bandpilot.scheduling.profile import SchedulerProfile
 
 log = logging.getLogger("bandpilot.api")
 
@@ -27,12 +30,16 @@ class BatchLoop:
     """A daemon thread running one batch every ``every`` seconds (None or 0: off)."""
 
     def __init__(self, store: Store, every: float | None, *, model_uri: str | None = None,
-                 policy: str = "hrrn") -> None:
-        self.store, self.every, self.model_uri, self.policy = store, every or None, model_uri, policy
+                 profile: "SchedulerProfile | str" = "recommended") -> None:
+        from bandpilot.scheduling.profile import get_profile
+
+        self.profile = get_profile(profile)
+        self.store, self.every, self.model_uri = store, every or None, model_uri
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self._loaded: tuple[str, Any] | None = None  # (model version, dispatcher)
-        self.status: dict[str, Any] = {"interval_s": self.every, "policy": policy, "model": model_uri,
+        self.status: dict[str, Any] = {"interval_s": self.every, "profile": self.profile.name,
+                                       "policy": self.profile.queue_sort, "model": model_uri,
                                        "model_version": None, "last_batch": None, "waiting": None, "error": None}
 
     def start(self) -> None:
@@ -59,7 +66,6 @@ class BatchLoop:
 
     def tick(self) -> dict[str, Any] | None:
         """One step: a batch when something could be placed; returns its report (None: no batch)."""
-        from bandpilot.scheduling import recommended
         from bandpilot.scheduling.batch import run_batch
 
         try:
@@ -72,12 +78,7 @@ class BatchLoop:
                 return None
             uri = self.uri()
             self.status["model"] = uri
-            rep = run_batch(self.store, self._dispatcher(uri), policy=self.policy, model_uri=uri,
-                            backfill=recommended.BACKFILL, max_reservations=recommended.RESERVATIONS,
-                            locality=recommended.LOCALITY,
-                            pricing=recommended.PRICING, preempt=recommended.PREEMPT,
-                            start_or_wait=recommended.START_OR_WAIT, age_slot=recommended.AGE_SLOT,
-                            backfill_check=recommended.BACKFILL_CHECK).to_dict()
+            rep = run_batch(self.store, self._dispatcher(uri), self.profile, model_uri=uri).to_dict()
         except BandPilotError as exc:  # no champion yet, a busy store: say so, try again next tick
             if self.status["error"] != str(exc):
                 log.warning("batch loop: %s", exc)

@@ -27,13 +27,13 @@ def app_from_env() -> Any:
     cfg = json.loads(os.environ[_ENV])
     first = cfg["first"]  # one sampler and one batch loop, not one per process
     return create_app(Store(cfg["store"], pool_size=POOL), sample_s=cfg["sample_s"] if first else None, token_ttl=cfg["token_ttl"],
-                      dispatch_s=cfg["dispatch_s"] if first else None, model_uri=cfg["model_uri"], policy=cfg["policy"])
+                      dispatch_s=cfg["dispatch_s"] if first else None, model_uri=cfg["model_uri"], profile=cfg["profile"])
 
 
 def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, workers: int = 1,
           graceful_s: float = 8.0, sample_s: float | None = 60.0, token_ttl: float = 5.0,
           log_level: str = "warning", dispatch_s: float | None = None, model_uri: str | None = None,
-          policy: str = "hrrn", store: Any = None) -> None:
+          profile: str = "recommended", store: Any = None) -> None:
     """Serve until stopped. ``store``: an open :class:`Store` on ``store_url`` to serve from (one
     process; opening a second costs start-up time), closed at the end."""
     import uvicorn
@@ -46,14 +46,14 @@ def serve(store_url: str | None, host: str = "127.0.0.1", port: int = 8000, *, w
                   http=PROTOCOL, ws="none")
     if workers > 1:
         os.environ[_ENV] = json.dumps({"store": Store(store_url).url, "sample_s": sample_s, "token_ttl": token_ttl,
-                                       "first": True, "dispatch_s": dispatch_s, "model_uri": model_uri, "policy": policy})
+                                       "first": True, "dispatch_s": dispatch_s, "model_uri": model_uri, "profile": profile})
         uvicorn.run("bandpilot.api.server:app_from_env", factory=True, workers=workers, **common)
         return
     store = store if store is not None and workers == 1 else Store(store_url, pool_size=POOL)
     # uvicorn's own handlers: stop accepting, let requests in flight finish (each is one transaction),
     # give up on stragglers after graceful_s - well inside a service manager's 10 s stop window.
     server = _server(uvicorn.Config(create_app(store, sample_s=sample_s, token_ttl=token_ttl,
-                                                 dispatch_s=dispatch_s, model_uri=model_uri, policy=policy), **common))
+                                                 dispatch_s=dispatch_s, model_uri=model_uri, profile=profile), **common))
     try:
         server.run()
     finally:

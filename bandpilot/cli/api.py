@@ -40,7 +40,7 @@ def api_cmd(
                                      help="Run a batch this often when something pending fits (0: off, "
                                           "when `bandpilot serve` or `dispatch --batch` assigns instead)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model for the batches (default: models:/bandpilot-CLUSTER@champion)."),
-    policy: str = typer.Option("hrrn", "--policy", help="Queue policy of the batches: fifo, priority, sjf, utility or hrrn (default: the recommended configuration; batches use EASY backfill and locality 0.5)."),
+    profile: str = typer.Option("recommended", "--profile", help="Scheduler profile of the batches: recommended | slurm-like | fifo-greedy, or a profile YAML file (docs/guide/profiles.md)."),
 ) -> None:
     """Serve the REST API (OpenAPI docs at /docs) and the web dashboard (/) until SIGTERM or Ctrl-C;
     pending requests are assigned every --dispatch-s seconds with the cluster's champion model."""
@@ -51,18 +51,18 @@ def api_cmd(
     s = Store(store_url(store), create=False, pool_size=POOL if workers == 1 else None)  # the server's own: opened once
     if not s.initialized:
         s.spec  # noqa: B018 - raises the "run `bandpilot cluster init`" error
-    from bandpilot.scheduling.policies import POLICIES
+    from bandpilot.scheduling.profile import get_profile
 
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}", param_hint="--policy")
+    get_profile(profile)  # a bad profile: one line, before the server starts
     from bandpilot.config import model_uri
+
     uri = model or model_uri(s.spec.name)
     loop = f"batches every {dispatch_s:g} s with {uri}" if dispatch_s else "no batches (--dispatch-s 0)"
     typer.echo(f"BandPilot API on http://{host}:{port}/ (docs /docs) for {s.spec.name} at {s.safe_url}; {loop}", err=True)
     if workers > 1:
         s.close()
     serve(s.url, host, port, workers=workers, sample_s=sample_s or None, token_ttl=token_ttl,
-          dispatch_s=dispatch_s or None, model_uri=model, policy=policy, store=s if workers == 1 else None)
+          dispatch_s=dispatch_s or None, model_uri=model, profile=profile, store=s if workers == 1 else None)
 
 
 @tokens_app.command("create")

@@ -14,10 +14,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from bandpilot.scheduling import recommended as rec
-
 from bandpilot.cli.main import app
-from bandpilot.dispatch import strategies
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError
 
@@ -413,43 +410,22 @@ def fragmentation_cmd(store: Optional[str] = STORE_OPT, as_json: bool = JSON_OPT
 @app.command("dispatch")
 def dispatch_cmd(
     batch: bool = typer.Option(True, "--batch", hidden=True),  # once required; batch is the only mode
-    policy: str = typer.Option(rec.POLICY, "--policy", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | hrrn-jct (hrrn, a request expected past the 8 h cap ranked by wait + estimate) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
+    profile: str = typer.Option("recommended", "--profile", "-p", help="Scheduler profile: recommended | slurm-like (FIFO, EASY backfill, compact placement) | fifo-greedy (FIFO, greedy backfill, compact), or a profile YAML file (docs/guide/profiles.md)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model URI (default models:/bandpilot-<cluster>@champion)."),
     limit: Optional[int] = typer.Option(None, "--limit", "-n", min=1, help="Consider at most this many requests."),
     commit: str = typer.Option("batch", "--commit", help="batch (one transaction) | request (one per request)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", help="Dispatcher strategy: " + ", ".join(strategies.names()) + "."),
-    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy (every request takes what fits now) | easy (the first blocked gang gets a reservation nothing may delay) | conservative (the first --reservations blocked gangs do)."),
-    reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative (Maui's RESERVATIONDEPTH)."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure stored for new jobs: full | comm (scaled by the request's comm_fraction)."),
-    locality: float = typer.Option(rec.LOCALITY, "--locality", help="A placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth."),
-    placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="now (against the jobs running now) | lifetime (over each request's estimated run time and the queue's outlook) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving or higher-priority gang may evict preemptible jobs (one transaction, audited); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
-    start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang may wait for a nearby job end when the better placement saves more than the wait costs (needs easy/conservative backfill); local: a gang that fits one host waits for a one-host placement within 2 h (all its holds together: below its communicating share of run time and 4 h)."),
-    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; aimed at the largest JCT)."),
-    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited | lend: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (aimed at the largest JCT); lend: set, plus preemptible requests start on the reserved GPUs on loan until the reservation starts, when its gang reclaims them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Summary line only."),
     store: Optional[str] = STORE_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Run one batch: assign pending requests with the promoted model, in policy order."""
+    """Run one batch: assign pending requests with the promoted model, as the scheduler profile says."""
     from bandpilot import queue as q
     from bandpilot import scheduling as sched
 
-    if policy not in sched.POLICIES:
-        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(sched.POLICIES)}")
+    prof = sched.get_profile(profile)  # a bad profile: one line, before the store or the model is touched
     if commit not in sched.COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(sched.COMMIT_MODES)}")
-    sched.check_backfill(backfill)
-    sched.check_preempt(preempt)
-    from bandpilot.scheduling.startwait import check_start_wait
-
-    check_start_wait(start_or_wait)
-    from bandpilot.scheduling.age_slot import check_age_slot
-
-    check_age_slot(age_slot)
-    from bandpilot.scheduling.replan import check_backfill_check
-
-    check_backfill_check(backfill_check)
     if demand not in sched.DEMAND_MODELS:
         raise RequestError(f"unknown demand model {demand!r}: use one of {', '.join(sched.DEMAND_MODELS)}")
     st = _store(store)
@@ -463,10 +439,7 @@ def dispatch_cmd(
     from bandpilot.config import model_uri
     uri = model or model_uri(st.spec.name)
     dispatcher = load_dispatcher(uri)  # ModelError before anything is touched
-    rep = sched.run_batch(st, dispatcher, policy=policy, limit=limit, commit=commit, algorithm=algorithm, model_uri=uri,
-                          backfill=backfill, max_reservations=reservations, demand=demand, locality=locality,
-                          pricing=placement_pricing, preempt=preempt, start_or_wait=start_or_wait, age_slot=age_slot,
-                          backfill_check=backfill_check)
+    rep = sched.run_batch(st, dispatcher, prof, limit, commit=commit, model_uri=uri, demand=demand)
     if as_json:
         _echo_json(rep.to_dict())
         return
@@ -488,6 +461,3 @@ def dispatch_cmd(
         typer.echo(f"reservation {r['request_id']}: {q.describe_reservation(r)}")
     for pl in rep.preempted:
         typer.echo(f"preempted: {pl['detail']}")
-    for o in rep.assigned:  # --backfill-check lend: a job started on a reservation's GPUs until its start
-        if (o.detail or "").startswith("on loan"):
-            typer.echo(f"loan {o.request_id}: {o.detail}")

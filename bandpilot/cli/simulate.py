@@ -10,45 +10,25 @@ from typing import Optional
 import typer
 
 from bandpilot.cli.main import app
-from bandpilot.dispatch import strategies
 from bandpilot.cli.common import cli_store, echo_json
 from bandpilot.cli.queue import JSON_OPT, STORE_OPT, queue_app
 from bandpilot.errors import BandPilotError
-from bandpilot.scheduling import recommended as rec
 
 
 @app.command("simulate")
 def simulate_cmd(
     trace: Optional[Path] = typer.Option(None, "--trace", "-t", help="Trace CSV: id,submit_s,k,tenant,compute_s,comm_fraction[,priority,utility]."),
-    sweep: Optional[Path] = typer.Option(None, "--sweep", help="SWEEP.yaml: traces x policies x algorithms x seeds."),
+    sweep: Optional[Path] = typer.Option(None, "--sweep", help="SWEEP.yaml: traces x profiles x demand models x seeds."),
     cluster: Optional[str] = typer.Option(None, "--cluster", "-c", help="Cluster spec (YAML, measurement dir or name); default: the model's."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model URI, or `emulator` (the truth as a perfect predictor)."),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Measured directory used as ground truth; default: the cluster's emulator."),
-    policy: str = typer.Option(rec.POLICY, "--policy", "-p", help="fifo | priority | sjf | utility | hrrn | hrrn-aged (hrrn + starvation aging past 12 h) | hrrn-sized (the same, gangs over 16 GPUs from 18 h) | hrrn-jct (hrrn, a request expected past the 8 h cap ranked by wait + estimate) | las (least attained service; with --preempt on it evicts the most-attained preemptible jobs)"),
-    algorithm: str = typer.Option("bandpilot", "--algorithm", "-a", help=strategies.help_text("simulate")),
+    profile: str = typer.Option("recommended", "--profile", "-p", help="Scheduler profile: recommended | slurm-like (FIFO, EASY backfill, compact placement) | fifo-greedy (FIFO, greedy backfill, compact), or a profile YAML file (docs/guide/profiles.md)."),
     interval: float = typer.Option(60.0, "--interval", help="Dispatch interval (simulated seconds)."),
     epochs: int = typer.Option(20, "--epochs", help="Entropy reports per job (epoch boundaries)."),
     lam: float = typer.Option(0.5, "--lambda", help="Entropy-guided utility: the balance between entropy level and progress."),
     seed: int = typer.Option(0, "--seed", help="Learning curves and random placement."),
     demand: str = typer.Option("full", "--demand", help="Co-tenant pressure: full (standalone bandwidth all the time) | comm (scaled by each job's communication fraction); the truth and the queue's predictor use the same."),
-    backfill: str = typer.Option(rec.BACKFILL, "--backfill", help="greedy | easy (Slurm's EASY: the first blocked gang gets a reservation) | conservative (the first --reservations blocked gangs do)."),
-    reservations: int = typer.Option(rec.RESERVATIONS, "--reservations", min=1, max=1024, help="Reservation depth under --backfill conservative: how many blocked gangs, in policy order, get a reservation (Maui's RESERVATIONDEPTH)."),
-    locality: float = typer.Option(rec.LOCALITY, "--locality", help="Lifetime locality: a placement on fewer hosts wins unless spreading is predicted to gain more than this relative bandwidth (0 = always the best predicted now)."),
-    placement_pricing: str = typer.Option(rec.PRICING, "--placement-pricing", help="How BandPilot values a placement: now (against the jobs running now) | lifetime (over its estimated run time: co-tenants that end, later cross-host jobs on its hosts from the arrival mix, the slowdown it imposes on co-tenants) | lifetime-queue (lifetime, and near-equal choices leave the next pending gangs their best placement)."),
-    preempt: str = typer.Option(rec.PREEMPT, "--preempt", help="off | on | leader | overrun: a starving (waited 4 h) or higher-priority gang may evict preemptible jobs (cheapest checkpoint loss first, where it is predicted to get the most bandwidth); leader: only the first blocked gang, none behind a reservation; overrun: the first blocked gang, once it has waited 12 h, evicts only preemptible jobs past their time limit (each at most once)."),
-    start_or_wait: str = typer.Option(rec.START_OR_WAIT, "--start-or-wait", help="off | on | local: a gang that could start now waits for a nearby job end when the better predicted placement saves more service time (comm fraction x bandwidth ratio x estimated run time) than the queueing it adds (at most 2 h; needs easy/conservative backfill); local: a gang that fits one host but was placed across hosts also waits for the nearest one-host placement within 2 h when that is shorter than its communicating share of run time (all its holds together: below that share and 4 h)."),
-    age_slot: str = typer.Option(rec.AGE_SLOT, "--age-slot", help="off | oldest | projected | priced | overtaken: one reservation goes first to the longest-waiting request (oldest, Slurm's age order), to the largest projected JCT (wait + estimate, once past 30 h; priced: the first such whose drain idles no more GPU-hours than it brings) or to the request later-submitted jobs overtook most (overtaken: once they ran 8 h of the whole cluster while it waited), in place of the policy's last reservation slot (needs easy/conservative backfill; aimed at the largest JCT)."),
-    backfill_check: str = typer.Option(rec.BACKFILL_CHECK, "--backfill-check", help="set | replan | replan-waited | lend: set (default): a request may not take the planned GPUs of a reservation that starts before it ends; replan: it may, if every reservation it overlaps can be planned again at the same start on no more hosts (Slurm\'s \"does it delay a reserved job\" test); replan-waited: replan only for a request that has waited 8 h (aimed at the largest JCT); lend: set, plus preemptible requests start on the reserved GPUs on loan until the reservation starts, when its gang reclaims them."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="A named baseline instead of --policy/--algorithm/--backfill: slurm (FIFO, EASY backfill, topo / block on NVLink domains) | greedy (this queue before reservations) | greedy-topo."),
     elastic: str = typer.Option("auto", "--elastic", help="auto (default): on when some job of the trace declares min_k < max_k, else off (a trace without ranges runs exactly as with off) | on: per-epoch GPU quotas by utility within each job's min_k..max_k (trace columns), resized at epoch boundaries | off: every job is a fixed gang of k."),
-    blind_growth: bool = typer.Option(False, "--blind-growth", help="Elastic baseline: grow/shrink by GPU id, ignoring predicted bandwidth."),
-    growth_pricing: str = typer.Option("welfare", "--growth-pricing", help="Elastic: welfare (a growth or admission size is priced by its total effect: the job's predicted epoch time plus what it imposes on the co-tenants of its NICs) | self (the job's own epoch time only; baseline)."),
-    admission: str = typer.Option("fit-k", "--admission", help="Elastic: fit-k (a pending job is admitted while the requested k of every admitted one fits) | min-k (while its min_k fits, then every job that fits; baseline) | idle (the entropy-guided scheduling paper's rule: while its k fits the GPUs idle now; baseline) | srpt (by estimated remaining work: a newcomer claims half its k, only jobs with more remaining work yield to min_k) | srpt-suspend (shortest remaining work first, each claiming 2 x min_k up to a host; a running job left without GPUs is suspended to 0 at its epoch boundary and resumes later) | srpt-host (the same, running jobs keep min_k) | hesrpt-suspend (heSRPT shares by rank in remaining work, up to a host each; a running job whose share is below min_k is suspended) | srpt-marginal (srpt-suspend with each claim sized by marginal gain on the job's priced speed curve: the size minimising t(k)(1 + m k / G), m the jobs waiting behind it) | srpt-fill (srpt-suspend; GPUs the round leaves free while requests wait go to them, shortest remaining work first, each at the largest size up to its claim that fits one host)."),
-    scaling_pricing: str = typer.Option("declared", "--scaling-pricing", help="Elastic: declared (a growth's compute share priced by the job's declared scaling efficiency, trace column `scaling`; undeclared: perfect) | perfect (every job priced as scaling perfectly; the pricing before)."),
-    current_share: bool = typer.Option(False, "--current-share/--declared-share", help="Default declared (the declared collective share read as the share now). --current-share: a growth is priced from the job's collective share at its current size, derived from the declared share at its requested k."),
-    fill_idle: bool = typer.Option(False, "--fill-idle/--no-fill-idle", help="Default off. Elastic: GPUs still free after the round when no request waits are offered to the jobs at a boundary, shortest remaining work first, each growth priced as any (with the srpt rules, running jobs keep their size when nothing waits)."),
-    relocate: bool = typer.Option(True, "--relocate/--no-relocate", help="Default on. Elastic: a resize may move the job onto a fresh placement (a growth onto an idle host; a job on several hosts onto one), priced like a growth."),
-    resize_s: float = typer.Option(30.0, "--resize-s", help="Cost of one elastic resize (checkpoint-restart), seconds of the job's time."),
     out: Path = typer.Option(..., "--out", "-o", help="Report directory."),
     log: bool = typer.Option(True, "--log/--no-log", help="Log each simulation as an MLflow run."),
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
@@ -75,24 +55,18 @@ def simulate_cmd(
 
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
-    cfg = SimConfig(policy=policy, algorithm=algorithm, interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand,
-                    backfill=backfill, reservations=reservations, locality=locality, placement_pricing=placement_pricing,
-                    blind=blind_growth, resize_s=resize_s, preempt=preempt, pricing=growth_pricing, admission=admission,
-                    start_or_wait=start_or_wait, scaling_pricing=scaling_pricing, age_slot=age_slot,
-                    backfill_check=backfill_check, relocate=relocate, current_share=current_share, fill_idle=fill_idle)
+    from bandpilot.scheduling.profile import get_profile
+
+    cfg = SimConfig(profile=get_profile(profile), interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
-    if baseline is not None:
-        from bandpilot.simulation.presets import apply_preset
-
-        cfg = apply_preset(cfg, baseline, setup.dispatcher.model.spec)
     jobs = _parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
     cfg = replace(cfg, elastic=elastic_for(elastic, jobs))
     _, s = run_one(jobs, setup, cfg, out, figures=figures, log=log)
     h = 3600.0
     typer.echo(
-        f"{s['policy']}+{s['algorithm']}+{s['backfill']} on {s['cluster']} ({s['truth']}, demand {s['demand']}): {s['completed']}/{s['jobs']} jobs, "
+        f"{s['profile']} ({cfg.profile.describe()}) on {s['cluster']} ({s['truth']}, demand {s['demand']}): {s['completed']}/{s['jobs']} jobs, "
         f"mean JCT {s['avg_jct_s'] / h:.2f} h, p95 {s['p95_jct_s'] / h:.2f} h, queueing {s['avg_queue_s'] / h:.2f} h, "
         f"GPU utilization {s['gpu_utilization']:.2f}, mean GBE {s['mean_gbe']:.3f}"
         + (f", {s['resizes']} resizes" if s.get("elastic") else "")

@@ -6,11 +6,11 @@ preemption and elastic resizes are plans added here, on top of the store."""
 from bandpilot.scheduling.batch import COMMIT_MODES, check_model, model_version_of, run_batch
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
 from bandpilot.scheduling.policies import POLICIES, order_pending, utility_prior, utility_quotas
-from bandpilot.scheduling.reservations import BACKFILL_MODES, check_backfill
-from bandpilot.scheduling.preemption import PREEMPT_MODES, check_preempt
+from bandpilot.scheduling.profile import PROFILES, ProfileError, SchedulerProfile, get_profile, load_profile
 from bandpilot.dispatch.demand import DEMAND_MODELS
 
 __all__ = [
-    "BACKFILL_MODES", "BatchReport", "PREEMPT_MODES", "check_preempt", "COMMIT_MODES", "DEMAND_MODELS", "check_backfill", "Outcome", "POLICIES", "check_model", "model_version_of",
-    "order_pending", "run_batch", "utility_prior", "utility_quotas",
+    "BatchReport", "COMMIT_MODES", "DEMAND_MODELS", "Outcome", "POLICIES", "PROFILES", "ProfileError", "SchedulerProfile",
+    "check_model", "get_profile", "load_profile", "model_version_of", "order_pending", "run_batch", "utility_prior",
+    "utility_quotas",
 ]

@@ -30,26 +30,20 @@ import sqlalchemy as sa
 
 from bandpilot.dispatch.demand import DEFAULT_DEMAND, check_demand_model, pressure_factor
 from bandpilot.dispatch.state import State
-from bandpilot.errors import ModelError, PlacementError, RequestError
+from bandpilot.errors import ModelError, RequestError
 from bandpilot.queue.clock import now
 from bandpilot.scheduling.assign_write import AssignConflict, num, write_assignment
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.deferral_notes import flush_outcomes
 from bandpilot.scheduling.outcomes import BatchReport, Outcome
-from bandpilot.scheduling.outlook import load_outlook
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.postfilter import ReservationPostFilter
-from bandpilot.scheduling.las import LasPreemptPostFilter, load_attained
-from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, check_preempt, evict
-from bandpilot.scheduling.leader_preempt import LeaderPreemptPostFilter
-from bandpilot.scheduling.overrun_preempt import OverrunPreemptPostFilter
-from bandpilot.scheduling.age_slot import check_age_slot, reserve_oldest
-from bandpilot.scheduling.overtaken import load_overtaken
-from bandpilot.scheduling.reservations import Book, check_backfill, write_reservations
-from bandpilot.scheduling.replan import CHECKS, SetCheck, check_backfill_check
-from bandpilot.scheduling.startwait import StartOrWait, check_start_wait
+from bandpilot.scheduling.preemption import EvictionConflict, PreemptPlan, PreemptPostFilter, evict
+from bandpilot.scheduling.reservations import Book, write_reservations
+from bandpilot.scheduling.profile import ProfileError, SchedulerProfile, get_profile
+from bandpilot.scheduling.startwait import StartOrWait
 from bandpilot.scheduling.policies import (
-    ESTIMATE_POLICIES, POLICIES, Pending, order_pending, utility_quotas,
+    Pending, order_pending, queue_sort, utility_quotas,
 )
 from bandpilot.scheduling.pending import load_pending  # also imported from here (elastic, tests)
 from bandpilot.queue.requests import Request
@@ -102,31 +96,20 @@ class _Plan:
     whole: bool  # every pending request (as of the snapshot) is in the queue
 
 
-#: The preemption plug-in of each ``--preempt`` mode (``las`` brings its own).
-PREEMPTORS = {"on": PreemptPostFilter, "leader": LeaderPreemptPostFilter, "overrun": OverrunPreemptPostFilter}
-
-
 def run_batch(
     store: Store,
     dispatcher: Any,
-    policy: str = "fifo",
+    profile: SchedulerProfile | str,
     limit: int | None = None,
     *,
     commit: str = "batch",
-    algorithm: str = "bandpilot",
     model_uri: str | None = None,
     demand: str = DEFAULT_DEMAND,
-    backfill: str = "greedy",
-    max_reservations: int | None = None,
-    locality: float | None = None,
-    pricing: str | None = None,
-    preempt: str = "off",
-    start_or_wait: str = "off",
-    age_slot: str = "off",
-    backfill_check: str = "set",
     after_each: Callable[[Outcome], None] | None = None,
 ) -> BatchReport:
-    """Assign pending requests with ``dispatcher``, in ``policy`` order.
+    """Assign pending requests with ``dispatcher`` as ``profile`` says (a :class:`SchedulerProfile`
+    or the name of one, :mod:`bandpilot.scheduling.profile`: the order, the placement, backfill,
+    preemption and start-or-wait).
 
     Each request is tried once (twice for a utility request held back by its tenant's quota): an
     assigned one becomes an active job whose demand is its predicted standalone bandwidth, so later
@@ -134,32 +117,13 @@ def run_batch(
     retried next batch; an invalid one is rejected. ``limit`` caps the requests considered.
     ``commit="batch"`` is one transaction; ``"request"`` one per request (state re-read each time).
     ``demand`` is the demand model (:mod:`bandpilot.dispatch.demand`) a new job's pressure is stored under.
-    ``backfill`` (:mod:`bandpilot.scheduling.reservations`): ``greedy`` tries every request on what is
-    free now; ``easy`` / ``conservative`` give the first one / the first ``max_reservations`` blocked
-    gangs a reservation (start time and GPUs) that later requests may not delay. ``locality`` (the
-    dispatcher's own when None): a placement on fewer hosts wins unless spreading is predicted to
-    gain more than this relative bandwidth - a placement lives for hours and a spread one meets
-    more co-tenants than the ones running now. ``pricing`` (the dispatcher's own when None; registered
-    in :mod:`bandpilot.dispatch.strategies`): ``lifetime`` prices each placement over its estimated
-    run time with the batch's :mod:`~bandpilot.scheduling.outlook` (co-tenants that end, later
-    cross-host jobs on its hosts), ``now`` against the jobs running now.
-    ``preempt="on"`` (:mod:`bandpilot.scheduling.preemption`): a starving or higher-priority gang
-    that cannot start may evict preemptible jobs (victims back to pending, the gang assigned, one
-    savepoint); ``report.preempted`` lists what was evicted.
-    ``start_or_wait="on"`` (:mod:`bandpilot.scheduling.startwait`; needs ``easy`` or ``conservative``
-    backfill): a gang that could start now waits for a nearby running-job end when the service time
-    a better predicted placement saves exceeds the queueing it adds (deferred as
-    ``waits_for_better_placement``, holding a reservation).
-    ``age_slot`` (:mod:`bandpilot.scheduling.age_slot`): ``oldest`` / ``projected`` reserve the
-    longest-waiting request / the largest projected JCT first, in place of the last policy slot.
-    ``backfill_check`` (:mod:`bandpilot.scheduling.replan`): ``set`` hides the reservations' planned
-    GPU sets; ``replan`` lets a request start on them if each reservation still fits at its start;
-    ``lend``: a preemptible one starts on them on loan, reclaimed by the gang (:mod:`~bandpilot.scheduling.loans`).
     ``after_each(outcome)`` runs after each request, inside the transaction (a progress hook; the
     crash tests use it to ``kill -9`` a batch mid-way).
     """
-    if policy not in POLICIES:
-        raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    try:
+        profile = get_profile(profile)
+    except ProfileError as exc:
+        raise RequestError(str(exc)) from None
     if commit not in COMMIT_MODES:
         raise RequestError(f"unknown commit mode {commit!r}: use one of {', '.join(COMMIT_MODES)}")
     if limit is not None and limit < 1:
@@ -168,60 +132,38 @@ def run_batch(
         check_demand_model(demand)
     except ValueError as exc:
         raise RequestError(str(exc)) from None
-    _check_modes(backfill, preempt, start_or_wait, age_slot, backfill_check)
-    if locality is not None:
-        if not (isinstance(locality, (int, float)) and 0.0 <= locality < 1.0):
-            raise RequestError(f"locality must be in [0, 1), got {locality!r}")
-        if hasattr(dispatcher, "with_locality"):
-            dispatcher = dispatcher.with_locality(float(locality))
-    if pricing is not None and hasattr(dispatcher, "with_pricing"):
-        try:
-            dispatcher = dispatcher.with_pricing(pricing)
-        except PlacementError as exc:
-            raise RequestError(str(exc)) from None
+    if hasattr(dispatcher, "with_locality"):
+        dispatcher = dispatcher.with_locality(float(profile.locality))
     store.refresh()
     check_model(store, dispatcher)
-    b = _Batch(store, dispatcher, policy, limit, commit, algorithm, model_uri, demand, backfill, max_reservations)
-    b.after_each, b.preempt, b.start_or_wait, b.age_slot = after_each, preempt, start_or_wait, age_slot
-    b.backfill_check = backfill_check
+    b = _Batch(store, dispatcher, profile, limit, commit, model_uri, demand)
+    b.after_each = after_each
     (b.in_one_transaction if commit == "batch" else b.per_request)()
     return b.report
 
 
-def _check_modes(backfill: str, preempt: str, start_or_wait: str, age_slot: str, backfill_check: str) -> None:
-    """Each mode a known one (a one-line RequestError otherwise), before anything is touched."""
-    check_backfill(backfill)
-    check_preempt(preempt)
-    check_start_wait(start_or_wait)
-    check_age_slot(age_slot)
-    check_backfill_check(backfill_check)
-
-
 class _Batch:
-    """One batch run: the placer, the report and the options, and the steps of the loop."""
+    """One batch run: the placer, the report and the profile, and the steps of the loop."""
 
-    def __init__(self, store: Store, dispatcher: Any, policy: str, limit: int | None, commit: str, algorithm: str,
-                 model_uri: str | None, demand: str, backfill: str, max_reservations: int | None) -> None:
-        self.store, self.dispatcher, self.policy, self.limit = store, dispatcher, policy, limit
-        self.algorithm, self.demand, self.backfill, self.max_reservations = algorithm, demand, backfill, max_reservations
+    def __init__(self, store: Store, dispatcher: Any, profile: SchedulerProfile, limit: int | None, commit: str,
+                 model_uri: str | None, demand: str) -> None:
+        self.store, self.dispatcher, self.profile, self.limit = store, dispatcher, profile, limit
+        self.policy, self.backfill = profile.queue_sort, profile.backfill
+        self.algorithm, self.demand = profile.algorithm_for(store.spec), demand
         self.version = model_version_of(dispatcher)
         self.uri = (model_uri or getattr(dispatcher, "model_uri", None)
                     or getattr(getattr(dispatcher, "model", None), "uri", None))
         self.mspec = dispatcher.model.spec  # same fingerprint as the store's; states built on it skip re-hashing
-        self.placer = Placer(self.mspec, dispatcher, algorithm)
-        self.report = BatchReport(None, policy, commit, self.uri, self.version, now(), backfill=backfill)
+        self.placer = Placer(self.mspec, dispatcher, self.algorithm)
+        self.report = BatchReport(None, self.policy, commit, self.uri, self.version, now(), backfill=self.backfill)
         self.book: Book | None = None
         self.preemptor: PreemptPostFilter | None = None
-        self.preempt = self.start_or_wait = self.age_slot = "off"
         self.starter: StartOrWait | None = None
-        self.backfill_check = "set"
-        self.check: SetCheck = SetCheck(self.placer, None)  # how a request may start beside reservations
         self.after_each: Callable[[Outcome], None] | None = None
         self._estimates: Estimates | None = None
 
     def estimates(self, conn: sa.Connection) -> Estimates:
-        """The run-time estimates of this batch, loaded once (the plan, the book, the outlook and
-        preemption each loaded every estimate in the store before)."""
+        """The run-time estimates of this batch, loaded once for the order, the book and preemption."""
         if self._estimates is None:
             self._estimates = Estimates.load_live(conn)
         return self._estimates
@@ -235,7 +177,7 @@ class _Batch:
             self.placer.set_state(state)
             pl = self.plan(load_pending(conn), state, conn)
             report.batch_id = batch_id = self.new_batch(conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
@@ -251,7 +193,7 @@ class _Batch:
         with store.read() as conn:
             state = store.load_state(conn, self.mspec)
             pl = self.plan(load_pending(conn), state, conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -275,44 +217,34 @@ class _Batch:
             .returning(T_BATCH.c.id)
         ).scalar_one())
 
-    def load_book(self, conn: sa.Connection, state: State, pl: _Plan) -> None:
+    def load_book(self, conn: sa.Connection, state: State) -> None:
+        """The PostFilter and Permit plug-ins of the profile, loaded from the store."""
         if self.backfill != "greedy":
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
-                                  self.max_reservations, estimates=self.estimates(conn))
-            self.book.keep_drain_target([p.req for p in pl.queue])  # off unless DRAIN_AFTER_S is finite
-            work = load_overtaken(conn, pl.queue, now()) if self.age_slot == "overtaken" else None
-            reserve_oldest(self.book, pl.queue, self.age_slot, work)
-            self.placer.add_post_filter(ReservationPostFilter(self.book))
-            self.check = CHECKS[self.backfill_check](self.placer, self.book)
-            plugins = self.check.prepare(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
-                                         self.estimates(conn))  # lend: the reclaim of loans (scheduling/loans.py)
-            self.placer.post_filters[:0] = plugins
-            if self.start_or_wait != "off":
-                self.starter = StartOrWait.load(conn, self.book, local=self.start_or_wait == "local")
-        if self.preempt != "off":
-            # asked first: a plan that starts the gang now beats a reservation for later
-            kind = LasPreemptPostFilter if self.policy == "las" else PREEMPTORS[self.preempt]
-            self.preemptor = kind.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
-                                       estimates=self.estimates(conn))
-            self.placer.post_filters.insert(0, self.preemptor)
+                                  self.profile.reservations, estimates=self.estimates(conn))
+            if self.profile.start_or_wait:
+                self.starter = StartOrWait.load(conn, self.book)
+        if self.profile.preempt:
+            self.preemptor = PreemptPostFilter.load(conn, state, Placer(self.mspec, self.dispatcher, self.algorithm),
+                                                    now(), estimates=self.estimates(conn))
+        # in the profile's order: a preemption plan that starts the gang now beats a reservation for later
+        for plugin in (self.preemptor, ReservationPostFilter(self.book) if self.book is not None else None):
+            if plugin is not None:
+                self.placer.add_post_filter(plugin)
 
     def plan(self, loaded: tuple[list[Pending], dict], state: State, conn: sa.Connection) -> _Plan:
         pending, notes = loaded
         self.report.pending_before = len(pending)
         expected = None
-        if self.policy in ESTIMATE_POLICIES:
+        sort = queue_sort(self.policy)
+        if sort.estimates:
             est = self.estimates(conn)
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
-        attained = load_attained(conn) if self.policy == "las" else None
-        queue = order_pending(pending, self.policy, expected, now(), attained)
+        queue = order_pending(pending, self.policy, expected, now())
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
-        if getattr(self.dispatcher, "pricing", "now") != "now":  # the future each placement is priced over
-            est = self.estimates(conn)
-            self.placer.estimates, self.placer.demand = est, self.demand
-            self.placer.outlook = load_outlook(conn, state, est, now(), [(p.req.id, p.req.k) for p in queue])
-        quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
+        quotas = utility_quotas(queue, state.n_free) if sort.quotas else None
         self.report.quotas = quotas
         return _Plan(queue, quotas, notes, max(map(_SEQ, pending), default=0), whole)
 
@@ -367,7 +299,7 @@ class _Batch:
         out = Outcome(req.id, req.tenant, req.k, "deferred", model_version=self.version, at=ts)
         hidden = self.book.hidden_for(req) if self.book is not None else None
         try:
-            sel = self.check.place(req, hidden)
+            sel = placer.place(req, hidden)
         except Deferred as d:  # nothing fits: the PostFilter plug-ins say what to record
             plan = placer.post_filter(req, d, hidden)
             if isinstance(plan, PreemptPlan) and plan.victims:
@@ -388,7 +320,6 @@ class _Batch:
         if res == "skipped":
             out.status, out.detail = "skipped", "no longer pending (taken or cancelled by another process)"
             return out
-        self.check.written(conn, req, ts, out)  # lend: the loan's marker, in the assignment's transaction
         return self.started(req, sel, out)
 
     def preempt_for(self, conn: sa.Connection, p: Pending, plan: PreemptPlan, batch_id: int, out: Outcome) -> Outcome:
@@ -410,13 +341,8 @@ class _Batch:
         for v in plan.victims:
             st = st.without_job(v)
         self.placer.set_state(st)
-        if self.book is not None:
-            self.book.evicted(plan.victims)
-        for f in self.placer.post_filters:  # the planning plug-in counts its plan; the others drop the victims
-            if f.name == plan.plugin and hasattr(f, "evicted"):
-                f.evicted(plan.victims)
-            elif hasattr(f, "forget"):
-                f.forget(plan.victims)
+        for f in self.placer.post_filters:  # the book frees the victims' GPUs; the planner counts its plan
+            f.evicted(plan.victims, planned=f.name == plan.plugin)
         self.report.preempted.append({"request_id": req.id, "victims": list(plan.victims), "detail": plan.detail,
                                       "lost_gpu_h": plan.cost_gpu_h, "at": ts})
         out = self.started(req, plan.selection, out)

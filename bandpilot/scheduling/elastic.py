@@ -1,4 +1,4 @@
-"""How many GPUs should each elastic job have for its next epoch, and which ones? Seed 001's macro
+"""How many GPUs should each elastic job have for its next epoch, and which ones? The entropy-guided scheduling paper's macro
 level: at epoch boundaries the queue redistributes GPUs among the running elastic jobs and the
 pending queue by learning utility, then realises the quotas on concrete GPUs.
 
@@ -55,7 +55,7 @@ from bandpilot.scheduling.elastic_fragments import fill_fragments
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _best_gbps, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.policies import ESTIMATE_POLICIES, order_pending, utility_prior
+from bandpilot.scheduling.policies import order_pending, queue_sort, utility_prior
 from bandpilot.topology.cluster import popcount
 
 
@@ -66,20 +66,20 @@ _RUNNING = (
 )
 
 
-#: Resizes may relocate (README issue 22): measured better on held-out seeds on mean JCT, p95 and
+#: Resizes may relocate (benchmarks/bench_elastic.py): measured better on held-out seeds on mean JCT, p95 and
 #: makespan than growing around the old GPUs only (``rebalance(relocate=False)``, ``--no-relocate``).
 DEFAULT_RELOCATE = True
 
 #: True: growths are priced from the job's collective share at its current size, derived from its
 #: declared share at its requested ``k`` (:func:`current_share`; ``rebalance(current_share=True)``,
 #: ``--current-share``). False (default): the declared share as if it were the share now. Measured
-#: (README issue 22): better makespan everywhere and ``srpt-suspend`` better on every figure, but the
-#: default's mean JCT a tie on seeds 0-9 and 0.35 % worse on held-out seeds 30-39, +36 % CPU at scale.
+#: (benchmarks/bench_elastic.py): better makespan everywhere and ``srpt-suspend`` better on every figure, but the
+#: default's mean JCT a tie on the ten tuning seeds and 0.35 % worse on ten held-out seeds, +36 % CPU at scale.
 CURRENT_SHARE = False
 
 #: True: after admissions, GPUs still free when no request waits are offered to the running jobs at
 #: a boundary, shortest remaining work first, each growth priced as any (``rebalance(fill_idle=True)``,
-#: ``--fill-idle``; README issue 22). A flag: see the README for the measured figures.
+#: ``--fill-idle``). A flag: benchmarks/bench_elastic.py measures it.
 FILL_IDLE = False
 
 
@@ -141,7 +141,7 @@ def rebalance(
             u = r.utility if r.utility is not None else prior
             cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
         expected = None
-        if policy in ESTIMATE_POLICIES:  # sjf/hrrn order by run-time estimates, as the batch does
+        if queue_sort(policy).estimates:  # sjf/hrrn order by run-time estimates, as the batch does
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         order = order_pending(pending, policy, expected, now())
@@ -306,7 +306,7 @@ def _placer(dispatcher: Any, algorithm: str) -> Callable[[State, int], np.ndarra
 
 def _relocations(rnd: _Round, others: State, jid: str, cur: int, b0: float, sizes: list[int], f: float) -> list[Grown]:
     """``relocate``: a resize is a checkpoint-restart (``resize_s``), so the grown generation need
-    not keep the old GPUs. Seed 001 realises each epoch's quotas on concrete nodes afresh; a job
+    not keep the old GPUs. The entropy-guided scheduling paper realises each epoch's quotas on concrete nodes afresh; a job
     that may only grow around its old set stays where it started - at the tail a job at 4 GPUs on
     a shared host cannot take an idle host (growth across the NICs is slower and refused). The
     candidates: a fresh placement (the job's own GPUs counted free) at the growth sizes and at the
@@ -374,7 +374,7 @@ def _fill_idle(conn, rep, state: State, held: dict[str, np.ndarray], rnd: _Round
     """``fill_idle``: the GPUs still free after the quotas' resizes and the admissions, when no
     request waits (nobody pending can use them this round), are offered to the jobs at this boundary
     in ``order`` (shortest remaining work first), each up to ``max_k``, priced as any growth. Why
-    (README issue 22, the srpt-suspend tail): with two J1 jobs left on 32 GPUs the leftovers' rule
+    (the srpt-suspend tail): with two J1 jobs left on 32 GPUs the leftovers' rule
     gives the shorter one 24, the pricer takes 16 (24 over three hosts is slower) and 8 GPUs idled
     for ~1 h beside the other J1 at 8 on one host, whose growth was never priced. Jobs resized or
     priced for growth this round are skipped (the same candidates were just priced)."""

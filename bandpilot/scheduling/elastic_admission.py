@@ -1,4 +1,4 @@
-"""Who joins the next epoch's GPU quotas, and with how many GPUs? Seed 001's quotas (eq. 31) and the
+"""Who joins the next epoch's GPU quotas, and with how many GPUs? The entropy-guided scheduling paper's quotas (eq. 31) and the
 admission rules of :mod:`bandpilot.scheduling.elastic` as a plug-in registry (:data:`ADMISSIONS`).
 
 *Quotas* (:func:`elastic_quotas`): the GPUs in play ``G`` (free ones plus those of the running jobs
@@ -13,7 +13,7 @@ at an epoch boundary) are shared ``G · U_j / Σ U`` over the jobs admitted, cla
 * ``srpt`` (SRTF-like, a flag: not the seed's): pending requests in order of estimated remaining
   work (:mod:`bandpilot.scheduling.elastic_remaining`); a newcomer claims half its ``k``, the jobs
   admitted with less remaining work keep their size against it, those with more yield to ``min_k``;
-* ``idle`` (seed 001 Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
+* ``idle`` (the entropy-guided scheduling paper Sec. 4.5 as written: "the scheduler selects the highest-scoring job that fits
   within the currently idle GPUs"): the requested ``k`` fits the GPUs idle now - running jobs are
   never shrunk to make room for a newcomer, only re-shared among the admitted by utility.
 
@@ -79,7 +79,7 @@ class Admission:
 
 
 #: Admission rules by name (``rebalance(admission=...)``, ``simulate --admission``). ``fit-k`` is the
-#: default (best measured, README issue 22): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
+#: default (best measured: benchmarks/bench_elastic.py): admitting the queue at ``min_k`` runs ~2.5x as many jobs at
 #: once, every one slowly - processor sharing, which on a burst doubles mean JCT against first come,
 #: first served - and crowds the NICs; ``idle`` (the seed's text) lets 16-GPU jobs starve behind
 #: smaller ones, as greedy backfill does.
@@ -89,14 +89,14 @@ ADMISSIONS = {a.name: a for a in (
     Admission("min-k", lambda c, n: c.lo, True,
               "while min_k fits, then the leftovers (every request that fits runs, small)"),
     Admission("idle", lambda c, n: max(c.lo, min(c.k, n)), False,
-              "seed 001's text: while the requested k fits the GPUs idle now (running jobs are not shrunk for it)",
+              "the entropy-guided scheduling paper's text: while the requested k fits the GPUs idle now (running jobs are not shrunk for it)",
               idle_only=True),
-    # SRTF-like admission (README issue 22): a newcomer claims half its k; the admitted jobs with less
+    # SRTF-like admission (benchmarks/bench_elastic.py): a newcomer claims half its k; the admitted jobs with less
     # remaining work than it keep their size against it, those with more yield to their min_k
     Admission("srpt", lambda c, n: max(c.lo, min(c.k // 2, n)), False,
               "by remaining work: jobs with less remaining keep their size, the others yield to min_k; "
               "a newcomer claims half its k", srpt=True),
-    # fewer jobs at once (README issue 22, flags): shortest remaining work first, one host's worth
+    # fewer jobs at once (flags; benchmarks/bench_elastic.py): shortest remaining work first, one host's worth
     # each; running jobs keep min_k (srpt-host) or are suspended to 0 at their boundary (srpt-suspend)
     Admission("srpt-host", lambda c, n: c.lo, False,
               "by remaining work, each up to one host's GPUs; running jobs keep their min_k", srpt=True, host_srpt=True),

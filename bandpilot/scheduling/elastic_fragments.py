@@ -1,12 +1,11 @@
 """GPUs an elastic round leaves idle while requests wait: fill them with a waiting job's smaller legal
-size. The ``srpt-fill`` admission rule of :mod:`bandpilot.scheduling.elastic_admission` (a flag,
-README issue 22).
+size. The ``srpt-fill`` admission rule of :mod:`bandpilot.scheduling.elastic_admission` (a flag).
 
-Why, measured (seed 001's 50 jobs, ``srpt-suspend --current-share``, seeds 0-2): the quotas count
+Why, measured (the entropy-guided scheduling paper's 50 jobs, ``srpt-suspend --current-share``, three seeds): the quotas count
 GPUs for every claim, but a counted growth the pricer then refuses (2 -> 4 that could only cross a
 NIC once another job took the one-host room) or an admission that finds no placement leaves them
 free, and nothing else is admitted until the next round - which the simulator skips while nothing
-changes (455 s for 2 GPUs once on seed 2; 0.2-0.7 GPU-h a seed while jobs wait). After the round's
+changes (455 s for 2 GPUs once on one seed; 0.2-0.7 GPU-h a seed while jobs wait). After the round's
 resizes and admissions, the requests still waiting are offered what is free, shortest remaining work
 first (the order the ``srpt`` rules admit by), each at the largest size of its range up to its claim
 that fits the roomiest host's free GPUs (at least its ``min_k``; one host: beyond it the collective

@@ -1,7 +1,7 @@
 """heSRPT quotas with suspension: every job (running at a boundary or pending) gets the share of the
 GPUs that minimises mean completion time when speed grows as ``k^p`` (Berg, Vesilo, Harchol-Balter,
 "heSRPT", 2020), by its rank in remaining work - the ``hesrpt-suspend`` admission rule of
-:mod:`bandpilot.scheduling.elastic_admission` (a flag, README issue 22: not seed 001's rule).
+:mod:`bandpilot.scheduling.elastic_admission` (a flag, not the entropy-guided scheduling paper's rule).
 
 Why: ``srpt-suspend`` gives each job a fixed claim (2 x ``min_k``) in order of remaining work; the
 mean-JCT optimum for a concave speedup instead shares the GPUs among *all* jobs, the shortest getting
@@ -11,7 +11,7 @@ the most. With the jobs in order of remaining work, largest first (``i = 1 .. N`
 
 of the GPUs (the shortest ``1 - ((N-1)/N)^c``). ``p`` is the speedup exponent (:data:`SPEEDUP_P`): the
 runtime model's curve on one host (compute at η = 0.9 per doubling plus a ring collective) grows
-about as ``k^0.5 .. k^0.75`` for seed 001's job types, so the shares are far flatter than the
+about as ``k^0.5 .. k^0.75`` for the entropy-guided scheduling paper's job types, so the shares are far flatter than the
 compute-only ``k^0.85`` would make them.
 
 *Integer quotas*: in order of remaining work (shortest first), each job takes its share plus what the
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-#: The speedup exponent ``p`` of ``k^p`` the shares assume (module docstring; tuned on seeds 0-9,
-#: README issue 22).
+#: The speedup exponent ``p`` of ``k^p`` the shares assume (module docstring; tuned on ten seeds
+#: of benchmarks/bench_elastic.py).
 SPEEDUP_P = 0.6
 
 #: A running job keeps its size while its new quota stays within this factor of it: every resize is a
 #: checkpoint-restart (``resize_s``), and heSRPT shares move at every arrival and completion (measured,
-#: README issue 22: without it ~720 resizes per 50 jobs).
+#: measured: without it ~720 resizes per 50 jobs).
 KEEP_FACTOR = 3.0
 
 

@@ -1,6 +1,6 @@
 """Claims by marginal gain: how many GPUs should each job ask for, given the jobs waiting behind it?
-The ``srpt-marginal`` admission rule of :mod:`bandpilot.scheduling.elastic_admission` (a flag, README
-issue 22: not seed 001's rule).
+The ``srpt-marginal`` admission rule of :mod:`bandpilot.scheduling.elastic_admission` (a flag,
+not the entropy-guided scheduling paper's rule).
 
 Why: ``srpt-suspend`` gives every job a fixed claim of 2 x ``min_k``. For the sum of completion
 times on a pool of ``G`` GPUs, a job that runs at ``k`` GPUs for ``t(k)`` finishes ``t(k)`` after it

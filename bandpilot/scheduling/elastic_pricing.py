@@ -1,5 +1,5 @@
 """Which growth or admission of an elastic job is worth it? Pricing plug-ins for
-:mod:`bandpilot.scheduling.elastic` (issue 22: "the model prices ``B(S ∪ new)`` under contention").
+:mod:`bandpilot.scheduling.elastic` (the model prices ``B(S ∪ new)`` under contention).
 
 The elastic round proposes candidates - a running job's grown GPU sets at a few sizes, a pending
 job's placements at a few sizes - and a *pricer* (:data:`PRICERS`) picks one, or none:

@@ -1,10 +1,10 @@
 """Fewer elastic jobs at once, each on up to one host, shortest remaining work first - and, as an
 option, suspension to 0 GPUs at an epoch boundary. The ``srpt-host`` and ``srpt-suspend`` admission
-rules of :mod:`bandpilot.scheduling.elastic_admission` (flags, README issue 22: not seed 001's rule).
+rules of :mod:`bandpilot.scheduling.elastic_admission` (flags, not the entropy-guided scheduling paper's rule).
 
 Why: under ``fit-k`` every admitted job keeps at least its ``min_k``, so once the burst is in, ~14
-jobs run at once at their floors (processor sharing) and the quota weights decide little. Seed
-001's own quotas (eq. 31, ``G · U_j / Σ U`` rounded to integers) have no floor: a job may get 0.
+jobs run at once at their floors (processor sharing) and the quota weights decide little. The entropy-guided
+scheduling paper's own quotas (eq. 31, ``G · U_j / Σ U`` rounded to integers) have no floor: a job may get 0.
 
 *Quotas* (:func:`srpt_quotas`): every candidate (running ones at a boundary and pending ones) in
 order of estimated remaining work (:mod:`bandpilot.scheduling.elastic_remaining`) claims
@@ -37,7 +37,7 @@ def _snap_down(lo: int, hi: int, step: int, x: int) -> int:
 
 
 #: A job's claim is this many times its ``min_k`` (within ``max_k`` and one host): measured on seed
-#: 001's workload (README issue 22), 2 beat ``min_k`` itself, 3x, the requested ``k`` and a whole host -
+#: 001's workload (benchmarks/bench_elastic.py), 2 beat ``min_k`` itself, 3x, the requested ``k`` and a whole host -
 #: small gangs are cheaper in GPU-hours at η < 1, but a job at its floor runs slowly for hours.
 CLAIM_FACTOR = 2
 
@@ -70,7 +70,7 @@ def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bo
         elif c.running:
             out[c.id] = base  # its floor (srpt-host) or 0: suspended
     # nothing waits (no pending job left out, none suspended): what is left grows the shortest, up to
-    # max_k (the pricer still refuses a growth that does not pay). Measured (README issue 22): at 2,000
+    # max_k (the pricer still refuses a growth that does not pay). Measured (benchmarks/bench_elastic.py): at 2,000
     # jobs on 1,024 mostly idle GPUs, claims alone leave large jobs at min_k (-16 % vs FIFO; -28 % with this)
     if all(out.get(c.id, 0) > 0 for c in cands):
         if keep:

@@ -12,9 +12,7 @@ import numpy as np
 from bandpilot.dispatch.state import State
 from bandpilot.errors import BandPilotError, ModelError, PlacementError, RequestError
 from bandpilot.queue.clock import now
-from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.outcomes import Outcome, short_detail
-from bandpilot.scheduling.outlook import attach, run_time
 from bandpilot.scheduling.postfilter import Plan, PostFilter, RecordReason, Unschedulable, run_post_filters
 from bandpilot.queue.requests import Request, validate_request
 from bandpilot.dispatch.constraints import Constraints
@@ -61,11 +59,6 @@ class Placer:
         self._never: dict[tuple[int, str], str | None] = {}
         self._valid: set[tuple[int, str]] = set()
         self.post_filters: list[PostFilter] = [RecordReason()]  # "nothing fits" plug-ins, default last
-        #: lifetime pricing (:mod:`bandpilot.scheduling.outlook`): the future each placement is priced
-        #: over, with the run-time estimates that give each request its horizon; None: priced now
-        self.outlook: Any = None
-        self.estimates: Estimates | None = None
-        self.demand = "full"  # the demand model a request presses on shared NICs by (lifetime pricing)
 
     def add_post_filter(self, plugin: PostFilter) -> None:
         """Register a "nothing fits" plug-in (:mod:`bandpilot.scheduling.postfilter`); plug-ins are asked
@@ -185,8 +178,6 @@ class Placer:
         # allowed_gpus is applied through the view; a plain cluster's single_domain by the loop over domains
         cons = replace(c, allowed_gpus=None, allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
                        single_domain=c.single_domain and bool(self.spec.nvlink_domains))
-        if self.outlook is not None:
-            view = attach(self.outlook, view, req, run_time(self.estimates, req), self.demand)
         try:
             if req.shape is not None:  # shape-aware search unless the placer was told a shape baseline
                 alg = self.algorithm if self.algorithm in ("blind", "segment", "shape") else None
@@ -227,5 +218,3 @@ class Placer:
         assert self.state is not None
         self.state = self.state.with_job(req.id, gpus, demand)
         self._n_free = self.state.n_free
-        if self.outlook is not None:
-            self.outlook = self.outlook.started(req.id, run_time(self.estimates, req), req.comm_fraction)

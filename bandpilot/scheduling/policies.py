@@ -3,7 +3,7 @@
 Policies order the pending requests: ``fifo`` (submit time), ``priority`` (higher first, then FIFO),
 ``sjf`` (shortest expected run time first, :mod:`bandpilot.queue.learning` estimates; requests
 without one after, FIFO) and ``utility`` (higher job utility first; when the queued demand exceeds the free GPUs, each
-tenant gets a GPU quota proportional to its requests' utility, seed 001 eq. 31, and requests over
+tenant gets a GPU quota proportional to its requests' utility, the entropy-guided scheduling paper eq. 31, and requests over
 their tenant's quota only get what is left after everyone within quota). Every request in the
 order is tried (backfill): one that does not fit is deferred with its reason and a later, smaller
 one may still be placed.
@@ -27,55 +27,12 @@ from bandpilot.dispatch.constraints import Constraints
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
-POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn", "hrrn-aged", "hrrn-sized", "hrrn-jct", "las")
-#: Policies that order by run-time estimates (:mod:`bandpilot.scheduling.estimates`).
-ESTIMATE_POLICIES = ("sjf", "hrrn", "hrrn-aged", "hrrn-sized", "hrrn-jct")
 #: ``hrrn`` ages a request whose expected run time is longer than this as if it were this long, so
 #: its response ratio grows at least ``wait / 8 h`` (a long gang no longer waits ~1.6x its own run
-#: time behind a stream of short jobs). Measured (README, issue 21; 2 seeds x 2 demand models):
+#: time behind a stream of short jobs). Measured (the mixed workload, 2 seeds x 2 demand models):
 #: uncapped 4.64 / 4.54 h mean, max 86 / 62 h; 8 h: 4.04 / 4.20 h, max 57 / 58 h; 4-5 h: max
 #: 45-49 h but the ``full`` mean rises to ~5.1 h.
 HRRN_AGE_CAP_S = 8 * 3600.0
-#: ``hrrn-aged``: ``hrrn`` plus starvation aging (Slurm's priority aging on top of the response
-#: ratio): past ``HRRN_STARVE_S`` of waiting a request's ratio also grows by ``(wait -
-#: HRRN_STARVE_S) / HRRN_STARVE_RATE_S``, so a long request that fresh short ones keep overtaking
-#: climbs steeply once it starves instead of at ``wait / 8 h``. Measured (README, issue 21, "the
-#: largest JCT"; 24 seeds): the largest JCT 5 % below Slurm-like's, but the mean ~10 % above plain
-#: hrrn's and seeds 8-15 miss the mean / p95 targets - a named policy, not the default.
-HRRN_STARVE_S = 12 * 3600.0
-HRRN_STARVE_RATE_S = 0.1 * 3600.0
-#: ``hrrn-sized``: ``hrrn-aged`` whose starvation clock starts later for a gang of more than
-#: ``HRRN_BIG_GANG`` GPUs (at ``HRRN_STARVE_BIG_S``) than for a smaller one (at ``HRRN_STARVE_S``).
-#: Why: a starving small gang that climbs the order takes only its own GPUs, but a starving
-#: whole-cluster gang that climbs it holds a reservation that drains the cluster, and every job
-#: queued behind it waits for the longest running one to end - ``hrrn-aged``'s mean JCT cost. Aging
-#: only the small gangs (never the large) kept the default's mean but not its maximum (the
-#: largest JCT is then a 32-GPU gang on 2 of 8 seeds); 24 h for the large was measured too. Over 24
-#: seeds: max 6 % / 2 % below Slurm-like's, mean 8 % above the default's under ``full``, and every
-#: target missed on seeds 8-15; on held-out seeds 24-31 the queue collapses on two seeds (as under
-#: ``hrrn-aged``) and every target is missed - a named policy, not the default (README, issue 21,
-#: "Fifth round").
-HRRN_STARVE_BIG_S = 18 * 3600.0
-HRRN_BIG_GANG = 16
-#: ``hrrn-jct`` (README issue 21, "Ninth round"): ``hrrn`` whose numerator is the request's whole
-#: projected JCT, ``(wait + expected) / min(expected, HRRN_AGE_CAP_S)``. Identical to ``hrrn`` for a
-#: request expected to run at most the cap; a longer one starts at ``expected / cap`` instead of 1.
-#: Why (traced on seeds 0-7): where the default's largest JCT exceeds Slurm-like's, it is usually a
-#: 2-8 GPU job with a 24-47 h limit - it can never backfill (its run overlaps every reservation) and
-#: its capped ratio ``1 + wait / 8 h`` wins a reservation only after 15-66 h, while Slurm-like's FIFO
-#: starts it after 3-20 h. Its JCT is its wait plus a long run, so rank it by that sum. A padded limit
-#: buys priority here (stated, like the projected age slot's): it is a named policy, not the default.
-#: ``las`` (Tiresias' discretised 2D-LAS): GPU-seconds of service received that move a request to
-#: the next, lower-priority level (FIFO within a level, so two jobs of one level never preempt each
-#: other). Chosen once (1 and 16 GPU-hours, around the mixed workload's median and p90 job), not tuned.
-LAS_THRESHOLDS_GPU_S = (1 * 3600.0, 16 * 3600.0)
-
-
-def las_level(attained_gpu_s: float) -> int:
-    """The 2D-LAS level of a job that has received ``attained_gpu_s`` GPU-seconds (0 = highest)."""
-    return sum(attained_gpu_s >= t for t in LAS_THRESHOLDS_GPU_S)
-
-
 @dataclass(frozen=True)
 class Pending:
     req: Request
@@ -127,55 +84,64 @@ def utility_prior(pending: Sequence[Pending]) -> float:
 _FIFO_KEY = operator.attrgetter("submitted_at", "seq")
 
 
+@dataclass(frozen=True)
+class QueueSort:
+    """A QueueSort plug-in (the first extension point of a scheduler profile): the order pending
+    requests are tried in. ``order(pending, expected, now)`` returns them sorted; ``expected`` holds
+    the run-time estimates when ``estimates`` is set (else it is empty); ``quotas``: the batch gives
+    each tenant a GPU quota by utility (:func:`utility_quotas`) when requests compete."""
+
+    name: str
+    order: Callable[[Sequence[Pending], Mapping[str, float], float | None], list[Pending]]
+    doc: str
+    estimates: bool = False
+    quotas: bool = False
+
+
+_SORTS: dict[str, QueueSort] = {}
+
+
+def register_queue_sort(sort: QueueSort) -> QueueSort:
+    """Add a QueueSort plug-in; a profile may then name it (``queue_sort: NAME``)."""
+    if sort.name in _SORTS:
+        raise ValueError(f"queue sort {sort.name!r} is already registered")
+    _SORTS[sort.name] = sort
+    return sort
+
+
+def queue_sorts() -> tuple[str, ...]:
+    """The registered QueueSort names, in registration order."""
+    return tuple(_SORTS)
+
+
+def queue_sort(name: str) -> QueueSort:
+    """The QueueSort plug-in ``name``; an unknown one is a one-line :class:`RequestError`."""
+    try:
+        return _SORTS[name]
+    except KeyError:
+        raise RequestError(f"unknown policy {name!r}: use one of {', '.join(_SORTS)}") from None
+
+
 def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None,
-                  now: float | None = None, attained: Mapping[str, float] | None = None) -> list[Pending]:
-    """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
-    FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
-    ``utility`` (higher job utility first, then priority, then FIFO), ``hrrn`` (highest response
-    ratio ``(wait + expected) / expected`` first, the expected run time capped at
-    :data:`HRRN_AGE_CAP_S`: short jobs go early like sjf, and a long one's ratio grows while it
-    waits at least as fast as a job of the cap's length, so it cannot starve behind short ones;
-    unknown ones last, FIFO), ``hrrn-aged`` (``hrrn`` whose ratio also grows by one per
-    :data:`HRRN_STARVE_RATE_S` waited beyond :data:`HRRN_STARVE_S`), ``las`` (least attained
-    service, Tiresias' 2D-LAS: by the level of the GPU-seconds ``attained[id]`` a request received before it was preempted, then FIFO;
-    :mod:`bandpilot.scheduling.las` preempts the most-attained jobs for it)."""
-    if policy == "hrrn":
-        return _hrrn(pending, expected or {}, now, lambda p: math.inf, 1.0)
-    if policy == "hrrn-aged":
-        return _hrrn(pending, expected or {}, now, lambda p: HRRN_STARVE_S, HRRN_STARVE_RATE_S)
-    if policy == "hrrn-sized":
-        return _hrrn(pending, expected or {}, now, _sized_starve, HRRN_STARVE_RATE_S)
-    if policy == "hrrn-jct":
-        return _hrrn(pending, expected or {}, now, lambda p: math.inf, 1.0, projected=True)
-    if policy == "las":
-        got = attained or {}
-        return sorted(pending, key=lambda p: (las_level(got.get(p.req.id, 0.0)), p.submitted_at, p.seq))
-    if policy == "fifo":
-        return sorted(pending, key=_FIFO_KEY)
-    if policy == "sjf":
-        exp = expected or {}
-        return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))
-    if policy == "priority":
-        return sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq))
-    if policy == "utility":
-        prior = utility_prior(pending)
-        return sorted(
-            pending,
-            key=lambda p: (-(p.req.utility if p.req.utility is not None else prior), -p.req.priority, p.submitted_at, p.seq),
-        )
-    raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+                  now: float | None = None) -> list[Pending]:
+    """``pending`` in the order of the QueueSort plug-in ``policy`` (the built-ins below)."""
+    return queue_sort(policy).order(pending, expected or {}, now)
 
 
-def _sized_starve(p: Pending) -> float:
-    """``hrrn-sized``: when a request starts to age as starving - a gang larger than
-    :data:`HRRN_BIG_GANG` later (its start drains that many GPUs), a smaller one at :data:`HRRN_STARVE_S`."""
-    return HRRN_STARVE_BIG_S if p.req.k > HRRN_BIG_GANG else HRRN_STARVE_S
+def _sjf(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
+    return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))
 
 
-def _hrrn(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None,
-          starve: Callable[[Pending], float], rate: float, projected: bool = False) -> list[Pending]:
-    """``hrrn`` order; ``starve(p)`` / ``rate``: the starvation aging of ``hrrn-aged`` and
-    ``hrrn-sized`` (``inf``: none); ``projected``: ``hrrn-jct`` (the uncapped estimate in the numerator)."""
+def _utility(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
+    prior = utility_prior(pending)
+    return sorted(
+        pending,
+        key=lambda p: (-(p.req.utility if p.req.utility is not None else prior), -p.req.priority, p.submitted_at, p.seq),
+    )
+
+
+def _hrrn(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
+    """``hrrn`` order: the response ratio with the expected run time capped at :data:`HRRN_AGE_CAP_S`."""
     t = max((p.submitted_at for p in pending), default=0.0) if now is None else now
     cap = HRRN_AGE_CAP_S
 
@@ -185,13 +151,28 @@ def _hrrn(pending: Sequence[Pending], exp: Mapping[str, float], now: float | Non
             return 0.0
         capped = max(min(e, cap), 1e-9)
         wait = max(0.0, t - p.submitted_at)
-        return (wait + (e if projected else capped)) / capped + max(0.0, wait - starve(p)) / rate
+        return (wait + capped) / capped
 
     return sorted(pending, key=lambda p: (p.req.id not in exp, -ratio(p), p.submitted_at, p.seq))
 
 
+for _sort in (
+    QueueSort("fifo", lambda pending, exp, now: sorted(pending, key=_FIFO_KEY), "submit time, then arrival"),
+    QueueSort("priority", lambda pending, exp, now: sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq)),
+              "higher priority first, then FIFO"),
+    QueueSort("sjf", _sjf, "shortest expected run time first; requests without an estimate last, FIFO", estimates=True),
+    QueueSort("utility", _utility, "higher job utility first, then priority, then FIFO; per-tenant GPU quotas by "
+              "utility when requests compete", quotas=True),
+    QueueSort("hrrn", _hrrn, "highest response ratio (wait + expected) / expected first, the expected run time capped "
+              "at 8 h: short jobs go early like sjf, and a long one cannot starve behind them", estimates=True),
+):
+    register_queue_sort(_sort)
+#: The built-in QueueSort plug-ins.
+POLICIES = queue_sorts()
+
+
 def utility_quotas(pending: Sequence[Pending], n_free: int) -> dict[str, int] | None:
-    """Per-tenant GPU quotas proportional to utility when requests compete (seed 001, eq. 31).
+    """Per-tenant GPU quotas proportional to utility when requests compete (the entropy-guided scheduling paper, eq. 31).
 
     Each request's share of the free GPUs is ``F * U_j / sum U``; a tenant's quota is the sum over
     its requests, made integer by largest remainders so quotas add up to ``F`` exactly. ``None``

@@ -3,7 +3,7 @@ framework: after the Filter step (:meth:`Constraints.filter <bandpilot.dispatch.
 and the dispatcher leave no placement for a request, the placer calls its PostFilter plug-ins, in
 order, until one returns a :class:`Plan`.
 
-Interface (a :class:`PostFilter` is any object with ``name`` and ``post_filter``):
+Interface (a :class:`PostFilter` is any object with ``name``, ``post_filter`` and ``evicted``):
 
 * **input** - one :class:`Unschedulable`: the request, the in-memory state the placer tried it on
   (earlier assignments of the batch included), and why it did not fit (``status`` ``deferred`` or
@@ -13,12 +13,14 @@ Interface (a :class:`PostFilter` is any object with ``name`` and ``post_filter``
   A plan carries the reason and detail stored on the request row and shown by ``queue show`` /
   the API, and optionally ``victims``: running jobs to evict so the request fits (preemption).
   A plug-in must not write: the batch loop owns the transaction and acts on the plan.
+* **after an eviction** - ``evicted(ids, planned)``: every plug-in is told which running jobs a
+  carried-out plan evicted (``planned``: the plan was this plug-in's), so none plans with them again.
 
-Plug-ins, first to last: under ``--preempt on`` the preemption plug-in
+Plug-ins, first to last: with a profile's ``preempt`` the preemption plug-in
 (:class:`~bandpilot.scheduling.preemption.PreemptPostFilter`, asked first: a plan that starts the
 gang now beats a reservation for later), those added with :meth:`Placer.add_post_filter
 <bandpilot.scheduling.placer.Placer.add_post_filter>` (the backfill book's
-:class:`ReservationPostFilter` under ``--backfill easy|conservative``), then the default
+:class:`ReservationPostFilter` under ``easy`` / ``conservative`` backfill), then the default
 :class:`RecordReason`, which always answers and records why nothing fit (the deferral's own reason
 and detail, as stored before this extension point existed). A plan with victims is carried out by
 the batch loop (:func:`~bandpilot.scheduling.preemption.evict` and the gang's assignment, one savepoint).
@@ -67,6 +69,10 @@ class PostFilter(Protocol):
         """A plan for ``u``, or None to let the next plug-in answer. Never writes."""
         ...
 
+    def evicted(self, ids: tuple[str, ...], planned: bool) -> None:
+        """A carried-out plan evicted the running jobs ``ids`` (``planned``: the plan was this plug-in's)."""
+        ...
+
 
 class RecordReason:
     """The default, last plug-in: record why nothing fit (the deferral's reason and detail)."""
@@ -75,6 +81,9 @@ class RecordReason:
 
     def post_filter(self, u: Unschedulable) -> Plan:
         return Plan(self.name, u.reason, u.detail)
+
+    def evicted(self, ids: tuple[str, ...], planned: bool) -> None:
+        """Nothing to forget: it plans with nothing."""
 
 
 class ReservationPostFilter:
@@ -94,6 +103,10 @@ class ReservationPostFilter:
         if (note.reason, note.detail) == (u.reason, u.detail):
             return None
         return Plan(self.name, note.reason, note.detail)
+
+    def evicted(self, ids: tuple[str, ...], planned: bool) -> None:
+        """The evicted jobs' GPUs are free now: the book plans with them."""
+        self.book.evicted(ids)
 
 
 def run_post_filters(plugins: list[Any], u: Unschedulable) -> Plan:

@@ -29,7 +29,6 @@ targeted set has to be carried across batches. At most ``max_plans`` plans per b
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +36,8 @@ import numpy as np
 import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
-from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
-from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GPUS, T_JOBS, T_REQ
+from bandpilot.queue.schema import T_AUDIT, T_JOBS, T_REQ
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.placer import Deferred, Placer, merit
 from bandpilot.scheduling.postfilter import Plan, Unschedulable
@@ -47,7 +45,6 @@ from bandpilot.scheduling.requeue import requeue_running
 from bandpilot.topology.cluster import popcount
 from bandpilot.topology.domains import domain_index
 
-PREEMPT_MODES = ("off", "on", "leader", "overrun")  # leader / overrun: bandpilot.scheduling.leader_preempt / overrun_preempt
 #: A gang that has waited this long may evict preemptible jobs of equal priority.
 STARVE_S = 4 * 3600.0
 #: Plans whose cost is within this share of the cheapest are ranked by predicted bandwidth.
@@ -58,10 +55,6 @@ MAX_PLANS = 1
 MAX_VICTIMS = 16
 #: Regions (domains/hosts as seeds) planned per gang: one preemption plan stays well under a second.
 MAX_REGIONS = 32
-
-
-def check_preempt(mode: str) -> str:
-    return one_of(mode, PREEMPT_MODES, "preempt mode")
 
 
 @dataclass
@@ -107,8 +100,6 @@ class PreemptPlan(Plan):
     selection: Any = None  # the placement the plan was scored with (written as is)
     cost_gpu_h: float = 0.0
     remaining: tuple[tuple[str, float | None], ...] = ()  # (victim, expected remaining run time)
-    attained: tuple[tuple[str, float], ...] = ()  # (victim, GPU-seconds it ran this time): LAS's service received
-    action: str = "preempt"  # the audit row's action (``reclaim``: a loan taken back, bandpilot.scheduling.loans)
 
 
 class PreemptPostFilter:
@@ -146,15 +137,12 @@ class PreemptPostFilter:
             return [(str(self.dom_names[d]), np.flatnonzero(self.dom_ids == d)) for d in range(len(self.dom_names))]
         return [(h.name, np.array([i])) for i, h in enumerate(self.spec.hosts)]
 
-    def evicted(self, ids: tuple[str, ...]) -> None:
-        """The batch carried this plug-in's plan out: its victims are no longer running."""
-        self.forget(ids)
-        self.plans += 1
-
-    def forget(self, ids: tuple[str, ...]) -> None:
-        """Another plug-in's plan evicted ``ids``: they are no longer candidates."""
+    def evicted(self, ids: tuple[str, ...], planned: bool) -> None:
+        """A plan evicted ``ids``: they are no longer candidates; this plug-in's own plans are counted
+        (at most ``max_plans`` a batch)."""
         for v in ids:
             self.cands.pop(v, None)
+        self.plans += planned
 
     # -- planning -------------------------------------------------------------------------------
     def post_filter(self, u: Unschedulable) -> Plan | None:
@@ -173,8 +161,7 @@ class PreemptPostFilter:
         detail = (f"evict {', '.join(v.id for v in victims)}; admit {req.id} on {name}: "
                   f"{pred} predicted ({why}; {cost:.2f} GPU-h lost)")
         return PreemptPlan(self.name, "preempted", detail, tuple(v.id for v in victims), sel, cost,
-                           tuple((v.id, v.remaining_s(self.now)) for v in victims),
-                           tuple((v.id, v.k * max(0.0, self.now - v.started_at)) for v in victims))
+                           tuple((v.id, v.remaining_s(self.now)) for v in victims))
 
     def eligible(self, req: Request) -> tuple[list[Candidate], str]:
         """Victims ``req`` may evict and why: lower priority, or equal when ``req`` is starving."""
@@ -255,9 +242,8 @@ def evict(conn: sa.Connection, plan: PreemptPlan, gang: Request, ts: float) -> N
                                remaining_s=remaining, ts=ts):
             raise EvictionConflict(f"victim {vid!r} is no longer running")
     conn.execute(sa.insert(T_AUDIT).values(
-        at=ts, actor="scheduler", action=plan.action, target=gang.id, outcome="ok",
-        detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h,
-                           "attained_gpu_s": dict(plan.attained)}, sort_keys=True)))
+        at=ts, actor="scheduler", action="preempt", target=gang.id, outcome="ok",
+        detail=json.dumps({"detail": plan.detail, "victims": list(plan.victims), "lost_gpu_h": plan.cost_gpu_h}, sort_keys=True)))
 
 
 class EvictionConflict(Exception):

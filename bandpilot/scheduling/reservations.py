@@ -14,10 +14,6 @@ backfill, with Slurm's ``sched/backfill`` as the reference.
 * ``conservative`` - every blocked gang (up to ``max_reservations``) gets a reservation that
   respects the earlier ones, so no reserved gang is delayed by a later one.
 
-* drain target (off unless :data:`DRAIN_AFTER_S` is finite; measured worse than plain EASY on
-  issue 21's mixed workload, README "Drain target") - last batch's EASY holder that has waited that
-  long is reserved first and keeps the slot until it starts, whatever the policy order says now.
-
 Reservations are recomputed from scratch by every batch, stored (``bp_reservations``) and shown.
 They plan with estimates and never enforce them: a job that outlives its estimate is expected to
 end any moment, and the reservation simply moves. Bandwidth is used to choose the reserved GPUs,
@@ -29,9 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import numpy as np
 import sqlalchemy as sa
@@ -51,24 +46,6 @@ BACKFILL_MODES = ("greedy", "easy", "conservative")
 MAX_CONSERVATIVE = 16
 #: Candidate start times tried per reservation (the earliest running-job ends).
 MAX_STEPS = 64
-#: Drain target (issue 21 item 6, "keep a targeted domain targeted across batches"): a gang that
-#: held the EASY reservation last batch and has waited at least this long keeps it - it is reserved
-#: first, before the policy order is walked, until it starts - so a request that overtakes it in
-#: ``hrrn`` order can no longer take the slot and undo the drain of its GPUs. ``inf`` = off (the
-#: default: measured in the README, issue 21, "Drain target").
-DRAIN_AFTER_S = math.inf
-#: A request backfills onto a drain target's GPUs only if it would end before the target's start
-#: even when it runs this many times its estimate: nothing is killed at a time limit here (unlike
-#: Slurm), so an underestimated backfill postpones the drain (measured: seed 0, 16 of the 38 jobs
-#: backfilled during one 16 h whole-cluster drain overran their limit). 3 = issue 21's stated
-#: estimate error ("off by up to 3x"). 1 = plain EASY.
-DRAIN_ESTIMATE_SLACK = 1.0
-#: Delay budget (issue 21, the largest JCT; Slurm's ``bf_window`` bounds how far ahead backfill plans,
-#: this bounds how much a backfill may cost a reservation): a request that has waited longer than a
-#: reservation's holder may start now on its GPUs if it is expected to end at most this long after
-#: the reservation's start - a small long-waiting gang plans into the shadow of a younger gang's
-#: reservation. 0 = off (the default; plain EASY / conservative protection).
-DELAY_BUDGET_S = 0.0
 
 
 def check_backfill(mode: str) -> str:
@@ -85,17 +62,13 @@ class Reservation:
     mask: np.ndarray = field(repr=False)
     predicted_gbps: float | None
     expected_s: float | None
-    drain: bool = False  # a drain target: kept by this gang across batches until it starts
-    submitted_at: float | None = None  # the holder's submission (the delay budget compares waits)
-    req: Request | None = field(default=None, repr=False, compare=False)  # the holder (a replan re-places it)
 
     @property
     def end_at(self) -> float:
         return math.inf if self.expected_s is None else self.start_at + self.expected_s
 
     def describe(self) -> str:
-        kept = " (drain target, kept until it starts)" if self.drain else ""
-        return f"reserved{kept}: {describe_reservation(self.to_dict())}"
+        return f"reserved: {describe_reservation(self.to_dict())}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "k": self.k, "rank": self.rank, "start": iso(self.start_at),
@@ -108,16 +81,7 @@ class _Running:
     mask: np.ndarray
     end: float
     demand: float
-    started: float = math.nan  # when it started and its estimate: a drain's price needs both
-    expected_s: float | None = None  # (bandpilot.scheduling.slot_price: a job past its estimate)
 
-
-#: Last batch's EASY holder (rank 0), if still pending: the drain target candidate.
-_LAST_HOLDER = (
-    sa.select(T_RESERVE.c.request_id, T_REQ.c.submitted_at)
-    .join(T_REQ, T_REQ.c.id == T_RESERVE.c.request_id)
-    .where(T_RESERVE.c.rank == 0, T_REQ.c.status == "pending")
-)
 
 _ACTIVE = (
     sa.select(T_JOBS.c.id, T_JOBS.c.started_at, T_REQ.c.k, T_REQ.c.tenant, T_REQ.c.time_limit_s)
@@ -145,41 +109,16 @@ class Book:
             if job is None:
                 continue
             est = estimates.of(Request(jid, int(k), tenant, time_limit_s=limit))
-            self.running.append(_Running(jid, job.mask, expected_end(float(started), est, now), job.demand_gbps,
-                                        float(started), est))
+            self.running.append(_Running(jid, job.mask, expected_end(float(started), est, now), job.demand_gbps))
         self.reservations: list[Reservation] = []
         self.holds = 0  # reservations of gangs waiting for a better placement (not EASY's slots)
-        self.last_holder: tuple[str, float] | None = None  # (request id, submitted_at) of last batch's rank 0
-        self.loans: dict[str, float] = {}  # job on loan -> when it is reclaimable (bandpilot.scheduling.loans)
 
     @classmethod
     def load(cls, conn: sa.Connection, mode: str, state: State, placer: Placer, now: float,
              max_reservations: int | None = None, estimates: Estimates | None = None) -> "Book":
         """``estimates``: the batch's copy (:meth:`Estimates.load_live`), loaded here when None."""
         est = estimates if estimates is not None else Estimates.load(conn)
-        book = cls(mode, state, placer, est, now, conn.execute(_ACTIVE).all(), max_reservations)
-        row = conn.execute(_LAST_HOLDER).first()
-        if row is not None and book.active:
-            book.last_holder = (row.request_id, float(row.submitted_at))
-        return book
-
-    def keep_drain_target(self, pending: Iterable[Request], after_s: float | None = None) -> Reservation | None:
-        """Reserve last batch's EASY holder first if it has waited ``after_s`` (default
-        :data:`DRAIN_AFTER_S`): its GPUs stay drained for it whatever the policy order says now.
-        Call before the batch walks the order (nothing of this batch has started yet)."""
-        after = DRAIN_AFTER_S if after_s is None else after_s
-        if self.last_holder is None or not math.isfinite(after) or self.reservations:
-            return None
-        rid, submitted = self.last_holder
-        if self.now - submitted < after:
-            return None
-        req = next((r for r in pending if r.id == rid), None)
-        if req is None:
-            return None
-        r = self.reserve(req, from_now=True)  # it may fit now: then its GPUs are held for it from now
-        if r is not None:
-            r.drain = True
-        return r
+        return cls(mode, state, placer, est, now, conn.execute(_ACTIVE).all(), max_reservations)
 
     @property
     def active(self) -> bool:
@@ -191,7 +130,7 @@ class Book:
     def hold(self, r: Reservation) -> None:
         """A gang that could start now waits for a better placement (:mod:`bandpilot.scheduling.startwait`):
         its GPUs at ``r.start_at`` are protected like a reservation's, without using a backfill slot.
-        A reservation the gang already had (the age slot reserves it before it is tried) is replaced."""
+        A reservation the gang already had is replaced."""
         self.reservations = [x for x in self.reservations if x.request_id != r.request_id]
         self.reservations.append(r)
         self.holds += 1
@@ -202,49 +141,18 @@ class Book:
             return None
         est = self.estimates.of(req)
         end = math.inf if est is None else self.now + est
-        safe_end = math.inf if est is None else self.now + est * DRAIN_ESTIMATE_SLACK
         out = np.zeros(self.spec.n_hosts, dtype=np.int64)
         for r in self.reservations:
-            start = r.start_at + _budget(req, r)
-            if start < (safe_end if r.drain else end) and r.request_id != req.id:  # never hides its own GPUs
+            if r.start_at < end and r.request_id != req.id:  # never hides its own GPUs
                 out |= r.mask
         return out if out.any() else None
-
-    def lend(self, loans: dict[str, float]) -> None:
-        """Running jobs on loan (job -> when its GPUs are planned free; :mod:`bandpilot.scheduling.loans`
-        passes now: a gang that fits with them reclaims them), so a loan never pushes a reservation back."""
-        self.loans = dict(loans)
-        for r in self.running:
-            if r.id in self.loans:
-                r.end = min(r.end, max(self.loans[r.id], self.now))
-
-    def _run_now(self, req: Request, mask: np.ndarray, demand: float) -> None:
-        """``req`` running on ``mask`` from now, its GPUs back at its expected end (the caller takes them)."""
-        est = self.estimates.of(req)
-        end = expected_end(self.now, est, self.now)
-        if req.id in self.loans:  # started on loan: reclaimed at the loan's end
-            end = min(end, max(self.loans[req.id], self.now))
-        self.running.append(_Running(req.id, mask, end, demand, self.now, est))
 
     def started(self, req: Request, gpus: list[str], demand: float) -> None:
         """A request started in this batch: its GPUs come back at its expected end."""
         mask = self.spec.to_mask(gpus)
-        self._run_now(req, mask, demand)
+        self.running.append(_Running(req.id, mask, expected_end(self.now, self.estimates.of(req), self.now), demand))
         self.free &= ~mask
-        self.reservations = [r for r in self.reservations if r.request_id != req.id]  # a drain target that started
-
-    @contextmanager
-    def as_if_started(self, req: Request, mask: np.ndarray, demand: float) -> Iterator[None]:
-        """Plan as if ``req`` had started on ``mask`` now (a what-if: running set and free GPUs restored
-        on exit; the reservations are the caller's to keep or restore)."""
-        free, n = self.free, len(self.running)
-        self._run_now(req, mask, demand)
-        self.free = free & ~mask  # a new array: ``free`` is restored as it was
-        try:
-            yield
-        finally:
-            del self.running[n:]
-            self.free = free
+        self.reservations = [r for r in self.reservations if r.request_id != req.id]  # a held gang that started
 
     def evicted(self, ids: Iterable[str]) -> None:
         """Preempted jobs no longer run: their GPUs are free now."""
@@ -294,7 +202,7 @@ class Book:
 
     def reserve(self, req: Request, from_now: bool = False) -> Reservation | None:
         """The earliest expected start of ``req`` and the GPUs the dispatcher picks for it then
-        (``from_now``: now is a candidate too - for a gang reserved before the batch tries it)."""
+        (``from_now``: now is a candidate too)."""
         if not self.can_reserve():
             return None
         est = self.estimates.of(req)
@@ -304,7 +212,7 @@ class Book:
                 continue
             gpus = list(sel.gpus)
             r = Reservation(req.id, req.k, len(self.reservations), t, gpus, self.spec.to_mask(gpus),
-                            _f(getattr(sel, "predicted_gbps", None)), est, submitted_at=req.submitted_at, req=req)
+                            _f(getattr(sel, "predicted_gbps", None)), est)
             self.reservations.append(r)
             return r
         return None
@@ -333,13 +241,6 @@ def write_reservations(conn: sa.Connection, reservations: list[Reservation], bat
              "gpus": json.dumps(r.gpus), "predicted_gbps": r.predicted_gbps, "mode": mode, "computed_at": ts}
             for r in reservations
         ])
-
-
-def _budget(req: Request, r: Reservation) -> float:
-    """How long ``req`` may delay ``r``: :data:`DELAY_BUDGET_S` if it has waited longer than r's holder."""
-    if DELAY_BUDGET_S <= 0 or r.drain or req.submitted_at is None or r.submitted_at is None:
-        return 0.0
-    return DELAY_BUDGET_S if req.submitted_at < r.submitted_at else 0.0
 
 
 def _f(v: Any) -> float | None:

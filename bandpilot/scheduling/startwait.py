@@ -1,5 +1,6 @@
-"""Start now, or wait for a better placement? Issue 21 item 3, a plug-in asked after the placer found
-a placement for a gang (the step after Filter/Score and before Bind in Kubernetes' terms).
+"""Start now, or wait for a better placement? The Permit plug-in of a scheduler profile
+(``start_or_wait: true``, :mod:`bandpilot.scheduling.profile`), asked after the placer found a
+placement for a gang (the step after Filter/Score and before Bind in Kubernetes' terms).
 
 A gang that can start now on a poor placement (a spread one, or one whose NICs are shared) may do
 better by waiting for a running job to end. For each of the next running-job ends within
@@ -17,20 +18,20 @@ already waited ``max_hold_s`` starts where it can (it never waits twice for long
 holds a reservation on the GPUs chosen at ``t`` (later requests backfill around it as around the
 EASY reservation, without taking EASY's slot), and its deferral says why, e.g.
 ``waits for a better placement: ~0.4 h for h100-2:0-7 at 312 GB/s vs 151 GB/s now (saves ~1.3 h of 6.0 h)``.
-Recomputed every batch like every reservation. Off by default (``start_or_wait="off"``; README,
-issue 21, has the measurement).
+Recomputed every batch like every reservation. On in the ``recommended`` profile
+(docs/experiments/scheduler-profiles.md has the measurement).
 
-``start_or_wait="local"`` adds a locality rule for gangs that fit one host (issue 21, eleventh
-round): the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
+The one-host rule adds a locality rule for
+gangs that fit one host: the bandwidth ratio above is priced on the current co-tenants only, so a gang spread over
 2-3 hosts of a quiet fragmented cluster looks nearly as fast as one host - until later jobs share
 its NICs and it runs many times its compute time. Such a gang, when the price rule says start now,
 waits instead for the earliest one-host placement among the same nearby ends, if that wait is shorter
 than the communicating share of its expected run time (what a spread placement at half the bandwidth
 would add). ``max_wait_s`` bounds each wait; ``max_hold_s`` (time since submission) does not apply:
-the traced collapses (seeds 14 and 15) are gangs that had already waited many hours and were then
+the traced collapses (two seeds of the mixed workload) are gangs that had already waited many hours and were then
 spread. The time it has been *held* is bounded instead, below.
 
-Cumulative hold bound (issue 21, "Cumulative hold bound"): each hold is planned from running jobs'
+Cumulative hold bound: each hold is planned from running jobs'
 expected ends, and those slip (estimates are wrong; an overdue job is always expected to end soon),
 so without a memory a gang could be told "wait ~0.1 h for a one-host placement" batch after batch,
 forever (the one-host rule has no other bound). The time a request has been held by either rule is
@@ -43,8 +44,8 @@ wait stays below the bound of the rule that makes it:
 * price rule: ``max_held_s`` (:data:`MAX_HELD_S`); it also stops once the request has waited
   ``max_hold_s`` since submission, as before. Charging the time held against the saving too
   (``saved - held - wait > min_gain_s``) was measured and not kept: on the benchmark's seeds it
-  flips one hold of a short job on seeds 0, 1 and 99 (mean JCT -3.4 % / +3.0 % on seed 0 `full` /
-  `comm`), a change of the default's figures without a held-out gain (README, issue 21).
+  flips one hold of a short job on three seeds (mean JCT -3.4 % / +3.0 % on one of them, `full` /
+  `comm`), a change of the default's figures without a held-out gain.
 
 A first hold is decided exactly as before (a single wait is at most ``max_wait_s`` < ``max_held_s``,
 and the one-host rule already required it below the communicating share). The deferral says how
@@ -60,14 +61,12 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from bandpilot.dispatch.state import State
-from bandpilot.errors import one_of
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_HOLDS, T_REQ
 from bandpilot.queue.views import format_gpus
 from bandpilot.scheduling.placer import Deferred, Placer
 from bandpilot.scheduling.reservations import Book, Reservation
 
-START_WAIT_MODES = ("off", "on", "local")
 #: Largest added queueing considered (a nearby reservation, not a distant one).
 MAX_WAIT_S = 2 * 3600.0
 #: A request that has waited this long starts where it can.
@@ -91,10 +90,6 @@ MAX_STEPS = 6
 PRUNE = True
 
 
-def check_start_wait(mode: str) -> str:
-    return one_of(mode, START_WAIT_MODES, "start-or-wait mode")
-
-
 @dataclass(frozen=True)
 class WaitPlan:
     reason: str
@@ -111,9 +106,9 @@ class StartOrWait:
     reason = "waits_for_better_placement"
 
     def __init__(self, book: Book, max_wait_s: float = MAX_WAIT_S, max_hold_s: float = MAX_HOLD_S,
-                 min_gain_s: float = MIN_GAIN_S, local: bool = False, max_held_s: float | None = None,
+                 min_gain_s: float = MIN_GAIN_S, max_held_s: float | None = None,
                  held: dict[str, float] | None = None) -> None:
-        self.book, self.local = book, local
+        self.book = book
         self.max_wait_s, self.max_hold_s, self.min_gain_s = max_wait_s, max_hold_s, min_gain_s
         self.max_held_s = MAX_HELD_S if max_held_s is None else max_held_s
         #: seconds each pending request has been held so far (:func:`load_held`); holds of this batch
@@ -151,7 +146,7 @@ class StartOrWait:
             if net > self.min_gain_s and (best is None or net > best[0]):
                 best = (net, t, saved, s_t, b_t)
         bound = self.max_held_s
-        if best is None and self.local:
+        if best is None:
             best = self._one_host(req, sel, f * est, b_now, held)
             bound = min(self.max_held_s, f * est)
         if best is None:
@@ -169,7 +164,7 @@ class StartOrWait:
         self.held[req.id] = held
         self.holding.add(req.id)
         where = format_gpus(gpus)
-        what = "a one-host placement" if self.local and self._hosts(gpus) == 1 < self._hosts(sel.gpus) \
+        what = "a one-host placement" if self._hosts(gpus) == 1 < self._hosts(sel.gpus) \
             else "a better placement"
         detail = (f"waits for {what}: ~{(t - book.now) / 3600:.1f} h for {where} at {b_t:.0f} GB/s "
                   f"vs {b_now:.0f} GB/s now (saves ~{saved / 3600:.1f} h of {est / 3600:.1f} h; "
@@ -252,4 +247,4 @@ def write_held(conn: sa.Connection, held: dict[str, float], holding: set[str], s
         conn.execute(sa.insert(T_HOLDS), rows)
 
 
-__all__ = ["MAX_HELD_S", "START_WAIT_MODES", "StartOrWait", "WaitPlan", "check_start_wait", "load_held", "write_held"]
+__all__ = ["MAX_HELD_S", "StartOrWait", "WaitPlan", "load_held", "write_held"]

@@ -1,6 +1,6 @@
 """How does a simulated job's uncertainty fall as it trains? Synthetic learning curves of normalized
 entropy, ``H(p) = h_inf + (h0 - h_inf) · exp(-r · p)`` over training progress ``p ∈ [0, 1]``, plus a
-little per-epoch noise - the shape seed 001 describes (high at initialisation, falling fast, then
+little per-epoch noise - the shape the entropy-guided scheduling paper describes (high at initialisation, falling fast, then
 levelling off at a task-dependent floor; more classes, higher floor).
 
 Curve parameters are drawn per job from a seeded generator keyed by the job id, independent of the

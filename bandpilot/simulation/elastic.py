@@ -1,5 +1,5 @@
 """How long does an elastic job's epoch take, and what happens at its boundaries? The simulator's
-side of issue 22 (``simulate --elastic on``).
+elastic side (``simulate --elastic on``).
 
 *Runtime model.* A job declares its size ``k0`` (the trace's ``k``), its run time ``compute_s`` on a
 best placement of ``k0`` GPUs, ``epochs`` (default :attr:`SimConfig.epochs`), its communication
@@ -43,7 +43,7 @@ from bandpilot.topology.cluster import popcount
 
 #: Compute scaling efficiency per doubling of GPUs when the trace gives none.
 DEFAULT_SCALING = 0.9
-#: ``simulate --elastic``: ``auto`` (the default, README issue 22) runs per-epoch quotas when some job of
+#: ``simulate --elastic``: ``auto`` (the default) runs per-epoch quotas when some job of
 #: the trace declares a range (``min_k < max_k``) and the fixed-gang queue otherwise, so a trace without
 #: ranges runs exactly as with ``off``.
 ELASTIC_MODES = ("auto", "on", "off")
@@ -117,7 +117,7 @@ class ElasticSim(_Sim):
         if not at and key == self.last_key:
             return 0  # no boundary, nothing freed or queued since the last round: it would decide the same
         self._flush()
-        rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.algorithm,
+        rep = rebalance(self.store, self.d, at_boundary=at, blind=self.cfg.blind, algorithm=self.cfg.profile.algorithm_for(self.spec),
                         demand=self.cfg.demand, policy=self.cfg.policy, pricing=self.cfg.pricing,
                         admission=self.cfg.admission, scaling=self.cfg.scaling_pricing, relocate=self.cfg.relocate,
                         current_share=self.cfg.current_share, fill_idle=self.cfg.fill_idle,

@@ -5,8 +5,8 @@ Events, in this order at equal times: completions, arrivals, and - every ``inter
 something changed and requests wait - one batch. Before each batch the store catches up: arrivals
 are submitted (with their trace submit times, the run-time estimate for ``sjf`` and a warm-up
 entropy measurement), running and finished jobs report the entropy of the epochs they completed
-(updating their utility, seed 001) and finished jobs are released (``release_many``); then
-``run_batch`` runs with the policy and algorithm.
+(updating their utility) and finished jobs are released (``release_many``); then
+``run_batch`` runs with the configuration's scheduler profile.
 
 A running job's progress rate is ``1 / (compute_s · ((1-f) + f · B_ref / B_achieved(t)))``: ``f`` its
 communication fraction, ``B_ref`` the best standalone bandwidth of its size on the idle cluster and
@@ -16,13 +16,13 @@ the same demand model the queue stores each job's pressure under for the dispatc
 integrates exactly, piecewise. A placement at least as good as the reference runs in ``compute_s``.
 1-GPU jobs have no collective (``f`` is ignored).
 
-With ``preempt="on"`` a batch may evict preemptible jobs (:mod:`bandpilot.scheduling.preemption`):
+With a profile that preempts a batch may evict preemptible jobs (:mod:`bandpilot.scheduling.preemption`):
 a victim keeps the progress of its last checkpoint (every ``checkpoint_every_s`` of wall time since
 its start; none without it - the progress lost is pro rata of this run's progress), pays
 ``checkpoint_s`` of extra work on restart and queues again with its original submit time; its
 ``preemptions`` and ``wasted_gpu_s`` (GPUs x (wall time lost + checkpoint_s)) are counted.
 
-Simplifications, stated: no elastic quotas (unlike the seed's epoch-level reallocation); the warm-up entropy measurement is free; a job without
+Simplifications, stated: the warm-up entropy measurement is free; a job without
 a ``time_limit_s`` in the trace gets its exact ``compute_s`` as its run-time estimate (sjf and
 reservations see the truth), one with a limit is planned with that limit (which may be far off).
 The store runs on the simulated clock (:func:`bandpilot.queue.clock.use_clock`).
@@ -44,11 +44,9 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, DEMAND_MODELS, pressure_fa
 from bandpilot.errors import BandPilotError
 from bandpilot.queue import Request, Store, release_many, report_entropy, set_estimates, submit
 from bandpilot.queue.clock import use_clock
-from bandpilot.scheduling import BACKFILL_MODES, POLICIES, recommended, run_batch
-from bandpilot.scheduling.preemption import PREEMPT_MODES, STARVE_S
-from bandpilot.scheduling.startwait import START_WAIT_MODES
-from bandpilot.scheduling.age_slot import AGE_SLOT_MODES
-from bandpilot.scheduling.replan import BACKFILL_CHECKS
+from bandpilot.scheduling import run_batch
+from bandpilot.scheduling.preemption import STARVE_S
+from bandpilot.scheduling.profile import COMPACT, RECOMMENDED, SchedulerProfile
 from bandpilot.scheduling.elastic import ADMISSIONS, CURRENT_SHARE, DEFAULT_ADMISSION, DEFAULT_RELOCATE, FILL_IDLE
 from bandpilot.scheduling.elastic_pricing import DEFAULT_PRICING, DEFAULT_SCALING_MODE, PRICERS, SCALING_MODES
 from bandpilot.queue.learning import DEFAULT_LAMBDA
@@ -67,59 +65,42 @@ class SimulationError(BandPilotError):
 
 @dataclass(frozen=True)
 class SimConfig:
-    policy: str = recommended.POLICY  # the queue's recommended configuration (scheduling.recommended)
-    algorithm: str = "bandpilot"
+    """How a simulation runs: the queue's scheduler profile (:mod:`bandpilot.scheduling.profile`), the
+    dispatch cadence, the utility and demand models, and - for elastic traces - the resize rules."""
+
+    profile: SchedulerProfile = RECOMMENDED
     interval_s: float = 60.0  # dispatch interval (a batch at most every interval)
     epochs: int = 20  # entropy reports per job (at epoch boundaries)
-    lam: float = DEFAULT_LAMBDA  # seed 001's lambda
+    lam: float = DEFAULT_LAMBDA  # the utility's balance between entropy level and progress
     seed: int = 0  # learning curves and the random algorithm
     demand: str = DEFAULT_DEMAND  # co-tenant pressure, the same in the truth and the queue's predictor
-    backfill: str = recommended.BACKFILL  # greedy | easy | conservative (bandpilot.scheduling.reservations)
-    reservations: int = recommended.RESERVATIONS  # reservation depth under conservative backfill (easy: 1)
-    locality: float = recommended.LOCALITY  # fewer hosts win unless spreading gains more (run_batch's locality)
-    placement_pricing: str = recommended.PRICING  # now | lifetime: how model-guided placement values a candidate (run_batch's pricing)
-    preempt: str = recommended.PREEMPT  # off | on (bandpilot.scheduling.preemption)
-    start_or_wait: str = recommended.START_OR_WAIT  # off | on | local (bandpilot.scheduling.startwait)
-    age_slot: str = recommended.AGE_SLOT  # off | oldest | projected | priced | overtaken (bandpilot.scheduling.age_slot)
-    backfill_check: str = recommended.BACKFILL_CHECK  # set | replan | replan-waited | lend (bandpilot.scheduling.replan, .loans)
     elastic: bool = False  # per-epoch quotas (bandpilot.simulation.elastic); off: every job is a fixed gang of k
     blind: bool = False  # elastic growth/shrink ignores bandwidth (the baseline)
     pricing: str = DEFAULT_PRICING  # elastic growth/admission pricing: welfare (total effect) | self (own epoch time only)
-    admission: str = DEFAULT_ADMISSION  # elastic admission: fit-k (requested k fits) | min-k (seed 001's: min_k fits)
+    admission: str = DEFAULT_ADMISSION  # elastic admission: fit-k (requested k fits) | min-k (min_k fits)
     scaling_pricing: str = DEFAULT_SCALING_MODE  # elastic: compute priced by each job's declared scaling | perfect (before)
-    relocate: bool = DEFAULT_RELOCATE  # elastic: a resize may move the job onto a fresh placement (README issue 22)
+    relocate: bool = DEFAULT_RELOCATE  # elastic: a resize may move the job onto a fresh placement
     current_share: bool = CURRENT_SHARE  # elastic: growths priced from the collective share at the current size
     fill_idle: bool = FILL_IDLE  # elastic: GPUs free when nothing waits offered to the jobs at a boundary
     resize_s: float = 30.0  # cost of one resize (checkpoint-restart), seconds of the job's time
 
+    @property
+    def policy(self) -> str:
+        """The queue order (the profile's QueueSort), as the reports and the elastic reallocation name it."""
+        return self.profile.queue_sort
+
     def check(self) -> None:
-        if self.policy not in POLICIES:
-            raise SimulationError(f"unknown policy {self.policy!r}: use one of {', '.join(POLICIES)}")
-        if self.algorithm not in ALGORITHMS:
-            raise SimulationError(f"unknown algorithm {self.algorithm!r}: use one of {', '.join(ALGORITHMS)}")
+        if not isinstance(self.profile, SchedulerProfile):
+            raise SimulationError(f"profile must be a SchedulerProfile, got {type(self.profile).__name__}")
+        if self.profile.placement not in (*ALGORITHMS, COMPACT):
+            raise SimulationError(f"profile {self.profile.name!r}: placement {self.profile.placement!r} cannot be "
+                                  f"simulated: use one of {', '.join(ALGORITHMS)} or {COMPACT}")
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
             raise SimulationError(f"dispatch interval must be > 0 seconds, got {self.interval_s}")
         if self.epochs < 1:
             raise SimulationError(f"epochs must be >= 1, got {self.epochs}")
         if not 0.0 <= self.lam <= 1.0:
             raise SimulationError(f"lambda must be in [0, 1], got {self.lam}")
-        if self.backfill not in BACKFILL_MODES:
-            raise SimulationError(f"unknown backfill mode {self.backfill!r}: use one of {', '.join(BACKFILL_MODES)}")
-        if not (isinstance(self.reservations, int) and 1 <= self.reservations <= 1024):
-            raise SimulationError(f"reservations must be an integer in [1, 1024], got {self.reservations!r}")
-        if not 0.0 <= self.locality < 1.0:
-            raise SimulationError(f"locality must be in [0, 1), got {self.locality}")
-        if self.placement_pricing not in strategies.pricings():
-            raise SimulationError(f"unknown placement pricing {self.placement_pricing!r}: use one of "
-                                  f"{', '.join(strategies.pricings())}")
-        if self.preempt not in PREEMPT_MODES:
-            raise SimulationError(f"unknown preempt mode {self.preempt!r}: use one of {', '.join(PREEMPT_MODES)}")
-        if self.start_or_wait not in START_WAIT_MODES:
-            raise SimulationError(f"unknown start-or-wait mode {self.start_or_wait!r}: use one of {', '.join(START_WAIT_MODES)}")
-        if self.age_slot not in AGE_SLOT_MODES:
-            raise SimulationError(f"unknown age slot {self.age_slot!r}: use one of {', '.join(AGE_SLOT_MODES)}")
-        if self.backfill_check not in BACKFILL_CHECKS:
-            raise SimulationError(f"unknown backfill check {self.backfill_check!r}: use one of {', '.join(BACKFILL_CHECKS)}")
         if not (self.resize_s >= 0 and math.isfinite(self.resize_s)):
             raise SimulationError(f"resize_s must be >= 0 seconds, got {self.resize_s}")
         if self.admission not in ADMISSIONS:
@@ -251,7 +232,7 @@ class _Sim:
 
     def _epochs(self, jid: str) -> int:
         """The job's epochs (trace column), else the configured default: it reports once per epoch
-        (seed 001 Sec. 4.6), so a 50-epoch job reports 50 times over its run."""
+        (the entropy-guided scheduling paper Sec. 4.6), so a 50-epoch job reports 50 times over its run."""
         return self.jobs[jid].epochs or self.cfg.epochs
 
     # -- store operations ------------------------------------------------------------------
@@ -302,11 +283,7 @@ class _Sim:
 
     def _batch(self, t: float) -> int:
         self._flush()
-        rep = run_batch(self.store, self.d, policy=self.cfg.policy, algorithm=self.cfg.algorithm,
-                        demand=self.cfg.demand, backfill=self.cfg.backfill, max_reservations=self.cfg.reservations,
-                        locality=self.cfg.locality, pricing=self.cfg.placement_pricing, preempt=self.cfg.preempt,
-                        start_or_wait=self.cfg.start_or_wait, age_slot=self.cfg.age_slot,
-                        backfill_check=self.cfg.backfill_check)
+        rep = run_batch(self.store, self.d, self.cfg.profile, demand=self.cfg.demand)
         self.batches += 1
         for plan in rep.preempted:  # victims first: the gang took their GPUs
             for vid in plan["victims"]:
@@ -336,7 +313,7 @@ class _Sim:
     def _next_starving(self, t: float) -> float:
         """With preemption on, a batch when the next waiting request reaches the starvation bound
         (nothing else may change for hours, and a batch only runs when something did)."""
-        if self.cfg.preempt == "off" or not self.pending:
+        if not self.cfg.profile.preempt or not self.pending:
             return math.inf
         due = [self.recs[j].submit_s + STARVE_S for j in self.pending]
         later = [x for x in due if x > t + 1e-6]

@@ -51,11 +51,13 @@ def summarize(res: SimResult) -> dict[str, Any]:
     else:
         util, frag = 0.0, 0.0
     return {
-        "cluster": res.cluster, "gpus": res.n_gpus, "policy": res.config.policy, "algorithm": res.config.algorithm,
+        "cluster": res.cluster, "gpus": res.n_gpus, "profile": res.config.profile.name,
+        "policy": res.config.policy, "algorithm": res.config.profile.placement,
         "truth": res.truth, "model": res.model, "interval_s": res.config.interval_s, "epochs": res.config.epochs,
         "lambda": res.config.lam, "seed": res.config.seed, "demand": res.config.demand,
-        "backfill": res.config.backfill, "locality": res.config.locality, "placement_pricing": res.config.placement_pricing,
-        "preempt": res.config.preempt,
+        "backfill": res.config.profile.backfill, "reservations": res.config.profile.reservations,
+        "locality": res.config.profile.locality, "preempt": res.config.profile.preempt,
+        "start_or_wait": res.config.profile.start_or_wait,
         "jobs": len(res.jobs), "completed": len(done),
         "rejected": sum(j.status == "rejected" for j in res.jobs), "stuck": sum(j.status == "stuck" for j in res.jobs),
         "avg_jct_s": float(jct.mean()) if jct.size else math.nan, "p50_jct_s": _pct(jct, 50), "p95_jct_s": _pct(jct, 95),
@@ -106,7 +108,7 @@ def figure_axes(*args: Any, figsize: tuple[float, float] = (6, 4), **kw: Any) ->
 
 
 def label(res: SimResult) -> str:
-    return f"{res.config.policy}+{res.config.algorithm}"
+    return res.config.profile.name
 
 
 def _groups(results: Sequence[SimResult]) -> dict[str, list[SimResult]]:
@@ -212,10 +214,11 @@ def log_to_mlflow(summary: dict[str, Any], out_dir: str | Path, *, experiment: s
     exp = client.get_experiment_by_name(experiment)
     exp_id = exp.experiment_id if exp is not None else client.create_experiment(
         experiment, artifact_location=artifact_root_for(mlflow.get_tracking_uri()))
-    name = run_name or f"simulate-{summary['policy']}-{summary['algorithm']}"
+    name = run_name or f"simulate-{summary['profile']}"
     run_id = client.create_run(exp_id, run_name=name).info.run_id
     try:
-        for k in ("cluster", "gpus", "policy", "algorithm", "truth", "model", "interval_s", "epochs", "lambda", "seed"):
+        for k in ("cluster", "gpus", "profile", "policy", "algorithm", "backfill", "reservations", "locality", "preempt",
+                  "start_or_wait", "truth", "model", "interval_s", "epochs", "lambda", "seed"):
             client.log_param(run_id, k, str(summary[k])[:500])
         for k, v in summary.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):

@@ -1,5 +1,5 @@
-"""Which policy and placement algorithm should an operator run? A sweep of traces x policies x
-algorithms x seeds, fanned out on a thread pool, into one comparison table and figure.
+"""Which scheduler profile should an operator run? A sweep of traces x profiles x demand models x
+seeds, fanned out on a thread pool, into one comparison table and figure.
 
 SWEEP.yaml::
 
@@ -7,11 +7,8 @@ SWEEP.yaml::
     model: emulator                    # surrogate URI, or `emulator` (perfect predictor)
     truth: null                        # measured directory (optional), as `bandpilot evaluate --truth`
     traces: [a.csv, {generate: seed001}, {generate: helios, n: 500}]   # paths relative to the YAML
-    policies: [fifo, sjf, utility]
-    algorithms: [bandpilot, topo]
-    backfill: [greedy, easy]           # reservations: greedy | easy | conservative
+    profiles: [recommended, slurm-like, mine.yaml]   # named profiles or profile YAML files (docs/guide/profiles.md)
     demand: [full, comm]               # co-tenant pressure model (truth and predictor alike)
-    baselines: [slurm]                 # named configurations added per trace x seed x demand
     seeds: [0, 1]                       # learning curves, random placement, generated traces
     interval_s: 60
     epochs: 20
@@ -20,7 +17,7 @@ SWEEP.yaml::
 
 Each cell is a full simulation with its own temporary store; every cell's report directory lands
 under ``OUT/cells/``; ``OUT/comparison.{csv,md,png}`` compares them (means over seeds) and
-``OUT/jct_cdf-TRACE.png`` / ``OUT/queue_service-TRACE.png`` show every policy x algorithm of a trace.
+``OUT/jct_cdf-TRACE.png`` / ``OUT/queue_service-TRACE.png`` show every profile of a trace.
 """
 
 from __future__ import annotations
@@ -39,14 +36,12 @@ import yaml
 
 from bandpilot.errors import BandPilotError
 from bandpilot.io import write_json_atomic, write_text_atomic
-from bandpilot.scheduling import BACKFILL_MODES, DEMAND_MODELS, POLICIES
-from bandpilot.simulation.engine import ALGORITHMS, SimConfig
-from bandpilot.simulation.presets import PRESETS, apply_preset
+from bandpilot.scheduling import DEMAND_MODELS, ProfileError, SchedulerProfile, get_profile
+from bandpilot.simulation.engine import SimConfig
 from bandpilot.simulation.trace import TraceJob, parse_trace
 from bandpilot.simulation.workloads import PUBLIC_SHAPES, public_trace_workload, seed001_workload
 
-_KEYS = {"cluster", "model", "truth", "traces", "policies", "algorithms", "seeds", "interval_s", "epochs", "lambda", "workers",
-         "backfill", "demand", "baselines"}
+_KEYS = {"cluster", "model", "truth", "traces", "profiles", "seeds", "interval_s", "epochs", "lambda", "workers", "demand"}
 GENERATED = ("seed001",) + tuple(PUBLIC_SHAPES)
 
 
@@ -60,17 +55,14 @@ class Sweep:
     model: str
     truth: str | None
     traces: list[Any]  # Path or {"generate": kind, ...}
-    policies: list[str]
-    algorithms: list[str]
+    profiles: list[SchedulerProfile]
     seeds: list[int]
     interval_s: float
     epochs: int
     lam: float
     workers: int
     base: Path
-    backfills: list[str] = dataclasses.field(default_factory=lambda: ["greedy"])
     demands: list[str] = dataclasses.field(default_factory=lambda: ["full"])
-    baselines: list[str] = dataclasses.field(default_factory=list)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -131,11 +123,29 @@ def load_sweep(path: str | Path) -> Sweep:
     except BandPilotError as exc:
         raise SweepError(f"{path}: {exc}") from None
     cluster, truth = doc.get("cluster"), doc.get("truth")
-    baselines = names("baselines", tuple(PRESETS), ["slurm"]) if "baselines" in doc else []
     return Sweep(None if cluster is None else str(cluster), model, None if truth is None else str(truth), out_traces,
-                 names("policies", POLICIES, ["fifo", "sjf", "utility"]), names("algorithms", ALGORITHMS, ["bandpilot", "topo"]),
+                 _profiles(path, p.parent, doc.get("profiles", ["recommended", "slurm-like"])),
                  list(dict.fromkeys(seeds)), cfg.interval_s, cfg.epochs, cfg.lam, workers, p.parent,
-                 names("backfill", BACKFILL_MODES, ["greedy"]), names("demand", DEMAND_MODELS, ["full"]), baselines)
+                 names("demand", DEMAND_MODELS, ["full"]))
+
+
+def _profiles(path: str | Path, base: Path, v: Any) -> list[SchedulerProfile]:
+    """The sweep's profiles: names, or YAML files relative to the sweep file; each one checked (and
+    simulable) before anything runs."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        raise SweepError(f"{path}: 'profiles' must be a non-empty list of profile names or YAML files")
+    out: dict[str, SchedulerProfile] = {}
+    for x in v:
+        ref = str(base / x) if x.endswith((".yaml", ".yml")) and not Path(x).is_absolute() else x
+        try:
+            prof = get_profile(ref)
+            SimConfig(profile=prof).check()
+        except (ProfileError, BandPilotError) as exc:
+            raise SweepError(f"{path}: profiles: {exc}") from None
+        out.setdefault(prof.name, prof)
+    return list(out.values())
 
 
 def trace_jobs(t: Any, seed: int, n_gpus: int) -> tuple[str, list[TraceJob]]:
@@ -151,23 +161,19 @@ def _resolve(sw: Sweep, v: str | None) -> str | None:
     return None if v is None else (str(sw.base / v) if (sw.base / v).exists() else v)
 
 
-Cell = tuple  # (trace index, seed, policy, algorithm, backfill, demand)
+Cell = tuple  # (trace index, seed, profile name, demand)
 
 
 def plan_cells(sw: Sweep) -> tuple[dict[tuple[int, int], tuple[str, list[TraceJob]]], list[Cell]]:
     """Every trace parsed or generated up front (one bad line: nothing simulated) and the cells
-    ``(trace index, seed, policy, algorithm, backfill, demand)``; baselines add theirs (duplicates once)."""
+    ``(trace index, seed, profile name, demand)``."""
     from bandpilot.simulation.run import load_setup
 
     first = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth))
     n_gpus = first.dispatcher.model.spec.n_gpus
     traces = {(i, s): trace_jobs(t, s, n_gpus) for i, t in enumerate(sw.traces) for s in sw.seeds}
-    cells = [(i, s, p, a, b, d) for i in range(len(sw.traces)) for s in sw.seeds for p in sw.policies
-             for a in sw.algorithms for b in sw.backfills for d in sw.demands]
-    for name in sw.baselines:
-        c = apply_preset(SimConfig(), name, first.dispatcher.model.spec)
-        cells += [(i, s, c.policy, c.algorithm, c.backfill, d) for i in range(len(sw.traces)) for s in sw.seeds for d in sw.demands]
-    return traces, list(dict.fromkeys(cells))
+    cells = [(i, s, p.name, d) for i in range(len(sw.traces)) for s in sw.seeds for p in sw.profiles for d in sw.demands]
+    return traces, cells
 
 
 def run_cell(sw: Sweep, name: str, jobs: list[TraceJob], cell: Cell, out: Path, *,
@@ -175,11 +181,11 @@ def run_cell(sw: Sweep, name: str, jobs: list[TraceJob], cell: Cell, out: Path, 
     """One simulation of the sweep (its own dispatcher and temporary store) -> (summary row, result)."""
     from bandpilot.simulation.run import load_setup, run_one
 
-    i, s, p, a = cell[:4]
-    b, d = (cell[4], cell[5]) if len(cell) >= 6 else ("greedy", "full")
+    i, s, p, d = cell
+    prof = next(x for x in sw.profiles if x.name == p)
     setup = load_setup(sw.model, cluster=_resolve(sw, sw.cluster), truth=_resolve(sw, sw.truth), seed=s)
-    cfg = SimConfig(policy=p, algorithm=a, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s, backfill=b, demand=d)
-    res, summ = run_one(jobs, setup, cfg, out / "cells" / f"{i}-{name}-s{s}-{p}-{a}-{b}-{d}", figures=figures, log=log)
+    cfg = SimConfig(profile=prof, interval_s=sw.interval_s, epochs=sw.epochs, lam=sw.lam, seed=s, demand=d)
+    res, summ = run_one(jobs, setup, cfg, out / "cells" / f"{i}-{name}-s{s}-{p}-{d}", figures=figures, log=log)
     return {"trace": f"{i}-{name}", **summ}, res
 
 
@@ -220,13 +226,13 @@ _METRICS = ("avg_jct_s", "p50_jct_s", "p95_jct_s", "max_jct_s", "avg_queue_s", "
 
 
 def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean over seeds per (trace, policy, algorithm, backfill, demand)."""
+    """Mean over seeds per (trace, profile, demand)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["trace"], r["policy"], r["algorithm"], r.get("backfill", "greedy"), r.get("demand", "full")), []).append(r)
+        groups.setdefault((r["trace"], r["profile"], r.get("demand", "full")), []).append(r)
     out = []
-    for (t, p, a, b, d), rs in groups.items():
-        row: dict[str, Any] = {"trace": t, "policy": p, "algorithm": a, "seeds": len(rs), "backfill": b, "demand": d}
+    for (t, p, d), rs in groups.items():
+        row: dict[str, Any] = {"trace": t, "profile": p, "seeds": len(rs), "demand": d}
         for m in _METRICS:
             vals = [float(r[m]) for r in rs if r.get(m) is not None and math.isfinite(float(r[m]))]
             row[m] = float(np.mean(vals)) if vals else math.nan
@@ -236,7 +242,7 @@ def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def write_comparison(rows: list[dict[str, Any]], out: Path, *, figures: bool = True) -> list[dict[str, Any]]:
     table = comparison(rows)
-    cols = ["trace", "policy", "algorithm", "seeds", "backfill", "demand", *_METRICS]
+    cols = ["trace", "profile", "seeds", "demand", *_METRICS]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
@@ -250,11 +256,11 @@ def write_comparison(rows: list[dict[str, Any]], out: Path, *, figures: bool = T
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["| trace | policy | algorithm | backfill | demand | mean JCT (h) | p50 (h) | p95 (h) | max (h) | queueing (h) | service (h) | makespan (h) | GPU util | mean GBE |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | profile | demand | mean JCT (h) | p50 (h) | p95 (h) | max (h) | queueing (h) | service (h) | makespan (h) | GPU util | mean GBE |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     h = lambda v: f"{v / 3600:.2f}"  # noqa: E731
     for r in table:
-        lines.append(f"| {r['trace']} | {r['policy']} | {r['algorithm']} | {r.get('backfill', 'greedy')} | {r.get('demand', 'full')} | "
+        lines.append(f"| {r['trace']} | {r['profile']} | {r.get('demand', 'full')} | "
                      f"{h(r['avg_jct_s'])} | {h(r['p50_jct_s'])} | "
                      f"{h(r['p95_jct_s'])} | {h(r['max_jct_s'])} | {h(r['avg_queue_s'])} | {h(r['avg_service_s'])} | "
                      f"{h(r['makespan_s'])} | {r['gpu_utilization']:.3f} | {r['mean_gbe']:.3f} |")
@@ -271,7 +277,7 @@ def _figure(table: list[dict[str, Any]], path: Path) -> None:
         x = np.arange(len(rs))
         ax.bar(x - 0.2, [r["avg_jct_s"] / 3600 for r in rs], 0.4, label="mean JCT")
         ax.bar(x + 0.2, [r["p95_jct_s"] / 3600 for r in rs], 0.4, label="p95 JCT")
-        ax.set_xticks(x, [f"{r['policy']}+{r['algorithm']}+{r.get('backfill', 'greedy')}/{r.get('demand', 'full')}" for r in rs],
+        ax.set_xticks(x, [f"{r['profile']}/{r.get('demand', 'full')}" for r in rs],
                       rotation=35, ha="right", fontsize=8)
         ax.set_title(t, fontsize=9)
         ax.set_ylabel("hours")

@@ -26,7 +26,7 @@ from bandpilot.errors import BandPilotError
 
 REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
 OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
-#: Elastic columns (issue 22): the size range, epochs (resizes happen at their boundaries) and the
+#: Elastic columns: the size range, epochs (resizes happen at their boundaries) and the
 #: compute scaling efficiency per doubling of GPUs (1 = perfectly linear).
 ELASTIC = ("min_k", "max_k", "epochs", "scaling", "k_step")
 OPTIONAL = OPTIONAL + ELASTIC

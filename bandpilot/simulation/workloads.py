@@ -1,6 +1,6 @@
 """Which workloads can be simulated without downloading anything? Seeded generators of traces.
 
-* :func:`seed001_workload` - seed 001's 50-job workload: eight job types (J1-J3 fifty epochs,
+* :func:`seed001_workload` - the entropy-guided scheduling paper's 50-job workload: eight job types (J1-J3 fifty epochs,
   priority 1; J4-J6 twenty epochs, priority 2; J7-J8 twenty epochs, priority 3). The seed's
   Table 2 is not in the text we have, so models, sizes and epoch times are ours (vision models on
   MNIST ... Tiny ImageNet, sized for a 32-GPU cluster where the seed had 4 GPUs); the submission
@@ -128,7 +128,7 @@ def public_trace_workload(shape: str, n: int, *, n_gpus: int, load: float = 0.9,
 
     The rate is not taken from the shape's analytic mean GPU-seconds per job: with log-normal run
     times (sigma 1.6-1.8) and gangs up to 64 GPUs, a few thousand jobs' realised demand is far from
-    it (2,000 Helios jobs on 1,152 GPUs, seeds 0-7: 0.65-1.77 for a nominal 0.9). The jobs are
+    it (2,000 Helios jobs on 1,152 GPUs, eight seeds: 0.65-1.77 for a nominal 0.9). The jobs are
     drawn as before and the Poisson arrival times scaled so that the window carries the realised
     demand at ``load`` (the arrivals of a Poisson process conditioned on that window)."""
     if shape not in PUBLIC_SHAPES:
@@ -151,7 +151,7 @@ def public_trace_workload(shape: str, n: int, *, n_gpus: int, load: float = 0.9,
 
 def mixed_workload(n: int = 200, *, n_gpus: int = 32, load: float = 1.0, seed: int = 0,
                    preemptible_share: float = 0.5, estimate_error: float = 3.0) -> list[TraceJob]:
-    """Issue 21's mixed workload: sizes 1-32 (powers of two, capped at ``n_gpus``), heavy-tailed
+    """The mixed workload: sizes 1-32 (powers of two, capped at ``n_gpus``), heavy-tailed
     log-normal run times (median 40 min, sigma 1.2, 5 min to 24 h), comm fraction 0.2-0.7 for
     multi-GPU jobs, about ``preemptible_share`` preemptible (checkpoint + restart 1-5 min, a
     checkpoint every 30 min), and a ``time_limit_s`` off the true run time by a log-uniform factor

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import SlurmCluster, ensure_slurm  # noqa: E402
+from harness import SlurmCluster, ensure_slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 

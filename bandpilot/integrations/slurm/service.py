@@ -101,7 +101,7 @@ class Placer:
 class _Handler(BaseHTTPRequestHandler):
     placer: Placer
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         url = urlparse(self.path)
         try:
             if url.path != "/place":
