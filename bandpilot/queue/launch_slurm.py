@@ -88,9 +88,9 @@ def components(ranks: Sequence[str], types: Mapping[str, Mapping[int, str]] | No
         node, _, idx = g.rpartition(":")
         per.setdefault(node, []).append(int(idx))
     out = []
-    for node, idx in per.items():
+    for node, idxs in per.items():
         t = (types or {}).get(node)
-        out.append(Component(node, tuple(idx), dict(t) if t and all(i in t for i in idx) else None))
+        out.append(Component(node, tuple(idxs), dict(t) if t and all(i in t for i in idxs) else None))
     return out
 
 

@@ -102,7 +102,8 @@ def _gres(spec: ClusterSpec, h: int, opts: ConfOptions) -> str:
         return f"gpu:{host.n_gpus}"
     counts: dict[str, int] = {}
     for t in types:
-        counts[t] = counts.get(t, 0) + 1  # type: ignore[index]
+        assert t is not None  # a cluster's GPUs are all typed or none is
+        counts[t] = counts.get(t, 0) + 1
     return ",".join(f"gpu:{t}:{c}" for t, c in counts.items())
 
 

@@ -12,7 +12,9 @@ _BRACKET = re.compile(r"\[([^\]]*)\]")
 
 def _split_top(expr: str) -> list[str]:
     """Split at commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    cur: list[str] = []
     for ch in expr:
         if ch == "[":
             depth += 1

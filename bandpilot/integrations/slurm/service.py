@@ -137,7 +137,7 @@ class Service:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def _refresh(self) -> None:
         while not self._stop.is_set():

@@ -212,9 +212,10 @@ def build_state(spec: ClusterSpec, nodes: Mapping[str, NodeInfo], jobs: list[Job
     for j in jobs:
         mask = np.zeros(spec.n_hosts, dtype=np.int64)
         for node, idx in j.gpus.items():
-            k = spec.host_index.get(node)
-            if k is None:
+            hk = spec.host_index.get(node)
+            if hk is None:
                 continue
+            k = hk
             for i in idx:
                 if i < spec.hosts[k].n_gpus and not owner[k] >> i & 1:
                     mask[k] |= 1 << i
