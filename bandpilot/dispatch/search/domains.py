@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
-from bandpilot.dispatch.search import move_classes, unit_rows
+from bandpilot.dispatch.search import move_classes, unit_rows, work
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each_bounded
 from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
@@ -408,6 +408,10 @@ def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_
     # distinct moves in np.unique's order of their rows (other columns are equal)
     pa, pb = np.searchsorted(cols, a_), np.searchsorted(cols, b_)
     o = unit_rows.moves_order(cols.size, pa, pb, t_)
+    # a round builds the first moves in the order the screen prices them, within the work bound
+    width = int(np.count_nonzero(d[cols])) + 1
+    o = o[: work.round_moves(units.ctx, o.size, width)]
+    work.charge_moves(units.ctx, o.size * width)
     pa, pb, t_ = pa[o], pb[o], np.asarray(t_, dtype=np.int64)[o]
     # interchangeable unused targets: keep one per sequence of (unit signature, count)
     sig_id: dict[tuple, int] = {}
@@ -423,8 +427,11 @@ def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_
     return out
 
 
-def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float) -> Found | None:
-    """Near-exact search over per-unit counts for a gang larger than any unit's free GPUs."""
+def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float,
+               base: np.ndarray | None = None) -> Found | None:
+    """Near-exact search over per-unit counts for a gang larger than any unit's free GPUs: the
+    starts (and ``base``, a full mask row: the baseline's pick) priced together, then a unit-level
+    local search within :data:`~bandpilot.dispatch.search.work.WORK_CELLS` model cells."""
     k = ctx.k
     cap = np.where(eligible, units.free // seg * seg, 0)
     starts = _unit_starts(units, k, seg, eligible)
@@ -432,7 +439,14 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         return None
     D = np.unique(np.array(starts), axis=0)
     masks, cols = units.mask_rows(D)
-    best = _best(ctx, units, masks, tie, cols)
+    if base is not None:  # the baseline's pick priced with the starts (one call): the search's floor
+        masks, cols = work.with_row(masks, cols, base)
+    before = ctx.pred.cells
+    p = ctx.evaluate(masks, cols)
+    work.note(ctx, seed_rows=masks.shape[0], seed_cells=ctx.pred.cells - before)
+    if base is not None:  # -inf: provably below the best start
+        work.note(ctx, base_value=float(p.value[-1]), base_standalone=float(p.standalone[-1]))
+    best = _best(ctx, units, masks, tie, cols, p)
     if best is None:
         return None
     evaluated = best.evaluated
@@ -442,28 +456,33 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         masks, cols = units.mask_rows(D)
         return _best(ctx, units, masks, 0.0, cols)
 
-    for _ in range(UNIT_LOCAL_ITERS):
-        if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
-            break
-        d = units.index.sum(popcount(best.mask))[0]
-        moves = _unit_moves(units, d, seg, cap)
-        if by_class:
-            moves = moves[move_classes.one_per_class(units, moves, d)]
-        if moves.shape[0] == 0:
-            break
-        got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
-        evaluated += n
-        if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
-            break
-        best = got
+    with work.work_limit(ctx, work.budget(ctx, work.WORK_CELLS)):
+        for _ in range(UNIT_LOCAL_ITERS):
+            if ctx.pred.evaluations > UNIT_EVAL_BUDGET or work.spent(ctx.pred):
+                break
+            d = units.index.sum(popcount(best.mask))[0]
+            moves = _unit_moves(units, d, seg, cap)
+            if by_class:
+                moves = moves[move_classes.one_per_class(units, moves, d)]
+            if moves.shape[0] == 0:
+                break
+            got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
+            evaluated += n
+            if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
+                break
+            best = got
     best.evaluated = evaluated
     return best
 
 
+
 def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = DOMAIN_TIE) -> Found:
-    """The ``bandpilot`` search on clusters with NVLink domains (see the module docstring)."""
+    """The ``bandpilot`` search on clusters with NVLink domains (see the module docstring); never
+    predicted below the Slurm-block-like baseline's pick on the same request (:func:`~bandpilot.dispatch.search.work.floor`)."""
     units = Units(ctx)
     k = ctx.k
+    seg = int(segment or 1)
+    base = work.baseline_pick(ctx, units.index, seg)
     fits = np.flatnonzero(units.free >= k)
     if fits.size:
         found = _fitting(ctx, units, fits, tie)
@@ -471,13 +490,12 @@ def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = D
         i = choose(ctx, units, masks, np.array([f.value for f in found]), tie)
         out = found[i]
         out.evaluated = sum(f.evaluated for f in found)
-        return out
-    seg = int(segment or 1)
-    got = cross_unit(ctx, units, seg, np.ones(units.U, dtype=bool), tie)
+        return work.floor(ctx, out, base)
+    got = cross_unit(ctx, units, seg, np.ones(units.U, dtype=bool), tie, base)
     if got is None:
         what = f" in segments of {seg}" if seg > 1 else ""
         raise PlacementError("constraint_unmet", f"{k} GPUs cannot be placed{what}: the domains' free GPUs do not add up")
-    return got
+    return work.floor(ctx, got, base)
 
 
 def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> list[Found]:
@@ -496,4 +514,3 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     got = best_each_bounded(ctx, units, us, lambda u: (in_unit(ctx, units, u, coarse=True), units.members[u]),
                             lambda m, c, p=None: _best(ctx, units, m, tie, c, p), max(tie, ctx.locality))
     return [f for f in got if f is not None]
-
