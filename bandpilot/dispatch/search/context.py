@@ -250,6 +250,15 @@ class SearchContext:
     def classes(self, allowed: np.ndarray | None = None, coarse: bool = False) -> list[_Class]:
         """Host classes with free GPUs. ``coarse``: classes ignore contention exposure (members
         ordered least-exposed first, so enumerated counts land on the least-contended hosts)."""
+        if allowed is None:  # every free host: asked by each count and enumeration of a request
+            memo = self.__dict__.setdefault("_classes", {})
+            got = memo.get(coarse)
+            if got is None:
+                got = memo[coarse] = self._classes_of(None, coarse)
+            return got
+        return self._classes_of(allowed, coarse)
+
+    def _classes_of(self, allowed: np.ndarray | None, coarse: bool) -> list[_Class]:
         lab = self.ccls if coarse else self.cls
         ok = lab >= 0 if allowed is None else (lab >= 0) & allowed
         hosts = np.flatnonzero(ok)
@@ -366,6 +375,15 @@ class SearchContext:
 
     def count_vectors(self, allowed: np.ndarray | None = None, pareto: bool = False, coarse: bool = False) -> float:
         """Number of candidates :meth:`enumerate` would produce (after symmetry reduction)."""
+        if allowed is None:
+            memo = self.__dict__.setdefault("_counts", {})
+            got = memo.get((pareto, coarse))
+            if got is None:
+                got = memo[(pareto, coarse)] = self._count_vectors(None, pareto, coarse)
+            return got
+        return self._count_vectors(allowed, pareto, coarse)
+
+    def _count_vectors(self, allowed: np.ndarray | None, pareto: bool, coarse: bool) -> float:
         poly = np.zeros(self.k + 1)
         poly[0] = 1.0
         for cl in self.classes(allowed, coarse):
