@@ -269,6 +269,8 @@ def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
         return True
     if mixed_types(ctx, hosts):
         return False
+    # one host per distinct (stage-1 row, free mask) pair: the values are the pair's
+    hosts = hosts[np.unique(ctx.pair[hosts], return_index=True)[1]]
     vals = np.round(ctx.best_val[hosts, 1:], 9)
     have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
     hi = np.where(have, vals, -np.inf).max(axis=0)
@@ -311,8 +313,7 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
     r_of, h_of, c_of, where = [], [], [], []
     by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
-    present, first = np.unique(u_of[by_unit], return_index=True)
-    trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
+    trays_of = unit_rows.UnitSlices(hosts[by_unit], u_of[by_unit])  # a unit's trays when a pattern goes there
     ok_ordered = ok[:, order]
     fill = unit_rows.pattern_fill(ctx, trays_of)
     for i, row in enumerate(pats.tolist()):
