@@ -43,20 +43,22 @@ def budgets(per: int, least: int):
         work.WORK_CELLS, work.MOVE_CELLS, work.MIN_CELLS = saved
 
 
-def searched(fab, state, k: int):
-    ctx = SearchContext(fab, state, state.free, k, predictor=ContentionPredictor(fab, state))
+def searched(fab, state, k: int, locality: float = 0.0):
+    ctx = SearchContext(fab, state, state.free, k, predictor=ContentionPredictor(fab, state), locality=locality)
     got = domain_search(ctx)
     return ctx, got
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), frac=st.floats(0.0, 0.85), scatter=st.sampled_from([0.0, 0.3, 1.0]),
-       kq=st.floats(0.0, 1.0), per=st.sampled_from([1, 2, 6]), least=st.sampled_from([0, 2_000, 100_000]))
-def test_work_stays_within_the_bound_and_the_pick_never_below_the_baseline(fab, seed, frac, scatter, kq, per, least):
+       kq=st.floats(0.0, 1.0), per=st.sampled_from([1, 2, 6]), least=st.sampled_from([0, 2_000, 100_000]),
+       locality=st.sampled_from([0.0, 0.1]))
+def test_work_stays_within_the_bound_and_the_pick_never_below_the_baseline(fab, seed, frac, scatter, kq, per, least,
+                                                                            locality):
     state = busy_state(fab.spec, fab, np.random.default_rng(seed), frac, "moderate", scatter=scatter)
     k = max(1, int(round(np.exp(kq * np.log(state.n_free)))))  # log-uniform: small and domain-spanning gangs
     with budgets(per, least):
-        ctx, got = searched(fab, state, k)
+        ctx, got = searched(fab, state, k, locality)
         spent = getattr(ctx, "work", None) or {}
         assert spent.get("search_cells", 0) <= work.budget(ctx, work.WORK_CELLS)
         assert spent.get("move_cells", 0) <= work.budget(ctx, work.MOVE_CELLS)
@@ -67,27 +69,33 @@ def test_work_stays_within_the_bound_and_the_pick_never_below_the_baseline(fab, 
     assert mine >= theirs * (1 - 1e-9), (k, mine, theirs)
 
 
-def test_the_bound_binds_where_the_search_grows_and_the_baseline_is_the_floor(fab, monkeypatch):
+def test_the_bound_binds_where_the_search_grows(fab):
     """A half-busy state with every job scattered (free GPUs in every domain): a 500-GPU gang's
-    local search spends more than a tight budget unbounded and stays within it bounded; cut that
-    short, the search alone lands below the baseline's pick (54 -> 38 GB/s), with the baseline's
-    pick in its seed batch it does not - also through the dispatcher."""
+    local search spends more than a tight budget unbounded and stays within it bounded, and the
+    pick is still not below the baseline's."""
     state = busy_state(fab.spec, fab, np.random.default_rng(1), 0.5, "moderate", scatter=1.0)
     k = 500
-    base = block_select(fab.spec, state.free, k)
-    value = lambda mask: ContentionPredictor(fab, state).predict(mask[None, :]).value[0]  # noqa: E731
     with budgets(0, 0):
         ctx, _ = searched(fab, state, k)
         free = ctx.work
     with budgets(1, 0):
         ctx, got = searched(fab, state, k)
         cap = work.budget(ctx, 1)
-        assert free["search_cells"] > cap and free["move_cells"] > cap  # unbounded: past the budget
-        assert ctx.work["search_cells"] <= cap and ctx.work["move_cells"] <= cap
-        assert value(got.mask) >= value(base) * (1 - 1e-9)
-        d = Dispatcher(fab)
-        mine, theirs = d.select(k, state), d.select(k, state, "block")
-        assert mine.predicted_gbps >= theirs.predicted_gbps * (1 - 1e-9)
-        monkeypatch.setattr(work, "baseline_pick", lambda *a: None)
-        _, alone = searched(fab, state, k)
-        assert value(alone.mask) < 0.9 * value(base)
+    assert free["search_cells"] > cap and free["move_cells"] > cap  # unbounded: past the budget
+    assert ctx.work["search_cells"] <= cap and ctx.work["move_cells"] <= cap
+    base = block_select(fab.spec, state.free, k)
+    mine, theirs = ContentionPredictor(fab, state).predict(np.stack([got.mask, base])).value
+    assert mine >= theirs * (1 - 1e-9)
+
+
+def test_the_baselines_pick_is_the_floor_under_a_locality_margin(fab, monkeypatch):
+    """With a locality margin (the queue's default is one) a candidate on fewer units wins within
+    the margin: on this state the search alone picks 78.7 GB/s where the baseline's pick is
+    predicted at 83.6; with the baseline's pick as the floor the decision is not below it."""
+    state = busy_state(fab.spec, fab, np.random.default_rng(0), 0.5, "moderate", scatter=1.0)
+    k = 200
+    d = Dispatcher(fab, locality=0.1)
+    theirs = d.select(k, state, "block").predicted_gbps
+    assert d.select(k, state).predicted_gbps >= theirs * (1 - 1e-9)
+    monkeypatch.setattr(work, "baseline_pick", lambda *a: None)
+    assert d.select(k, state).predicted_gbps < theirs * 0.97

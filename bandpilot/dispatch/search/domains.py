@@ -372,6 +372,17 @@ def _unit_starts(units: Units, k: int, seg: int, eligible: np.ndarray) -> list[n
             d[top] = balanced(cap[top], k, seg)
             if d.sum() == k:
                 out.append(d)
+    # the fewest units by free GPUs clear of contending jobs, taking only those: no contender at all
+    # (a scattered half-busy state: the other starts touch a few exposed trays, 15 vs 61 GB/s)
+    ccap = clean // seg * seg
+    if ccap.sum() >= k:
+        order = np.lexsort((np.arange(units.U), -ccap))
+        order = order[ccap[order] > 0]
+        m = int(np.searchsorted(np.cumsum(ccap[order]), k)) + 1
+        d = np.zeros(units.U, dtype=np.int64)
+        d[order[:m]] = balanced(ccap[order[:m]], k, seg)
+        if d.sum() == k:
+            out.append(d)
     order = np.lexsort((np.arange(units.U), units.exposed_free, -cap))
     order = order[cap[order] > 0]
     # fullest first, the remainder on the best-fitting other unit
