@@ -395,6 +395,20 @@ class SearchContext:
             return got
         return self._count_vectors(allowed, pareto, coarse)
 
+    def count_bound(self, pareto: bool = False) -> float:
+        """An upper bound on :meth:`count_vectors` over every free host without the symmetry
+        reduction: per host its counts 0..min(free, k) (with ``pareto``, on exposed hosts its
+        options of each count), multiplied. A few host-sized products where the exact count walks
+        the classes' partition polynomials: on small clusters the bound already settles whether
+        the exhaustive search fits its limit."""
+        hosts = np.flatnonzero(self.fcount > 0)
+        per = np.minimum(self.fcount[hosts], self.k) + 1.0
+        if pareto:
+            for i in np.flatnonzero(self.exposed[hosts]).tolist():
+                h = int(hosts[i])
+                per[i] = sum(len(self.options(h, c)) for c in range(int(per[i])))
+        return float(np.prod(per))
+
     def _count_vectors(self, allowed: np.ndarray | None, pareto: bool, coarse: bool) -> float:
         poly = np.zeros(self.k + 1)
         poly[0] = 1.0

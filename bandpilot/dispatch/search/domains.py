@@ -316,22 +316,19 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     trays_of = unit_rows.UnitSlices(hosts[by_unit], u_of[by_unit])  # a unit's trays when a pattern goes there
     ok_ordered = ok[:, order]
     fill = unit_rows.pattern_fill(ctx, trays_of)
+    last: dict = {}  # per unit the previous pattern placed there (unit_rows.place_parts)
+    best_fit = np.where(ok_ordered.any(axis=1), order[ok_ordered.argmax(axis=1)], -1).tolist()
     for i, row in enumerate(pats.tolist()):
         if per_unit:
             us = order[ok_ordered[i]].tolist()
         else:
-            j = int(np.argmax(ok_ordered[i]))
-            us = [int(order[j])] if ok_ordered[i, j] else []
+            us = [best_fit[i]] if best_fit[i] >= 0 else []
+        parts = [c for c in row if c > 0]
         for u in us:
-            taken: set[int] = set()
-            for c in row:
-                if c <= 0:
-                    continue
-                h = next(x for x in fill(u, c) if x not in taken)
-                taken.add(h)
-                r_of.append(len(where))
-                h_of.append(h)
-                c_of.append(c)
+            hosts = unit_rows.place_parts(fill, u, parts, last)
+            r_of.extend([len(where)] * len(parts))
+            h_of.extend(hosts)
+            c_of.extend(parts)
             where.append(u)
     if not where:
         return empty

@@ -211,7 +211,46 @@ def pattern_fill(ctx: Any, trays_of: Any):
             cache[(u, c)] = got
         return got
 
+    alike: dict[int, list[int] | None] = {}
+
+    def same_order(u: int) -> list[int] | None:
+        """Unit ``u``'s trays in host order when they are alike (free count, exposure, best values:
+        every ``fill(u, c)`` is then that order, ties broken by host), else None."""
+        if u not in alike:
+            hs = trays_of[u]
+            keys = np.column_stack([ctx.fcount[hs], ctx.exposed[hs], ctx.exposure[hs], np.round(ctx.best_val[hs], 9)])
+            alike[u] = hs.tolist() if bool((keys == keys[0]).all()) else None
+        return alike[u]
+
+    fill.same_order = same_order  # type: ignore[attr-defined]
     return fill
+
+
+def place_parts(fill: Any, u: int, parts: list[int], last: dict) -> list[int]:
+    """The trays of unit ``u`` a pattern's ``parts`` (descending) go on: each part on the first tray
+    of ``fill(u, part)`` not taken yet. The placement of a prefix does not depend on what follows,
+    and patterns come in lexicographic order, so the prefix shared with the previous pattern placed
+    on ``u`` (``last[u]``) keeps its trays: k = 32 on an NVL72 domain is ~600 patterns, ~3,300 parts
+    placed one by one otherwise (most of an idle 10,008-GPU select). On a unit of alike trays
+    (``fill.same_order``) the i-th part simply takes the i-th tray."""
+    same = fill.same_order(u)
+    if same is not None:  # alike trays: the i-th part takes the i-th tray
+        return same[: len(parts)]
+    prev = last.get(u)
+    n = 0
+    if prev is not None:
+        for a, b in zip(prev[0], parts):
+            if a != b:
+                break
+            n += 1
+    hosts = [] if prev is None else prev[1][:n]
+    taken = set(hosts)
+    for c in parts[n:]:
+        h = next(x for x in fill(u, c) if x not in taken)
+        taken.add(h)
+        hosts.append(h)
+    last[u] = (parts, hosts)
+    return hosts
 
 
 def moves_sorted(base: np.ndarray, pa: np.ndarray, pb: np.ndarray, t: np.ndarray) -> np.ndarray:
