@@ -210,7 +210,8 @@ def bench_trained(cluster: str, states_per_k: int, seed: int, where: str | None)
         cpu.append((time.process_time() - c) * 1e3)
         picks.append({"k": k, "gpus": sel.gpus, "gbps": sel.predicted_gbps})
     return {"cluster": cluster, "n": len(cases), "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms),
-            "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99), "picks": picks}
+            "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99), "picks": picks,
+            "slowest": sorted(zip(cpu, [k for k, _ in cases]), reverse=True)[:4]}
 
 
 def compare_picks(picks: list[dict], path: str) -> int:
@@ -335,6 +336,7 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|---:|---:|---|")
         print(f"| {r['cluster']} (trained surrogate) | {r['n']} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} "
               f"| {r['cpu_p50']:.2f} | {r['cpu_p99']:.2f} | 1 / 8 ms |")
+        print("slowest decisions (CPU ms, k): " + ", ".join(f"{c:.1f} (k={k})" for c, k in r["slowest"]))
         if args.picks_out:
             Path(args.picks_out).write_text(json.dumps(r["picks"]))
         if args.picks_against:

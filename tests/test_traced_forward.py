@@ -43,7 +43,8 @@ def batches(sur, rng, merged: bool):
 
 
 @pytest.mark.parametrize("merged", [True, False])
-def test_traced_outputs_equal_the_modules_on_every_batch(sur, merged):
+def test_traced_outputs_equal_the_modules_on_every_batch(sur, merged, monkeypatch):
+    monkeypatch.setattr(traced, "TRACE_AFTER", 8)
     net = sur.net.eval()
     run = traced.TracedForward()
     rng = np.random.default_rng(1)
@@ -56,7 +57,8 @@ def test_traced_outputs_equal_the_modules_on_every_batch(sur, merged):
             assert torch.equal(run(net, tok), net(tok))
 
 
-def test_no_trace_before_repeats_and_new_weights_drop_it(sur):
+def test_no_trace_before_repeats_and_new_weights_drop_it(sur, monkeypatch):
+    monkeypatch.setattr(traced, "TRACE_AFTER", 8)
     net = sur.net.eval()
     run = traced.TracedForward()
     tok = next(batches(sur, np.random.default_rng(2), True))

@@ -1,18 +1,19 @@
-"""A traced (TorchScript) copy of a hierarchical net for inference: the same floats, a third of the
-per-call cost.
+"""A traced (TorchScript) copy of a hierarchical net for inference: the same floats, less per-call
+overhead, for long-running processes.
 
 A decision on a 32-GPU cluster asks the net about a handful of rows at a time (~5 rows per call,
 ~0.5 forward calls per decision), so a forward pass is mostly Python: ~25 module calls and ~150
-small ops, ~0.4-1 ms each time. The traced graph runs the same ops without the module machinery
-(0.36 vs 0.80-1.06 ms per call on 6 rows, bit-identical outputs). A trace is specific to what
-Python decided while recording it, so one is kept per *layout*: the token keys present and which
+small ops. The traced graph runs the same ops without the module machinery (0.54-0.76 vs 0.91 ms
+per call on 1-20 rows at load ~8, bit-identical outputs). A trace is specific to what Python
+decided while recording it, so one is kept per *layout*: the token keys present and which
 attention path the token count takes (``networks.BROADCAST_ATTENTION_MAX_TOKENS``, the only
 data-dependent branch); the first output of each trace is checked against the module's own and a
 layout whose trace differs, or fails, stays eager. A layout is traced after :data:`TRACE_AFTER`
-calls (a one-shot command never pays the ~50 ms trace), and the traces are dropped when the
-weights change (a version token like the prediction memo's). ``torch.jit.trace`` is deprecated in
-favour of ``torch.compile`` / ``torch.export``, which need a compiler toolchain or re-run Python
-per op; with the pinned torch it works, and any error falls back to the module.
+calls (and run twice more there, TorchScript's optimising runs: the whole one-off cost in that
+call), and the traces are dropped when the weights change (a version token like the prediction
+memo's). ``torch.jit.trace`` is deprecated in favour of ``torch.compile`` / ``torch.export``, which
+need a compiler toolchain or re-run Python per op; with the pinned torch it works, and any error
+falls back to the module.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from torch import nn
 
 from bandpilot.model.networks import BROADCAST_ATTENTION_MAX_TOKENS, HierarchicalNet
 
-#: Forward calls of one layout before it is traced (0: never trace).
-TRACE_AFTER = 8
+#: Forward calls of one layout before it is traced (0: never trace). Tracing and TorchScript's first
+#: optimising runs cost ~110-160 ms CPU once (a loaded 2-core machine), ~250 saved forward calls'
+#: worth: a long-running scheduler, API server or simulation traces, a benchmark of 160 decisions
+#: (~85 forward calls) or a one-shot command does not.
+TRACE_AFTER = 256
 
 
 class TracedForward:
@@ -66,6 +70,8 @@ def _trace(net: nn.Module, tok: dict[str, torch.Tensor], want: torch.Tensor) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the deprecation notice; the one branch is in the layout key
             traced = torch.jit.trace(net, (tok,), strict=False, check_trace=False)
+            for _ in range(2):  # the profiling executor optimises on the first runs: here, not in later decisions
+                traced(tok)
             got = traced(tok)
     except Exception:  # noqa: BLE001 - any tracing failure: this layout stays eager
         return None
