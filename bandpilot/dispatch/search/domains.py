@@ -259,7 +259,8 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
 
 def mixed_types(ctx: SearchContext, hosts: np.ndarray) -> bool:
     gpu_id, _ = host_ids(ctx.spec)
-    return bool(np.unique(gpu_id[hosts]).size > 1)
+    g = gpu_id[hosts]
+    return bool(g.size and g.min() != g.max())
 
 
 def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
