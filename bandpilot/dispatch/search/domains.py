@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
+from bandpilot.dispatch.search.context import Found, SearchContext
 from bandpilot.dispatch.search import move_classes, unit_rows, work
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each_bounded
+from bandpilot.dispatch.search.unit_rows import mixed_types, symmetric_trays
 from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
@@ -257,29 +258,6 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
     return greedy
 
 
-def mixed_types(ctx: SearchContext, hosts: np.ndarray) -> bool:
-    gpu_id, _ = host_ids(ctx.spec)
-    g = gpu_id[hosts]
-    return bool(g.size and g.min() != g.max())
-
-
-def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
-    """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
-    GPUs of it are free): then trays differ only in free count and count patterns are exact."""
-    if hosts.size == 0:
-        return True
-    if mixed_types(ctx, hosts):
-        return False
-    # one host per distinct (stage-1 row, free mask) pair: the values are the pair's
-    hosts = hosts[np.unique(ctx.pair[hosts], return_index=True)[1]]
-    vals = np.round(ctx.best_val[hosts, 1:], 9)
-    have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
-    hi = np.where(have, vals, -np.inf).max(axis=0)
-    lo = np.where(have, vals, np.inf).min(axis=0)
-    seen = have.any(axis=0)
-    return bool(np.all(hi[seen] == lo[seen]))
-
-
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
              per_unit: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """In-domain candidates as *count patterns* (stage 1.5: the multiset of per-tray counts, shared
@@ -310,15 +288,17 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     if pats.shape[0] == 0:
         return empty
     need = np.stack([(pats >= c).sum(axis=1) for c in range(G + 1)], axis=1)  # (P, G+1)
-    ok = (ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & np.isin(np.arange(units.U), cand)[None, :]
+    in_cand = np.isin(np.arange(units.U), cand)
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
     r_of, h_of, c_of, where = [], [], [], []
     by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
     trays_of = unit_rows.UnitSlices(hosts[by_unit], u_of[by_unit])  # a unit's trays when a pattern goes there
-    ok_ordered = ok[:, order]
     fill = unit_rows.pattern_fill(ctx, trays_of)
     last: dict = {}  # per unit the previous pattern placed there (unit_rows.place_parts)
-    best_fit = np.where(ok_ordered.any(axis=1), order[ok_ordered.argmax(axis=1)], -1).tolist()
+    if per_unit:
+        ok_ordered = ((ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & in_cand[None, :])[:, order]
+    else:
+        best_fit = unit_rows.best_fit_units(ge, need, in_cand, order)
     for i, row in enumerate(pats.tolist()):
         if per_unit:
             us = order[ok_ordered[i]].tolist()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bandpilot.dispatch.contention import unique_rows
+from bandpilot.dispatch.search.context import host_ids
 from bandpilot.topology.cluster import ranges
 
 
@@ -192,6 +193,43 @@ class UnitSlices:
     def __getitem__(self, u: int) -> np.ndarray:
         lo, hi = np.searchsorted(self.units, [u, u + 1])
         return self.hosts[lo:hi]
+
+
+def mixed_types(ctx: Any, hosts: np.ndarray) -> bool:
+    gpu_id, _ = host_ids(ctx.spec)
+    g = gpu_id[hosts]
+    return bool(g.size and g.min() != g.max())
+
+
+def symmetric_trays(ctx: Any, hosts: np.ndarray) -> bool:
+    """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
+    GPUs of it are free): then trays differ only in free count and count patterns are exact."""
+    if hosts.size == 0:
+        return True
+    if mixed_types(ctx, hosts):
+        return False
+    # one host per distinct (stage-1 row, free mask) pair: the values are the pair's
+    hosts = hosts[np.unique(ctx.pair[hosts], return_index=True)[1]]
+    vals = np.round(ctx.best_val[hosts, 1:], 9)
+    have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
+    hi = np.where(have, vals, -np.inf).max(axis=0)
+    lo = np.where(have, vals, np.inf).min(axis=0)
+    seen = have.any(axis=0)
+    return bool(np.all(hi[seen] == lo[seen]))
+
+
+def best_fit_units(ge: np.ndarray, need: np.ndarray, in_cand: np.ndarray, order: np.ndarray) -> list[int]:
+    """Per pattern (its trays needed with >= c free GPUs, ``need``) the first unit of ``order`` among
+    ``in_cand`` whose trays (``ge``) can hold it, or -1. Units with equal ``ge`` rows are feasible
+    for the same patterns: tested once per distinct row (an idle 100,008-GPU cluster: 1 of 1,389)."""
+    rows, grp = unique_rows(ge)
+    feasible = (rows[None, :, 1:] >= need[:, None, 1:]).all(axis=2)  # (patterns, distinct rows)
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    first = np.full(rows.shape[0], order.size, dtype=np.int64)  # per row its best-fit candidate unit
+    np.minimum.at(first, grp, np.where(in_cand, rank, order.size))
+    pos = np.where(feasible, first[None, :], order.size).min(axis=1)
+    return np.where(pos < order.size, order[np.minimum(pos, order.size - 1)], -1).tolist()
 
 
 def pattern_fill(ctx: Any, trays_of: Any):
