@@ -174,6 +174,61 @@ def bench_latency(cluster: str, states_per_k: int, seed: int, algos: list[str]) 
     return out
 
 
+def saved_surrogate(fab, seed: int, where: str | None):
+    """:func:`trained_surrogate`, kept in the directory ``where`` (loaded from it when it holds one
+    for this cluster): before/after runs of the decision path compare the same model."""
+    from bandpilot.model.surrogate import Surrogate
+
+    if where and (Path(where) / "surrogate.json").is_file():
+        sur = Surrogate.load(where)
+        if sur.spec.fingerprint() != fab.spec.fingerprint():
+            raise SystemExit(f"--surrogate {where} was trained for {sur.spec.name!r}, not {fab.spec.name!r}")
+        return sur
+    sur = trained_surrogate(fab, seed)
+    if where:
+        sur.save(where)
+    return sur
+
+
+def bench_trained(cluster: str, states_per_k: int, seed: int, where: str | None) -> dict:
+    """A trained surrogate's decisions on ``cluster`` (k = 1..n_gpus, ``states_per_k`` random states
+    each, the latency table's cases): wall and CPU time per select and every pick (GPUs and
+    predicted GB/s), for a before/after comparison of the decision path (``--picks-out`` /
+    ``--picks-against``)."""
+    spec = load_cluster(ROOT / "params" / "clusters" / f"{cluster}.yaml")
+    fab = make_fabric(spec)
+    d = Dispatcher(saved_surrogate(fab, seed, where), seed)
+    rng = np.random.default_rng(seed)
+    cases = [(k, random_state(spec, fab, rng, PROFILES[int(rng.integers(3))], k))
+             for k in range(1, spec.n_gpus + 1) for _ in range(states_per_k)]
+    d.select(4, cases[0][1])
+    ms, cpu, picks = [], [], []
+    for k, st in cases:
+        t, c = time.perf_counter(), time.process_time()
+        sel = d.select(k, st)
+        ms.append((time.perf_counter() - t) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+        picks.append({"k": k, "gpus": sel.gpus, "gbps": sel.predicted_gbps})
+    return {"cluster": cluster, "n": len(cases), "p50": pct(ms, 50), "p99": pct(ms, 99), "max": max(ms),
+            "cpu_p50": pct(cpu, 50), "cpu_p99": pct(cpu, 99), "picks": picks,
+            "slowest": sorted(zip(cpu, [k for k, _ in cases]), reverse=True)[:4]}
+
+
+def compare_picks(picks: list[dict], path: str) -> int:
+    """Picks that differ from those recorded in ``path`` (GPUs, or predicted GB/s beyond 1e-9)."""
+    import json
+
+    ref = json.loads(Path(path).read_text())
+    if len(ref) != len(picks):
+        raise SystemExit(f"{path}: {len(ref)} recorded picks, this run made {len(picks)} (other cases or seed)")
+    bad = [i for i, (a, b) in enumerate(zip(picks, ref))
+           if a["k"] != b["k"] or a["gpus"] != b["gpus"] or abs(a["gbps"] - b["gbps"]) > 1e-9 * max(1.0, abs(b["gbps"]))]
+    for i in bad[:5]:
+        print(f"  case {i} (k={picks[i]['k']}): {picks[i]['gpus']} {picks[i]['gbps']:.4f} GB/s, recorded "
+              f"{ref[i]['gpus']} {ref[i]['gbps']:.4f} GB/s")
+    return len(bad)
+
+
 def trained_surrogate(fab, seed: int):
     """The real product path: a surrogate trained (default params/train.yaml) on 250 noisy
     cross-host measurements of the emulated cluster plus its stage-1 tables."""
@@ -266,7 +321,29 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="few states, for a smoke run")
     ap.add_argument("--skip", nargs="*", default=[], choices=["latency", "large", "quality"])
+    ap.add_argument("--trained", action="store_true", help="only a trained surrogate's decisions on the 32-GPU "
+                    "H100 cluster (latency, CPU time, picks)")
+    ap.add_argument("--surrogate", help="directory of that surrogate: loaded when it holds one, else trained and saved there")
+    ap.add_argument("--picks-out", help="write that run's picks (JSON) here")
+    ap.add_argument("--picks-against", help="compare that run's picks with these (JSON from --picks-out); exit 1 on a difference")
     args = ap.parse_args()
+    if args.trained:
+        import json
+
+        r = bench_trained("h100", args.latency_states, args.seed, args.surrogate)
+        print(f"load: {open('/proc/loadavg').read().strip()}")
+        print("| cluster | selects | p50 ms | p99 ms | max ms | CPU p50 ms | CPU p99 ms | target p50 / p99 (quiet) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        print(f"| {r['cluster']} (trained surrogate) | {r['n']} | {r['p50']:.2f} | {r['p99']:.2f} | {r['max']:.2f} "
+              f"| {r['cpu_p50']:.2f} | {r['cpu_p99']:.2f} | 1 / 8 ms |")
+        print("slowest decisions (CPU ms, k): " + ", ".join(f"{c:.1f} (k={k})" for c, k in r["slowest"]))
+        if args.picks_out:
+            Path(args.picks_out).write_text(json.dumps(r["picks"]))
+        if args.picks_against:
+            bad = compare_picks(r["picks"], args.picks_against)
+            print(f"picks vs {args.picks_against}: {r['n'] - bad} of {r['n']} identical")
+            sys.exit(1 if bad else 0)
+        return
     if args.quick:
         args.states, args.latency_states, args.large_states = 2, 1, 1
     algos = ["Ideal-BP", "bandpilot (noisy 5%)", "EHA+PTS (paper)", "eha", "pts", "topo", "default", "random"]

@@ -23,9 +23,11 @@ SCATTER = 0.3
 
 
 def busy_state(spec: ClusterSpec, fabric, rng: np.random.Generator, frac: float, profile: str = "moderate",
-               reserve: int = 0) -> State:
+               reserve: int = 0, scatter: float = SCATTER) -> State:
     """A state with about ``frac`` of the GPUs busy (at least ``reserve`` left free); ``profile``
-    sets the jobs' demand: ``idle`` (0), ``moderate`` (25-75 % of their bandwidth), ``heavy`` (all)."""
+    sets the jobs' demand: ``idle`` (0), ``moderate`` (25-75 % of their bandwidth), ``heavy`` (all).
+    ``scatter``: share of the jobs' draws that take a random tray instead of a whole domain (1.0:
+    every domain keeps some free GPUs - the state where a large gang spans the most domains)."""
     H = spec.n_hosts
     unit = spec.units[0]
     free = [int(m) for m in spec.full_masks.tolist()]
@@ -43,7 +45,7 @@ def busy_state(spec: ClusterSpec, fabric, rng: np.random.Generator, frac: float,
         tries = 0
         while left > 0 and tries < 50 * size + 1000:
             tries += 1
-            if rng.random() < SCATTER:
+            if rng.random() < scatter:
                 hosts = [int(rng.integers(H))]
             else:
                 hosts = members[units[int(rng.integers(len(units)))]]

@@ -318,16 +318,24 @@ class Constraints:
         return Feasible(elig, out, n, short, per_dom)
 
     def check_selection(self, spec: ClusterSpec, gpus: Sequence[str], eligible: np.ndarray, k: int,
-                        domains: np.ndarray) -> str | None:
+                        domains: np.ndarray, mask: np.ndarray | None = None) -> str | None:
         """What is wrong with a returned allocation (``None``: nothing): k distinct GPUs, all
-        free and allowed, on one host / in one domain when asked, and the registered checks."""
-        gpus = list(gpus)
-        if len(gpus) != k or len(set(gpus)) != len(gpus):
-            return f"returned {len(gpus)} GPUs ({len(set(gpus))} distinct) for k={k}"
-        try:
-            mask = spec.to_mask(gpus)
-        except SpecError as exc:
-            return str(exc)
+        free and allowed, on one host / in one domain when asked, and the registered checks.
+        ``mask``: the per-host masks ``gpus`` were named from (``spec.from_mask``), checked as
+        they are instead of parsing the names back (~0.1 ms of a 32-GPU decision)."""
+        if mask is not None:
+            n = int(popcount(np.asarray(mask, dtype=np.int64)).sum())
+            if n != k or len(gpus) != k:
+                return f"returned {n} GPUs ({len(gpus)} named) for k={k}"
+            mask = np.asarray(mask, dtype=np.int64)
+        else:
+            gpus = list(gpus)
+            if len(gpus) != k or len(set(gpus)) != len(gpus):
+                return f"returned {len(gpus)} GPUs ({len(set(gpus))} distinct) for k={k}"
+            try:
+                mask = spec.to_mask(gpus)
+            except SpecError as exc:
+                return str(exc)
         if np.any(mask & ~eligible):
             return f"returned GPUs that are not free or not allowed: {spec.from_mask(mask & ~eligible)[:4]}"
         if self.single_host and int((mask != 0).sum()) != 1:

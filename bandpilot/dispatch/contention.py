@@ -104,6 +104,11 @@ def _job_hosts(job: Any, units: UnitIndex | None) -> tuple[np.ndarray, bool]:
     return got
 
 
+class WorkSpent(Exception):
+    """A model call refused: it would pass the predictor's :attr:`ContentionPredictor.cell_limit`
+    (nothing was priced; the counters are unchanged)."""
+
+
 @dataclass
 class Prediction:
     """Contention-aware and standalone predictions for a batch of candidates."""
@@ -160,6 +165,12 @@ class ContentionPredictor:
         self._dense: np.ndarray | None = None
         self.evaluations = 0
         self.calls = 0
+        #: model cells (rows x host columns of every model call): the work a decision costs, whatever
+        #: the cluster's width - a row over 2,000 trays costs the model 100 times one over 18
+        self.cells = 0
+        #: cells after which :meth:`raw` refuses a call (:class:`WorkSpent`) instead of making it;
+        #: None: no limit. A search sets it around the part of its work it can stop early.
+        self.cell_limit: int | None = None
 
     @property
     def n_jobs(self) -> int:
@@ -224,6 +235,9 @@ class ContentionPredictor:
         if masks.shape[0] == 0:
             return np.zeros(0)
         uniq, inv = unique_rows(masks)
+        cells = int(uniq.shape[0]) * (self.spec.n_hosts if cols is None else int(cols.size))
+        if self.cell_limit is not None and self.cells + cells > self.cell_limit:
+            raise WorkSpent(f"{cells} model cells would pass the limit of {self.cell_limit} ({self.cells} spent)")
         if cols is None:
             vals = self.model.predict_masks(uniq)
         elif hasattr(self.model, "predict_columns"):
@@ -236,6 +250,7 @@ class ContentionPredictor:
         if vals.shape[0] != uniq.shape[0]:
             raise ValueError(f"model returned {vals.shape[0]} predictions for {uniq.shape[0]} rows")
         self.evaluations += int(uniq.shape[0])
+        self.cells += cells
         self.calls += 1
         return vals[inv]
 

@@ -242,7 +242,7 @@ class Dispatcher:
 
         mask = np.asarray(mask, dtype=np.int64)
         gpus = self.spec.from_mask(mask)
-        bad = cons.check_selection(self.spec, gpus, free, k, self._domains)
+        bad = cons.check_selection(self.spec, gpus, free, k, self._domains, mask)
         if bad:  # never hand out a busy GPU
             raise AssertionError(f"{algorithm} produced an invalid allocation {gpus}: {bad}")
         if cons.min_gbps is not None and value < cons.min_gbps:

@@ -28,6 +28,7 @@ from bandpilot.model.domain_tokens import DomainView, Features, take_rows
 from bandpilot.model.memory import PatternMemory, pattern_keys
 from bandpilot.model.net_kinds import build_net
 from bandpilot.model.prior_proxy import PriorProxy
+from bandpilot.model.traced import TracedForward
 from bandpilot.model.tokens import gpu_tokens, grouped_host_tokens, host_arrays, host_speed, host_tokens, to_torch
 
 FORMAT_VERSION = 1
@@ -353,9 +354,16 @@ class Surrogate:
                     sel = ranges(g_start[idx], n_tok[idx])
                     sub = (np.repeat(np.arange(idx.size), n_tok[idx]), *(g[sel] for g in gr[1:]))
                     tok = grouped_host_tokens(masks[idx], sub, self.stage1, self._hosts)
-                out[idx] = torch.exp(self.net(to_torch(tok))).double().numpy()
+                out[idx] = torch.exp(self._run_net(to_torch(tok))).double().numpy()
                 s += rows
         return out
+
+    def _run_net(self, tok: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The net on a token batch, through its traced copy once a layout repeats (:mod:`.traced`)."""
+        run = getattr(self, "_traced", None)
+        if run is None:
+            run = self._traced = TracedForward()
+        return run(self.net, tok)
 
     def inside_bound(self, units: np.ndarray, k: int) -> np.ndarray | None:
         """Per unit an upper bound on this model's value of any ``k``-GPU row over >= 2 trays of it

@@ -207,7 +207,7 @@ def test_queue_show_slurm_script_is_accepted_as_printed(slurm_clean, tmp_path, c
     store = q.Store(url)
     store.init_cluster(c.spec)
     q.submit(store, [{"id": "warm", "k": 3, "tenant": "t"}, {"id": "big", "k": 11, "tenant": "t", "shape": "tp=1,dp=11"}])
-    sched.run_batch(store, Dispatcher(make_fabric(c.spec)))
+    sched.run_batch(store, Dispatcher(make_fabric(c.spec)), "recommended")
     capsys.readouterr()
     assert main(["queue", "show", "big", "--format", "slurm", "--store", url]) == 0
     script = capsys.readouterr().out

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bandpilot.dispatch.search.context import Found, SearchContext, host_ids
-from bandpilot.dispatch.search import move_classes, unit_rows
+from bandpilot.dispatch.search.context import Found, SearchContext
+from bandpilot.dispatch.search import move_classes, unit_rows, work
 from bandpilot.dispatch.search.screen import screen_for
 from bandpilot.dispatch.search.unit_batch import best_each_bounded
+from bandpilot.dispatch.search.unit_rows import mixed_types, symmetric_trays
 from bandpilot.dispatch.search.unit_setup import coarse_counts, enumerate_coarse, greedy_on_cols
 from bandpilot.dispatch.search.partitions import partitions
 from bandpilot.errors import PlacementError
@@ -257,26 +258,6 @@ def in_unit(ctx: SearchContext, units: Units, u: int, exact: bool = False, coars
     return greedy
 
 
-def mixed_types(ctx: SearchContext, hosts: np.ndarray) -> bool:
-    gpu_id, _ = host_ids(ctx.spec)
-    return bool(np.unique(gpu_id[hosts]).size > 1)
-
-
-def symmetric_trays(ctx: SearchContext, hosts: np.ndarray) -> bool:
-    """True when, per GPU type, a tray's best ``c``-subset value depends only on ``c`` (not on which
-    GPUs of it are free): then trays differ only in free count and count patterns are exact."""
-    if hosts.size == 0:
-        return True
-    if mixed_types(ctx, hosts):
-        return False
-    vals = np.round(ctx.best_val[hosts, 1:], 9)
-    have = np.arange(1, ctx.G + 1)[None, :] <= ctx.fcount[hosts][:, None]
-    hi = np.where(have, vals, -np.inf).max(axis=0)
-    lo = np.where(have, vals, np.inf).min(axis=0)
-    seen = have.any(axis=0)
-    return bool(np.all(hi[seen] == lo[seen]))
-
-
 def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: bool,
              per_unit: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """In-domain candidates as *count patterns* (stage 1.5: the multiset of per-tray counts, shared
@@ -307,30 +288,28 @@ def patterns(ctx: SearchContext, units: Units, cand: np.ndarray, with_exposed: b
     if pats.shape[0] == 0:
         return empty
     need = np.stack([(pats >= c).sum(axis=1) for c in range(G + 1)], axis=1)  # (P, G+1)
-    ok = (ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & np.isin(np.arange(units.U), cand)[None, :]
+    in_cand = np.isin(np.arange(units.U), cand)
     order = np.lexsort((np.arange(units.U), units.free))  # best fit first
     r_of, h_of, c_of, where = [], [], [], []
     by_unit = np.argsort(u_of, kind="stable")  # hosts grouped by unit, host order kept inside
-    present, first = np.unique(u_of[by_unit], return_index=True)
-    trays_of = dict(zip(present.tolist(), np.split(hosts[by_unit], first[1:])))
-    ok_ordered = ok[:, order]
+    trays_of = unit_rows.UnitSlices(hosts[by_unit], u_of[by_unit])  # a unit's trays when a pattern goes there
     fill = unit_rows.pattern_fill(ctx, trays_of)
+    last: dict = {}  # per unit the previous pattern placed there (unit_rows.place_parts)
+    if per_unit:
+        ok_ordered = ((ge[None, :, 1:] >= need[:, None, 1:]).all(axis=2) & in_cand[None, :])[:, order]
+    else:
+        best_fit = unit_rows.best_fit_units(ge, need, in_cand, order)
     for i, row in enumerate(pats.tolist()):
         if per_unit:
             us = order[ok_ordered[i]].tolist()
         else:
-            j = int(np.argmax(ok_ordered[i]))
-            us = [int(order[j])] if ok_ordered[i, j] else []
+            us = [best_fit[i]] if best_fit[i] >= 0 else []
+        parts = [c for c in row if c > 0]
         for u in us:
-            taken: set[int] = set()
-            for c in row:
-                if c <= 0:
-                    continue
-                h = next(x for x in fill(u, c) if x not in taken)
-                taken.add(h)
-                r_of.append(len(where))
-                h_of.append(h)
-                c_of.append(c)
+            hosts = unit_rows.place_parts(fill, u, parts, last)
+            r_of.extend([len(where)] * len(parts))
+            h_of.extend(hosts)
+            c_of.extend(parts)
             where.append(u)
     if not where:
         return empty
@@ -371,6 +350,17 @@ def _unit_starts(units: Units, k: int, seg: int, eligible: np.ndarray) -> list[n
             d[top] = balanced(cap[top], k, seg)
             if d.sum() == k:
                 out.append(d)
+    # the fewest units by free GPUs clear of contending jobs, taking only those: no contender at all
+    # (a scattered half-busy state: the other starts touch a few exposed trays, 15 vs 61 GB/s)
+    ccap = clean // seg * seg
+    if ccap.sum() >= k:
+        order = np.lexsort((np.arange(units.U), -ccap))
+        order = order[ccap[order] > 0]
+        m = int(np.searchsorted(np.cumsum(ccap[order]), k)) + 1
+        d = np.zeros(units.U, dtype=np.int64)
+        d[order[:m]] = balanced(ccap[order[:m]], k, seg)
+        if d.sum() == k:
+            out.append(d)
     order = np.lexsort((np.arange(units.U), units.exposed_free, -cap))
     order = order[cap[order] > 0]
     # fullest first, the remainder on the best-fitting other unit
@@ -408,6 +398,10 @@ def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_
     # distinct moves in np.unique's order of their rows (other columns are equal)
     pa, pb = np.searchsorted(cols, a_), np.searchsorted(cols, b_)
     o = unit_rows.moves_order(cols.size, pa, pb, t_)
+    # a round builds the first moves in the order the screen prices them, within the work bound
+    width = int(np.count_nonzero(d[cols])) + 1
+    o = o[: work.round_moves(units.ctx, o.size, width)]
+    work.charge_moves(units.ctx, o.size * width)
     pa, pb, t_ = pa[o], pb[o], np.asarray(t_, dtype=np.int64)[o]
     # interchangeable unused targets: keep one per sequence of (unit signature, count)
     sig_id: dict[tuple, int] = {}
@@ -423,8 +417,11 @@ def _move_rows(units: Units, d: np.ndarray, cols: np.ndarray, a_: np.ndarray, b_
     return out
 
 
-def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float) -> Found | None:
-    """Near-exact search over per-unit counts for a gang larger than any unit's free GPUs."""
+def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray, tie: float,
+               base: np.ndarray | None = None) -> Found | None:
+    """Near-exact search over per-unit counts for a gang larger than any unit's free GPUs: the
+    starts (and ``base``, a full mask row: the baseline's pick) priced together, then a unit-level
+    local search within :data:`~bandpilot.dispatch.search.work.WORK_CELLS` model cells."""
     k = ctx.k
     cap = np.where(eligible, units.free // seg * seg, 0)
     starts = _unit_starts(units, k, seg, eligible)
@@ -432,7 +429,14 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         return None
     D = np.unique(np.array(starts), axis=0)
     masks, cols = units.mask_rows(D)
-    best = _best(ctx, units, masks, tie, cols)
+    if base is not None:  # the baseline's pick priced with the starts (one call): the search's floor
+        masks, cols = work.with_row(masks, cols, base)
+    before = ctx.pred.cells
+    p = ctx.evaluate(masks, cols)
+    work.note(ctx, seed_rows=masks.shape[0], seed_cells=ctx.pred.cells - before)
+    if base is not None:  # -inf: provably below the best start
+        work.note(ctx, base_value=float(p.value[-1]), base_standalone=float(p.standalone[-1]))
+    best = _best(ctx, units, masks, tie, cols, p)
     if best is None:
         return None
     evaluated = best.evaluated
@@ -442,28 +446,33 @@ def cross_unit(ctx: SearchContext, units: Units, seg: int, eligible: np.ndarray,
         masks, cols = units.mask_rows(D)
         return _best(ctx, units, masks, 0.0, cols)
 
-    for _ in range(UNIT_LOCAL_ITERS):
-        if ctx.pred.evaluations > UNIT_EVAL_BUDGET:
-            break
-        d = units.index.sum(popcount(best.mask))[0]
-        moves = _unit_moves(units, d, seg, cap)
-        if by_class:
-            moves = moves[move_classes.one_per_class(units, moves, d)]
-        if moves.shape[0] == 0:
-            break
-        got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
-        evaluated += n
-        if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
-            break
-        best = got
+    with work.work_limit(ctx, work.budget(ctx, work.WORK_CELLS)):
+        for _ in range(UNIT_LOCAL_ITERS):
+            if ctx.pred.evaluations > UNIT_EVAL_BUDGET or work.spent(ctx.pred):
+                break
+            d = units.index.sum(popcount(best.mask))[0]
+            moves = _unit_moves(units, d, seg, cap)
+            if by_class:
+                moves = moves[move_classes.one_per_class(units, moves, d)]
+            if moves.shape[0] == 0:
+                break
+            got, n = screen(moves, price, best.value * (1 + 1e-9) + 1e-12)
+            evaluated += n
+            if got is None or got.value <= best.value * (1 + 1e-9) + 1e-12:
+                break
+            best = got
     best.evaluated = evaluated
     return best
 
 
+
 def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = DOMAIN_TIE) -> Found:
-    """The ``bandpilot`` search on clusters with NVLink domains (see the module docstring)."""
+    """The ``bandpilot`` search on clusters with NVLink domains (see the module docstring); never
+    predicted below the Slurm-block-like baseline's pick on the same request (:func:`~bandpilot.dispatch.search.work.floor`)."""
     units = Units(ctx)
     k = ctx.k
+    seg = int(segment or 1)
+    base = work.baseline_pick(ctx, units.index, seg)
     fits = np.flatnonzero(units.free >= k)
     if fits.size:
         found = _fitting(ctx, units, fits, tie)
@@ -471,13 +480,12 @@ def domain_search(ctx: SearchContext, segment: int | None = None, tie: float = D
         i = choose(ctx, units, masks, np.array([f.value for f in found]), tie)
         out = found[i]
         out.evaluated = sum(f.evaluated for f in found)
-        return out
-    seg = int(segment or 1)
-    got = cross_unit(ctx, units, seg, np.ones(units.U, dtype=bool), tie)
+        return work.floor(ctx, out, base)
+    got = cross_unit(ctx, units, seg, np.ones(units.U, dtype=bool), tie, base)
     if got is None:
         what = f" in segments of {seg}" if seg > 1 else ""
         raise PlacementError("constraint_unmet", f"{k} GPUs cannot be placed{what}: the domains' free GPUs do not add up")
-    return got
+    return work.floor(ctx, got, base)
 
 
 def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> list[Found]:
@@ -496,4 +504,3 @@ def _fitting(ctx: SearchContext, units: Units, fits: np.ndarray, tie: float) -> 
     got = best_each_bounded(ctx, units, us, lambda u: (in_unit(ctx, units, u, coarse=True), units.members[u]),
                             lambda m, c, p=None: _best(ctx, units, m, tie, c, p), max(tie, ctx.locality))
     return [f for f in got if f is not None]
-

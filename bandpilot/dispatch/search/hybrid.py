@@ -34,10 +34,11 @@ def bandpilot(ctx: SearchContext) -> Found:
     clusters with NVLink domains the hierarchical :func:`domain_search`."""
     if ctx.spec.nvlink_domains:
         return domain_search(ctx, segment=ctx.segment, **({} if ctx.tie is None else {"tie": ctx.tie}))
-    if ctx.count_vectors() <= COUNT_SEARCH_LIMIT:
+    if ctx.count_bound() <= COUNT_SEARCH_LIMIT or ctx.count_vectors() <= COUNT_SEARCH_LIMIT:
         # On hosts exposed to contending jobs also try the Pareto subsets (stage-1 of the subset
         # vs. of its unions with the jobs' GPUs) when that keeps the space within the limit.
-        pareto = ctx.count_vectors(pareto=True) <= COUNT_SEARCH_LIMIT
+        pareto = (ctx.count_bound(pareto=True) <= COUNT_SEARCH_LIMIT
+                  or ctx.count_vectors(pareto=True) <= COUNT_SEARCH_LIMIT)
         got = count_search(ctx, pareto=pareto)
         if got is not None:
             return got

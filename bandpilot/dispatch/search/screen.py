@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bandpilot.dispatch.contention import WorkSpent
 from bandpilot.dispatch.search.context import SearchContext
 from bandpilot.model.unit_grid import Changed, changed_parts
 
@@ -57,19 +58,45 @@ Screen = Callable[[np.ndarray, Callable[[np.ndarray], Any], float], tuple[Any, i
 
 
 def _whole(D: np.ndarray, price: Callable[[np.ndarray], Any], bar: float) -> tuple[Any, int]:
-    got = price(D)
+    try:
+        got = price(D)
+    except WorkSpent:  # the decision's work budget cannot price this batch: nothing from it
+        return None, 0
     return got, 0 if got is None else got.evaluated
 
 
-def in_order(first: int) -> Screen:
+def _room(pred: Any, step: int, per: float) -> int:
+    """``step`` clipped to the candidates the predictor's cell limit still has room for, at ``per``
+    cells a candidate (the last chunk's; 0: not known yet); 0 when none fits."""
+    limit = getattr(pred, "cell_limit", None)
+    if limit is None:
+        return step
+    left = limit - pred.cells
+    if left <= 0:
+        return 0
+    return step if per <= 0 else max(1, min(step, int(left // per)))
+
+
+def in_order(first: int, pred: Any = None) -> Screen:
     """Batches priced in their own order, ``first`` candidates then twice as many at a time, until a
-    chunk holds a candidate above the bar (else to the end); the best priced and the evaluations."""
+    chunk holds a candidate above the bar (else to the end, or until ``pred``'s cell limit: a
+    chunk is clipped to the room left, and one the limit refuses ends the batch); the best priced
+    and the evaluations."""
 
     def screen(D: np.ndarray, price: Callable[[np.ndarray], Any], bar: float) -> tuple[Any, int]:
-        got, evaluated, pos, step = None, 0, 0, max(int(first), 1)
+        got, evaluated, pos, step, per = None, 0, 0, max(int(first), 1), 0.0
         while pos < D.shape[0]:
-            cand = price(D[pos : pos + step])
-            pos, step = pos + step, 2 * step
+            take = step if pred is None else _room(pred, step, per)
+            if take == 0:
+                break
+            before = 0 if pred is None else pred.cells
+            try:
+                cand = price(D[pos : pos + take])
+            except WorkSpent:
+                break
+            if pred is not None:
+                per = max(per, (pred.cells - before) / min(take, D.shape[0] - pos))
+            pos, step = pos + take, 2 * step
             if cand is not None:
                 evaluated += cand.evaluated
                 if got is None or cand.value > got.value:
@@ -90,7 +117,7 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
     make = getattr(ctx.model, "screening_model", None)
     proxy = make() if callable(make) else None
     if proxy is None:
-        return _whole if FABRIC_FIRST <= 0 else in_order(FABRIC_FIRST)
+        return _whole if FABRIC_FIRST <= 0 else in_order(FABRIC_FIRST, ctx.pred)
     first = SCREEN_TOP if top is None else int(top)
 
     def part(u: int, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,11 +136,19 @@ def screen_for(ctx: SearchContext, units: Any, budget: int, top: int | None = No
         ch = changed_parts(D)  # the cells the moves changed: one pass for the stand-in and the contenders
         solo = proxy.predict_units(D, part, feats, parts=parts, changed=ch)
         order = np.argsort(-_shared(ctx.pred, D, solo, units, ch), kind="stable")
-        got, evaluated, pos, step = None, 0, 0, first
+        got, evaluated, pos, step, per = None, 0, 0, first, 0.0
         while pos < order.size:
-            # each chunk in the batch's own order (ties among its candidates decided as before)
-            cand = price(D[np.sort(order[pos : pos + step])])
-            pos, step = pos + step, 2 * step
+            take = _room(ctx.pred, step, per)
+            if take == 0:
+                break
+            before = ctx.pred.cells
+            try:
+                # each chunk in the batch's own order (ties among its candidates decided as before)
+                cand = price(D[np.sort(order[pos : pos + take])])
+            except WorkSpent:
+                break
+            per = max(per, (ctx.pred.cells - before) / order[pos : pos + take].size)
+            pos, step = pos + take, 2 * step
             if cand is not None:
                 evaluated += cand.evaluated
                 if got is None or cand.value > got.value:
