@@ -1,4 +1,4 @@
-"""Verified discovery: detection and localization of injected faults (issue 12's targets).
+"""Verified discovery: detection and localization of injected faults (targets below).
 
     python -m benchmarks.bench_verify [--faults 200] [--clusters h100,het4mix]
 

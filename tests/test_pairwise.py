@@ -1,4 +1,4 @@
-"""Issue 25: model-free verification from pairwise node sweeps (logs -> matrices -> verdicts -> gate)."""
+"""Model-free verification from pairwise node sweeps (logs -> matrices -> verdicts -> gate)."""
 
 from __future__ import annotations
 
@@ -192,7 +192,8 @@ def test_cli_pairwise_json_out_and_errors(faulty_logs, tmp_path, capsys):
     d, _ = faulty_logs
     assert _cli(["verify", "--pairwise", str(d), "--json", "--out", str(tmp_path / "rep")]) == 3
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"nodes", "links"} and len(out["nodes"]) == 8 and len(out["links"]) == 28
+    assert set(out) == {"pairs", "nodes", "links"} and len(out["nodes"]) == 8 and len(out["links"]) == 28
+    assert out["pairs"] == {"expected": 28, "measured": 28, "failed": 0, "missing": 0}
     assert out["nodes"]["h100-2"]["status"] == "degraded" and out["nodes"]["h100-0"]["status"] == "healthy"
     assert all(set(lk) >= {"nodes", "status", "ratio"} for lk in out["links"])
     assert [lk["nodes"] for lk in out["links"] if lk["status"] != "healthy"] == [["h100-4", "h100-6"]]
