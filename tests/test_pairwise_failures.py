@@ -234,3 +234,63 @@ def test_property_crashed_truncated_empty_and_duplicated_logs_never_vanish(runs6
             assert lk.status == "failed"
     if not damaged:
         assert rep.healthy and rep.exit_code == 0, rep.markdown()
+
+
+def test_a_run_that_dies_after_some_rows_is_crashed(runs8, tmp_path):
+    write_sweep_logs(runs8, tmp_path)
+    p = tmp_path / "nccl_N2_G4_h100-0_h100-6.log"
+    lines = p.read_text().split("\n")
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("#") and "(B)" in ln) + 3  # after 2 rows
+    lines[at:] = ["h100-6: Test NCCL failure common.cu:1279 'remote process exited or there was a network error / '",
+                  " .. h100-6 pid 4017: Test failure common.cu:401", ""]
+    p.write_text("\n".join(lines))
+    rep = analyze(read_sweep(tmp_path))
+    lk = _link(rep, "h100-0", "h100-6")
+    assert lk.status == "failed" and "alltoall x4: crashed" in lk.evidence_text
+    assert "sendrecv x4: no log" in lk.evidence_text and rep.counts()["failed"] == 1
+
+
+# ------------------------------------------------------------------------------------------
+# command line
+
+
+def _cli(args):
+    from bandpilot.cli.main import main
+
+    return main(args)
+
+
+@pytest.mark.slow
+def test_cli_nodes_list_json_and_gate(runs8, tmp_path, capsys):
+    d = tmp_path / "sweep"
+    runs = runs8
+    for peer in ("h100-0", "h100-1", "h100-2", "h100-6"):
+        runs = _fail(runs, tuple(sorted(("h100-5", peer))), 8, "alltoall_perf", "crashed")
+    write_sweep_logs(runs, d)
+    names = tmp_path / "nodes.txt"
+    names.write_text("# the rack\n" + "\n".join(f"h100-{i}" for i in range(9)) + "\n")
+    assert _cli(["verify", "--pairwise", str(d), "--nodes", str(names), "--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["pairs"] == {"expected": 36, "measured": 24, "failed": 4, "missing": 8}
+    assert out["nodes"]["h100-8"]["status"] == "failed" and out["nodes"]["h100-5"]["failed_peers"] == "5/8"
+    assert _cli(["verify", "--pairwise", str(d), "--nodes", "h100-0,h100-1,h100-2,h100-3,h100-4,h100-5,h100-6,h100-7",
+                 "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["pairs"] == {"expected": 28, "measured": 24, "failed": 4, "missing": 0}
+    for args, msg in ([["--nodes", "h100-0"], "at least 2 nodes"], [["--nodes", str(tmp_path / "no.txt")], "no such file"]):
+        assert _cli(["verify", "--pairwise", str(d), *args]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+    # --gate: the failed node leaves the pool, a failed link is recorded on both hosts
+    spec_file = tmp_path / "c.yaml"
+    doc = yaml.safe_load((ROOT / "params" / "clusters" / "h100-64.yaml").read_text())
+    doc["host_groups"][0]["count"], doc["name"] = 8, "h100-8"
+    spec_file.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert _cli(["cluster", "init", "--cluster", str(spec_file), "--store", url]) == 0
+    assert _cli(["verify", "--pairwise", str(d), "--gate", "--store", url]) == 3
+    capsys.readouterr()
+    assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
+    rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["h100-5"]["status"] == "failed" and rows["h100-5"]["gated_gpus"] == 8
+    assert rows["h100-0"]["status"] == "healthy" and rows["h100-0"]["links"] == ["h100-0<->h100-5"]
+    assert rows["h100-0"]["gated_gpus"] == 0 and rows["h100-3"]["links"] == []
