@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 from itertools import combinations
-from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,16 +17,7 @@ from bandpilot.errors import DataError
 from bandpilot.fabric.emulator import EmulatorFabric
 from bandpilot.health.pairwise import analyze
 from bandpilot.health.sweeps import PairRun, emulate_sweep, read_sweep, write_sweep_logs
-from bandpilot.topology.cluster import spec_from_dict
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _spec(n: int):
-    d = yaml.safe_load((ROOT / "params" / "clusters" / "h100-64.yaml").read_text())
-    d["host_groups"][0]["count"] = n
-    d["name"] = f"h100-{n}"
-    return spec_from_dict(d)
+from test_pairwise import _cli, _spec, gate_sweep
 
 
 @pytest.fixture(scope="module")
@@ -254,12 +243,6 @@ def test_a_run_that_dies_after_some_rows_is_crashed(runs8, tmp_path):
 # command line
 
 
-def _cli(args):
-    from bandpilot.cli.main import main
-
-    return main(args)
-
-
 @pytest.mark.slow
 def test_cli_nodes_list_json_and_gate(runs8, tmp_path, capsys):
     d = tmp_path / "sweep"
@@ -281,16 +264,7 @@ def test_cli_nodes_list_json_and_gate(runs8, tmp_path, capsys):
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1 and "Traceback" not in err
     # --gate: the failed node leaves the pool, a failed link is recorded on both hosts
-    spec_file = tmp_path / "c.yaml"
-    doc = yaml.safe_load((ROOT / "params" / "clusters" / "h100-64.yaml").read_text())
-    doc["host_groups"][0]["count"], doc["name"] = 8, "h100-8"
-    spec_file.write_text(yaml.safe_dump(doc))
-    url = f"sqlite:///{tmp_path / 'q.db'}"
-    assert _cli(["cluster", "init", "--cluster", str(spec_file), "--store", url]) == 0
-    assert _cli(["verify", "--pairwise", str(d), "--gate", "--store", url]) == 3
-    capsys.readouterr()
-    assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
-    rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = gate_sweep(d, tmp_path, capsys)
     assert rows["h100-5"]["status"] == "failed" and rows["h100-5"]["gated_gpus"] == 8
     assert rows["h100-0"]["status"] == "healthy" and rows["h100-0"]["links"] == ["h100-0<->h100-5"]
     assert rows["h100-0"]["gated_gpus"] == 0 and rows["h100-3"]["links"] == []
