@@ -343,7 +343,9 @@ def analyze(sweep: Sweep, *, source: str = "", agree: int = 2, z: float = 5.0, m
     notes = list(st.notes)
     per_gpn = max(Counter(m.gpn for m in ms).values(), default=0) >= agree
     need = agree if len(ms) >= agree else max(len(ms), 1)
-    if need < agree:
+    if not ms:
+        notes.append("no run gave a result: nothing to compare with its peers")
+    elif need < agree:
         notes.append(f"only {len(ms)} sweep matrix: faults are called without agreement across collectives or repeats")
     elif not per_gpn:
         notes.append("one collective, no repeats: faults need agreement across GPU counts instead")
