@@ -5,7 +5,10 @@ collective come from each run's own output), or emulate them with injected fault
 A sweep log is whatever the operator's wrapper wrote - usually one file per pair and GPU count
 holding several collectives back to back (``nccl_N2_G8_node1_node2.log``); every run in every file
 is read with :func:`bandpilot.topology.nccl_log.parse_all`. A run is a pair measurement when its
-``# Using devices`` table lists exactly two hosts with the same number of ranks each.
+``# Using devices`` table lists exactly two hosts with the same number of ranks each; a run that died
+before printing the table (or an empty log) is attributed by its file's other runs or by the
+wrappers' file name. Runs without a result - crashed, cut short, wrong data, empty - are kept as
+failures, never dropped: a crashed pair is the strongest signal a sweep gives.
 """
 
 from __future__ import annotations
