@@ -77,12 +77,6 @@ class SweepStatus:
                 "missing": states.count("missing")}
 
 
-def _key(nodes: tuple[str, str]) -> tuple[str, str]:
-    """A pair in natural node order, as the report lists it (h100-2 before h100-10)."""
-    a, b = sorted(nodes, key=natural)
-    return a, b
-
-
 def _tail(k: int, m: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(m, p)."""
     p = min(max(p, 1e-12), 1 - 1e-12)
@@ -150,10 +144,13 @@ def sweep_status(sweep: Sweep, nodes: Sequence[str] | None = None, alpha: float 
     extra = [n for n in names if listed and n not in listed]
     if extra:
         notes.append(f"in the logs but not in the node list: {', '.join(extra[:6])}{' ...' if len(extra) > 6 else ''}")
-    measured = {(_key(r.nodes), r.collective, r.gpn) for r in sweep.runs}
+    order = {n: i for i, n in enumerate(names)}
+    key = {nodes: (nodes if order[nodes[0]] < order[nodes[1]] else (nodes[1], nodes[0]))
+           for nodes in {r.nodes for r in every}}  # natural order, as the report lists pairs
+    measured = {(key[r.nodes], r.collective, r.gpn) for r in sweep.runs}
     fails: dict[tuple[str, str], list[PairRun]] = defaultdict(list)
     for f in sweep.failures:
-        fails[_key(f.nodes)].append(f)
+        fails[key[f.nodes]].append(f)
     pairs = {}
     for pair in combinations(names, 2):
         k = min(cap.get(pair[0], top), cap.get(pair[1], top))
