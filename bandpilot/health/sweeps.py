@@ -109,6 +109,15 @@ def _pair_from_name(path: Path, known: set[str]) -> tuple[tuple[str, str], int] 
     return (a, b), int(m.group(1))
 
 
+_SAID_RE = re.compile(r"Test (?:NCCL |CUDA |HIP )?failure|Cuda failure|Test timeout")
+
+
+def _said(lines: list[str], start: int, end: int) -> str:
+    """The failure line a crashed run (lines ``start..end-1``, 1-based) printed first, whole
+    (``host: Test NCCL failure file:line 'why / detail'``)."""
+    return next((snip(ln, 200) for ln in lines[start - 1:end - 1] if _SAID_RE.search(ln)), "")
+
+
 def _failure(res: NcclResult) -> str:
     """What went wrong in a run with problems, in a word."""
     text = " ".join(res.problems)
@@ -160,7 +169,8 @@ def _attribute(parsed, skipped: list[str]) -> tuple[list[tuple[NcclResult, tuple
     for p, text, runs in parsed:
         pairs = {pr for r in runs if (pr := _pair_of(r)) is not None}
         fallback = next(iter(pairs)) if len(pairs) == 1 else _pair_from_name(p, known)
-        launcher = next((snip(ln, 160) for ln in text.splitlines() if _LAUNCHER_RE.search(ln)), "")
+        lines = text.split("\n")  # numbered as the parser numbers them
+        launcher = next((snip(ln, 160) for ln in lines if _LAUNCHER_RE.search(ln)), "")
         if not runs:
             if fallback is None:
                 skipped.append(f"{p}:1: empty log, and its name does not say which pair it was for")
@@ -168,7 +178,8 @@ def _attribute(parsed, skipped: list[str]) -> tuple[list[tuple[NcclResult, tuple
                 failed.append(PairRun("", fallback[1], fallback[0], 0.0, 0, f"{p}:1", "empty log", launcher or "empty log"))
             continue
         before = len(failed)
-        for res in runs:
+        ends = [r.line for r in runs[1:]] + [len(lines) + 1]
+        for res, end in zip(runs, ends):
             pair = _pair_of(res)
             if pair is None and (res.devices or fallback is None):
                 skipped.append(f"{p}:{res.line}: not a node pair ({len({d.host for d in res.devices})} hosts)")
@@ -181,9 +192,11 @@ def _attribute(parsed, skipped: list[str]) -> tuple[list[tuple[NcclResult, tuple
                 else:
                     found.append((res, pair[0], pair[1], f"{p}:{res.line}"))
                 continue
-            detail = "; ".join(x for x in (snip(res.problems[0].split(": ", 1)[-1], 200) if res.problems else "",
-                                           launcher) if x)
-            failed.append(PairRun(coll, pair[1], pair[0], 0.0, 0, f"{p}:{res.line}", _failure(res), detail))
+            kind = _failure(res)
+            said = _said(lines, res.line, end) if kind == "crashed" else ""
+            first = said or (snip(res.problems[0].split(": ", 1)[-1], 200) if res.problems else "")
+            detail = "; ".join(x for x in (first, launcher) if x)
+            failed.append(PairRun(coll, pair[1], pair[0], 0.0, 0, f"{p}:{res.line}", kind, detail))
         if launcher and fallback is not None and len(failed) == before:
             failed.append(PairRun("", fallback[1], fallback[0], 0.0, 0, str(p), LAUNCHER, launcher))
     return found, failed
