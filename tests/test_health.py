@@ -1,4 +1,4 @@
-"""Issue 12 (first slice): fault injection, the probe plan, the single-fault decoder, ``bandpilot verify``."""
+"""Fault injection, the probe plan, the single-fault decoder, ``bandpilot verify``."""
 
 from __future__ import annotations
 

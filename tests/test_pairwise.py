@@ -92,7 +92,7 @@ def test_a_transient_dip_needs_agreement(spec8):
 
 
 def test_slow_at_one_gpu_count_only_and_min_drop(spec8):
-    """Like the real sweep in the issue: one node at 0.7x at 4 GPUs per node only (both collectives)."""
+    """A real sweep's pattern: one node at 0.7x at 4 GPUs per node only (both collectives)."""
     runs = emulate_sweep(EmulatorFabric(spec8, seed=6), seed=6)
     odd = [PairRun(r.collective, r.gpn, r.nodes, r.busbw * (0.7 if r.gpn == 4 and "h100-6" in r.nodes else 1.0)) for r in runs]
     v = analyze(Sweep(odd)).nodes["h100-6"]
