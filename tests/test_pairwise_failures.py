@@ -301,3 +301,14 @@ def test_the_guide_example_runs_as_written(tmp_path):
     v = json.loads((tmp_path / "verdicts.json").read_text())
     assert v["pairs"] == {"expected": 36, "measured": 26, "failed": 1, "missing": 9}
     assert v["nodes"]["h100-8"]["status"] == "failed" and v["nodes"]["h100-8"]["fault"] == "no runs"
+
+
+def test_a_log_whose_every_run_crashed_is_not_dropped(runs8, tmp_path):
+    """Every run of the file without a row: the parser's strict reading rejects the whole file."""
+    runs = _fail(_fail(runs8, ("h100-2", "h100-4"), 8, "alltoall_perf", "crashed"), ("h100-2", "h100-4"), 8,
+                 "sendrecv_perf", "crashed")
+    write_sweep_logs(runs, tmp_path)
+    rep = analyze(read_sweep(tmp_path))
+    lk = _link(rep, "h100-2", "h100-4")
+    assert lk.status == "failed" and lk.evidence_text.endswith("alltoall x8: crashed; sendrecv x8: crashed")
+    assert rep.counts() == {"expected": 28, "measured": 27, "failed": 1, "missing": 0}
