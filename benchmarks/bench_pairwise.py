@@ -1,4 +1,4 @@
-"""Model-free pairwise verification: detection and localization of injected faults and failed runs.
+"""Model-free pairwise verification: detection and localization of injected faults, against the targets.
 
     python -m benchmarks.bench_pairwise [--faults 200] [--nodes 16] [--glitch 0.01] [--logs 5] [--crashes 40]
 

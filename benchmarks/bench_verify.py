@@ -1,4 +1,4 @@
-"""Verified discovery: detection and localization of injected faults (targets below).
+"""Verified discovery: detection and localization of injected faults, against the targets.
 
     python -m benchmarks.bench_verify [--faults 200] [--clusters h100,het4mix]
 
