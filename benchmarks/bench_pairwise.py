@@ -1,6 +1,6 @@
 """Model-free pairwise verification: detection and localization of injected faults, against the targets.
 
-    python -m benchmarks.bench_pairwise [--faults 200] [--nodes 16] [--glitch 0.01] [--logs 5]
+    python -m benchmarks.bench_pairwise [--faults 200] [--nodes 16] [--glitch 0.01] [--logs 5] [--crashes 40]
 
 An emulated cluster of ``--nodes`` H100 hosts (the calibrated H100 emulator, one rack, 8 NIC rails
 per host) is swept the way operators do it: every node pair, alltoall and sendrecv, 1, 2, 4 and 8
@@ -15,6 +15,12 @@ is flagged, as the right kind - a slow node as a node fault, a link as a link be
 a rail as a node slow from the GPU count that first uses the rail (rail 0 is used by every run, so it
 reads as a slow node, which counts). False alarms: flagged nodes and links other than the fault, as
 a share of the healthy ones. Targets: >= 98 %, >= 95 %, <= 1 %.
+
+Failed runs (``--crashes`` trials, always through log files): a fault-free sweep in which one run of
+one random pair - any collective, any GPU count - is written the way nccl-tests fails (NCCL failure
+after the column header, a row cut by a killed job, wrong data, only the launcher's error, an empty
+log) or its log is deleted. Detected: that pair is ``failed`` (``missing`` for a deleted log);
+localized: nothing else is flagged. Target: 100 %, 100 %, 0 false alarms.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from benchmarks.bench_surrogate import ROOT
 from bandpilot.fabric.emulator import EmulatorFabric
 from bandpilot.fabric.faults import FaultyFabric, random_fault
 from bandpilot.health.pairwise import analyze
-from bandpilot.health.sweeps import Sweep, emulate_sweep, read_sweep, write_sweep_logs
+from bandpilot.health.sweeps import WRITABLE_FAILURES, PairRun, Sweep, emulate_sweep, read_sweep, write_sweep_logs
 from bandpilot.topology.cluster import spec_from_dict
 
 KINDS = {"slow node": "slow_host", "slow link": "host_link", "slow rail": "nic_rail"}
@@ -79,6 +85,25 @@ def trial(spec, fault, seed: int, glitch: float, via_logs: bool):
         return analyze(read_sweep(tmp)), len(runs)
 
 
+def crash_trial(spec, seed: int, glitch: float) -> tuple[bool, bool, int, int]:
+    """One failed (or deleted) run in a fault-free sweep: (detected, localized, false alarms, healthy elements)."""
+    rng = np.random.default_rng(seed)
+    runs = emulate_sweep(EmulatorFabric(spec, seed=seed), seed=seed, glitch=glitch, rng=rng)
+    hit = runs[int(rng.integers(len(runs)))]
+    kind = str(rng.choice([*WRITABLE_FAILURES, "deleted log"]))
+    if kind != "deleted log":
+        runs = [PairRun(r.collective, r.gpn, r.nodes, r.busbw, r.repeat, failure=kind) if r == hit else r for r in runs]
+    with tempfile.TemporaryDirectory(prefix="bench-pairwise-") as tmp:
+        write_sweep_logs(runs, tmp)
+        if kind == "deleted log":
+            os.unlink(os.path.join(tmp, f"nccl_N2_G{hit.gpn}_{hit.nodes[0]}_{hit.nodes[1]}.log"))
+        rep = analyze(read_sweep(tmp))
+    lk = next(x for x in rep.links if set(x.nodes) == set(hit.nodes))
+    det = lk.status == ("missing" if kind == "deleted log" else "failed")
+    others = sum(x.status != "healthy" for x in rep.links if x is not lk) + sum(v.status != "healthy" for v in rep.nodes.values())
+    return det, det and others == 0, others, len(rep.links) - 1 + len(rep.nodes)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--faults", type=int, default=200, help="trials per kind (and fault-free sweeps)")
@@ -86,6 +111,7 @@ def main() -> None:
     ap.add_argument("--glitch", type=float, default=0.01)
     ap.add_argument("--factor", type=float, default=None, help="one severity for every kind (default: per kind)")
     ap.add_argument("--logs", type=int, default=5, help="trials per kind through real log files")
+    ap.add_argument("--crashes", type=int, default=40, help="trials with one failed or missing run (through logs)")
     args = ap.parse_args()
     spec = cluster(args.nodes)
     t0 = time.perf_counter()
@@ -94,7 +120,7 @@ def main() -> None:
              f"{'default (node x0.7, link x0.6, rail x0.5)' if args.factor is None else f'x{args.factor:g}'}.", "",
              "| fault | trials | detected % | localized % | false alarms % of healthy nodes+links | runs per node | via logs |",
              "|---|---:|---:|---:|---:|---:|---|"]
-    for label, kind in [("none", None), *KINDS.items()]:
+    for label, kind in [("none", None), *KINDS.items()] if args.faults else []:
         rng = np.random.default_rng(zlib.crc32(f"pairwise/{label}".encode()))
         det = loc = fa = healthy = 0
         runs = 0
@@ -108,6 +134,14 @@ def main() -> None:
         ll = "-" if kind is None else f"{100 * loc / n:.1f}"
         lines.append(f"| {label} | {n} | {dl} | {ll} | {100 * fa / healthy:.3f} | {2 * runs / args.nodes:.0f} | "
                      f"first {min(args.logs, n)} |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    if args.crashes:
+        det = loc = fa = healthy = 0
+        for t in range(args.crashes):
+            d, lz, f, h = crash_trial(spec, 200_000 + t, args.glitch)
+            det, loc, fa, healthy = det + d, loc + lz, fa + f, healthy + h
+        lines.append(f"| failed or missing run | {args.crashes} | {100 * det / args.crashes:.1f} | "
+                     f"{100 * loc / args.crashes:.1f} | {100 * fa / healthy:.3f} | - | all |")
         print(lines[-1], file=sys.stderr, flush=True)
     lines += ["", f"Wall time {time.perf_counter() - t0:.0f} s; load average at end {os.getloadavg()[0]:.1f}."]
     print("\n".join(lines))

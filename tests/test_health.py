@@ -1,4 +1,4 @@
-"""Issue 12 (first slice): fault injection, the probe plan, the single-fault decoder, ``bandpilot verify``."""
+"""Fault injection, the probe plan, the single-fault decoder, ``bandpilot verify``."""
 
 from __future__ import annotations
 
@@ -166,7 +166,15 @@ def test_cli_verify_json_exit_codes_and_errors(model_dir, tmp_path, capsys):
 
     rc = _cli(["verify", "--model", str(model_dir), "--dry-run"])
     lines = capsys.readouterr().out.splitlines()
-    assert rc == 0 and len(lines) == 65 and "16.0 per host" in lines[-1] and lines[0].startswith("CUDA_VISIBLE_DEVICES=")
+    assert rc == 0 and len(lines) == 65 and "16.0 per host" in lines[-1]
+    # every line says where it runs: ssh to the host inside one host, mpirun -H across hosts
+    assert lines[0].startswith("ssh h100-0 CUDA_VISIBLE_DEVICES=1,2,3,4,5,6,7 ")
+    assert sum(ln.startswith("ssh h100-") for ln in lines) == 32 and sum("-H h100-" in ln for ln in lines) == 32
+    rc = _cli(["verify", "--model", str(model_dir), "--dry-run", "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    assert rc == 0 and plan["total"] == 64 and plan["per_host"] == 16.0 and len(plan["runs"]) == 64
+    assert plan["runs"][0]["hosts"] == ["h100-0"] and plan["runs"][0]["gpus"] == {"h100-0": [1, 2, 3, 4, 5, 6, 7]}
+    assert [c for r in plan["runs"] for c in r["commands"]] == lines[:-1]
 
     for args, msg in ((["--hosts", "h100-0,nope"], "nope"), (["--runner", "rdma"], "--runner"),
                       (["--inject", str(tmp_path / "missing.yaml")], "missing.yaml")):

@@ -1,4 +1,4 @@
-"""Issue 25: model-free verification from pairwise node sweeps (logs -> matrices -> verdicts -> gate)."""
+"""Model-free verification from pairwise node sweeps (logs -> matrices -> verdicts -> gate)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_a_transient_dip_needs_agreement(spec8):
 
 
 def test_slow_at_one_gpu_count_only_and_min_drop(spec8):
-    """Like the real sweep in the issue: one node at 0.7x at 4 GPUs per node only (both collectives)."""
+    """A real sweep's pattern: one node at 0.7x at 4 GPUs per node only (both collectives)."""
     runs = emulate_sweep(EmulatorFabric(spec8, seed=6), seed=6)
     odd = [PairRun(r.collective, r.gpn, r.nodes, r.busbw * (0.7 if r.gpn == 4 and "h100-6" in r.nodes else 1.0)) for r in runs]
     v = analyze(Sweep(odd)).nodes["h100-6"]
@@ -192,7 +192,8 @@ def test_cli_pairwise_json_out_and_errors(faulty_logs, tmp_path, capsys):
     d, _ = faulty_logs
     assert _cli(["verify", "--pairwise", str(d), "--json", "--out", str(tmp_path / "rep")]) == 3
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"nodes", "links"} and len(out["nodes"]) == 8 and len(out["links"]) == 28
+    assert set(out) == {"pairs", "nodes", "links"} and len(out["nodes"]) == 8 and len(out["links"]) == 28
+    assert out["pairs"] == {"expected": 28, "measured": 28, "failed": 0, "missing": 0}
     assert out["nodes"]["h100-2"]["status"] == "degraded" and out["nodes"]["h100-0"]["status"] == "healthy"
     assert all(set(lk) >= {"nodes", "status", "ratio"} for lk in out["links"])
     assert [lk["nodes"] for lk in out["links"] if lk["status"] != "healthy"] == [["h100-4", "h100-6"]]
@@ -208,20 +209,26 @@ def test_cli_pairwise_json_out_and_errors(faulty_logs, tmp_path, capsys):
         assert msg in err and "Traceback" not in err and err.count("\n") == 1, err
 
 
-@pytest.mark.slow
-def test_cli_pairwise_gate(faulty_logs, spec8, tmp_path, capsys):
-    d, _ = faulty_logs
+def gate_sweep(d, tmp_path, capsys, n: int = 8) -> dict:
+    """``verify --pairwise d --gate`` on a fresh store of an ``n``-node H100 cluster (exit 3 expected);
+    ``cluster health`` rows by host."""
     spec_file = tmp_path / "c.yaml"
     doc = yaml.safe_load((ROOT / "params" / "clusters" / "h100-64.yaml").read_text())
-    doc["host_groups"][0]["count"] = 8
-    doc["name"] = "h100-8"
+    doc["host_groups"][0]["count"] = n
+    doc["name"] = f"h100-{n}"
     spec_file.write_text(yaml.safe_dump(doc))
     url = f"sqlite:///{tmp_path / 'q.db'}"
     assert _cli(["cluster", "init", "--cluster", str(spec_file), "--store", url]) == 0
     assert _cli(["verify", "--pairwise", str(d), "--gate", "--store", url]) == 3
     capsys.readouterr()
     assert _cli(["cluster", "health", "--store", url, "--json"]) == 0
-    rows = {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+    return {r["host"]: r for r in json.loads(capsys.readouterr().out)}
+
+
+@pytest.mark.slow
+def test_cli_pairwise_gate(faulty_logs, spec8, tmp_path, capsys):
+    d, _ = faulty_logs
+    rows = gate_sweep(d, tmp_path, capsys)
     assert rows["h100-2"]["status"] == "degraded" and rows["h100-2"]["gated_gpus"] == 8
     assert rows["h100-5"]["gated_gpus"] == 2  # the GPUs driving rails 2 and 3
     assert rows["h100-4"]["status"] == "healthy" and rows["h100-4"]["links"] == ["h100-4<->h100-6"]

@@ -35,6 +35,10 @@ def verify_cmd(
                                                                              "(default: the largest most runs reached).")] = None,
     min_drop: Annotated[float, typer.Option("--min-drop", min=0.01, max=0.9, help="--pairwise: the smallest loss "
                                                                                  "called a fault (0.15 = 15 % below the peers).")] = 0.15,
+    nodes: Annotated[str | None, typer.Option("--nodes", help="--pairwise: every node the sweep was meant to cover, "
+                                                              "comma-separated or a file (one per line), so pairs "
+                                                              "without any log count as missing (default: the nodes "
+                                                              "in the logs).")] = None,
 ) -> None:
     """Verified discovery: a few nccl-tests runs per host against the model's expectation, or pairwise
     sweep logs against their peers (--pairwise DIR; no model needed, --model optional).
@@ -66,20 +70,20 @@ def verify_cmd(
     if gate:  # open (and check) the store first: a bad store must not cost a verify run
         st = cli_store(store)
     if pairwise is not None:
-        _pairwise(pairwise, model, message_bytes, min_drop, st, out, as_json,
+        _pairwise(pairwise, model, message_bytes, min_drop, st, out, as_json, nodes,
                   conflicts=[n for n, v in (("--measurements", measurements), ("--inject", inject), ("--dry-run", dry_run),
                                             ("--hosts", hosts), ("--cluster", cluster)) if v])
         return
     if model is None:
         raise RequestError("verify needs --model (or --pairwise DIR, which compares sweep logs with their peers)")
-    if message_bytes is not None or min_drop != 0.15:
-        raise RequestError("--bytes and --min-drop apply to --pairwise")
+    if message_bytes is not None or min_drop != 0.15 or nodes is not None:
+        raise RequestError("--bytes, --min-drop and --nodes apply to --pairwise")
     if measurements is not None and (inject is not None or dry_run):
         raise RequestError("--measurements verifies existing runs: it takes no --inject or --dry-run")
     if runner not in ("emulator", "ssh"):
         raise RequestError(f"--runner must be emulator or ssh, got {runner!r}")
     sur = Surrogate.load(model)
-    rep = _probe(sur, cluster, runner, inject, measurements, dry_run, host_list)
+    rep = _probe(sur, cluster, runner, inject, measurements, dry_run, host_list, as_json)
     if rep is None:  # --dry-run printed the plan
         return
     if st is not None:
@@ -92,8 +96,10 @@ def verify_cmd(
 
 
 def _probe(sur, cluster: Path | None, runner: str, inject: Path | None, measurements: Path | None, dry_run: bool,
-           host_list: list[str] | None):
+           host_list: list[str] | None, as_json: bool = False):
     """The verify report of existing measurements or of new probe runs; None after printing a dry run."""
+    import json
+
     from bandpilot.health import verify as hv
     from bandpilot.topology.cluster import load_cluster
 
@@ -101,8 +107,8 @@ def _probe(sur, cluster: Path | None, runner: str, inject: Path | None, measurem
         return hv.verify_measurements(sur, measurements, hosts=host_list)
     spec = load_cluster(cluster) if cluster is not None else sur.spec
     if dry_run:
-        for line in hv.dry_run_lines(spec, host_list, model=sur):
-            typer.echo(line)
+        plan = hv.dry_run_plan(spec, host_list, model=sur)
+        typer.echo(json.dumps(plan, indent=1) if as_json else "\n".join(hv.dry_run_lines(plan=plan)))
         return None
     fabric = None
     if inject is not None:
@@ -128,8 +134,29 @@ def _gate(st, sur, rep) -> None:
                err=True)
 
 
+def _node_list(value: str | None) -> list[str] | None:
+    """``--nodes``: a file of node names (one per line or separated by commas/blanks, ``#`` comments)
+    or a comma-separated list."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_file():
+        try:
+            text = "\n".join(ln.split("#", 1)[0] for ln in p.read_text().splitlines())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RequestError(f"--nodes {value}: cannot read it ({exc.__class__.__name__})") from None
+        names = text.replace(",", " ").split()
+    else:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        if len(names) == 1 and ("/" in value or value.endswith((".txt", ".list"))):
+            raise RequestError(f"--nodes {value}: no such file (give a file or a comma-separated list of nodes)")
+    if len(names) < 2:
+        raise RequestError(f"--nodes {value}: a sweep needs at least 2 nodes, got {len(names)}")
+    return names
+
+
 def _pairwise(directory: Path, model: str | None, message_bytes: int | None, min_drop: float, st, out: Path | None,
-              as_json: bool, conflicts: list[str]) -> None:
+              as_json: bool, nodes: str | None, conflicts: list[str]) -> None:
     from bandpilot.health.pairwise import analyze, report_json
     from bandpilot.health.sweeps import read_sweep
 
@@ -137,13 +164,15 @@ def _pairwise(directory: Path, model: str | None, message_bytes: int | None, min
         raise RequestError(f"--pairwise reads sweep logs: it takes no {', '.join(conflicts)}")
     if not directory.is_dir():
         raise RequestError(f"--pairwise {directory}: not a directory")
+    listed = _node_list(nodes)
     expect = None
     if model is not None:
         from bandpilot.health.pairwise_model import model_expectation
         from bandpilot.model.surrogate import Surrogate
 
         expect = model_expectation(Surrogate.load(model))
-    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect, min_drop=min_drop)
+    rep = analyze(read_sweep(directory, message_bytes), source=str(directory), expect=expect, min_drop=min_drop,
+                  nodes=listed)
     if st is not None:
         from bandpilot.queue import apply_verdicts
 

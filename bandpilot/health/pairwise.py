@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bandpilot.health.pair_status import PairProblem, SweepStatus, sweep_status
 from bandpilot.health.sweeps import PairRun, Sweep
 
 FAILED_RATIO = 0.1  # below a tenth of its peers: failed, not degraded (and a crashed run is 0)
@@ -62,10 +63,14 @@ class NodeVerdict:
     rails: list[int] = field(default_factory=list)  # NIC rails that can explain it (fault == rails)
     evidence: int = 0  # matrices that flag it
     matrices: int = 0  # matrices it is in
+    failed_peers: tuple[int, int] | None = None  # (peers its pairs failed with, peers) when that makes it failed
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "ratio": round(self.ratio, 4), "fault": self.fault, "gpus_per_node": self.gpn,
-                "rails": self.rails, "evidence": f"{self.evidence}/{self.matrices}"}
+        out = {"status": self.status, "ratio": round(self.ratio, 4), "fault": self.fault, "gpus_per_node": self.gpn,
+               "rails": self.rails, "evidence": f"{self.evidence}/{self.matrices}"}
+        if self.failed_peers is not None:
+            out["failed_peers"] = f"{self.failed_peers[0]}/{self.failed_peers[1]}"
+        return out
 
 
 @dataclass
@@ -76,10 +81,21 @@ class LinkVerdict:
     gpn: list[int] = field(default_factory=list)
     evidence: int = 0
     matrices: int = 0
+    problems: list[PairProblem] = field(default_factory=list)  # expected runs without a result
+
+    @property
+    def evidence_text(self) -> str:
+        """``1/2`` (matrices that flag it), then the runs without a result: ``1/2; sendrecv x8: crashed``."""
+        counts = Counter(p.short for p in self.problems)
+        runs = [k if c == 1 else f"{k} ({c} runs)" for k, c in counts.items()]
+        return "; ".join([f"{self.evidence}/{self.matrices}", *runs])
 
     def to_json(self) -> dict[str, Any]:
-        return {"nodes": list(self.nodes), "status": self.status, "ratio": round(self.ratio, 4),
-                "evidence": f"{self.evidence}/{self.matrices}"}
+        out = {"nodes": list(self.nodes), "status": self.status,
+               "ratio": round(self.ratio, 4) if np.isfinite(self.ratio) else None, "evidence": self.evidence_text}
+        if self.problems:
+            out["problems"] = [p.to_json() for p in self.problems]
+        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,10 +154,13 @@ def analyze_matrix(m: Matrix, *, z: float = 5.0, min_drop: float = 0.15, expecte
 
 
 def matrices(runs: list[PairRun], nodes: list[str]) -> list[Matrix]:
-    """One matrix per (collective, GPUs per node, repeat); a pair measured twice in one keeps the lower."""
+    """One matrix per (collective, GPUs per node, repeat); a pair measured twice in one keeps the lower.
+    Runs without a result (``failure``) stay out: they are counted, not compared."""
     at = {n: i for i, n in enumerate(nodes)}
     out: dict[tuple[str, int, int], Matrix] = {}
     for r in runs:
+        if not r.ok:
+            continue
         key = (r.collective, r.gpn, r.repeat)
         if key not in out:
             out[key] = Matrix(r.collective, r.gpn, r.repeat, np.full((len(nodes), len(nodes)), np.nan))
@@ -235,6 +254,27 @@ def _link_verdicts(ms: list[Matrix], nodes: list[str], need: int, per_gpn: bool,
     return out
 
 
+def _merge(nodes: dict[str, NodeVerdict], links: list[LinkVerdict], st: SweepStatus) -> list[LinkVerdict]:
+    """Every expected pair once, in node order: a pair with a failed run is ``failed``, one with a
+    missing run ``missing`` unless the peer comparison found it slow; a node its failures
+    concentrate on is ``failed``."""
+    by = {lk.nodes: lk for lk in links}
+    out = []
+    for pair, ps in st.pairs.items():
+        lk = by.pop(pair, None) or LinkVerdict(pair, ratio=float("nan"))
+        lk.problems = ps.problems
+        if ps.state == "failed":
+            lk.status = "failed"
+        elif ps.state == "missing" and lk.status == "healthy":
+            lk.status = "missing"
+        out.append(lk)
+    out += by.values()
+    for name, (k, m, fault) in st.node_failures.items():
+        v = nodes.setdefault(name, NodeVerdict(name))
+        v.status, v.fault, v.failed_peers = "failed", fault, (k, m)
+    return out
+
+
 @dataclass
 class PairwiseReport:
     source: str
@@ -245,6 +285,7 @@ class PairwiseReport:
     need: int
     per_gpn: bool  # agreement at the same GPU count (several collectives or repeats) or across counts
     notes: list[str] = field(default_factory=list)
+    status: SweepStatus | None = None  # expected pairs and the runs without a result
 
     @property
     def healthy(self) -> bool:
@@ -257,8 +298,15 @@ class PairwiseReport:
 
         return 0 if self.healthy else EXIT_UNHEALTHY
 
+    def counts(self) -> dict[str, int]:
+        """Pairs: expected = measured + failed + missing (by what their logs hold)."""
+        if self.status is None:
+            return {"expected": len(self.links), "measured": len(self.links), "failed": 0, "missing": 0}
+        return self.status.counts()
+
     def to_json(self) -> dict[str, Any]:
-        return {"nodes": {n: v.to_json() for n, v in self.nodes.items()}, "links": [lk.to_json() for lk in self.links]}
+        return {"pairs": self.counts(), "nodes": {n: v.to_json() for n, v in self.nodes.items()},
+                "links": [lk.to_json() for lk in self.links]}
 
     def host_verdicts(self) -> dict[str, dict[str, Any]]:
         """What ``--gate`` records per host: a slow node drains the host, a slow rail the GPUs that
@@ -283,16 +331,21 @@ class PairwiseReport:
 
 
 def analyze(sweep: Sweep, *, source: str = "", agree: int = 2, z: float = 5.0, min_drop: float = 0.15,
-            alpha: float = 0.01, expect: Callable[[Matrix, list[str]], np.ndarray | None] | None = None) -> PairwiseReport:
-    """Verdicts for every node and link of a sweep. ``expect(matrix, nodes)``: a model's busbw per
-    pair (or None for matrices it cannot predict). ``alpha``: the expected number of links that
-    transient dips may confirm by chance before a link must also agree across GPU counts."""
-    nodes = sweep.nodes
+            alpha: float = 0.01, expect: Callable[[Matrix, list[str]], np.ndarray | None] | None = None,
+            nodes: list[str] | None = None) -> PairwiseReport:
+    """Verdicts for every node and every expected pair of a sweep. ``expect(matrix, nodes)``: a
+    model's busbw per pair (or None for matrices it cannot predict). ``alpha``: the expected number
+    of links that transient dips may confirm by chance before a link must also agree across GPU
+    counts. ``nodes``: every node the sweep was meant to cover (default: the nodes in its logs)."""
+    st = sweep_status(sweep, nodes)
+    nodes = st.nodes
     ms = matrices(sweep.runs, nodes)
-    notes = []
+    notes = list(st.notes)
     per_gpn = max(Counter(m.gpn for m in ms).values(), default=0) >= agree
     need = agree if len(ms) >= agree else max(len(ms), 1)
-    if need < agree:
+    if not ms:
+        notes.append("no run gave a result: nothing to compare with its peers")
+    elif need < agree:
         notes.append(f"only {len(ms)} sweep matrix: faults are called without agreement across collectives or repeats")
     elif not per_gpn:
         notes.append("one collective, no repeats: faults need agreement across GPU counts instead")
@@ -307,7 +360,9 @@ def analyze(sweep: Sweep, *, source: str = "", agree: int = 2, z: float = 5.0, m
             links = _link_verdicts(ms, nodes, need, per_gpn, counts=2)
             notes.append(f"isolated link dips in {100 * q:.2f} % of the measured pairs (~{chance:.2f} links would be "
                          "confirmed by chance): a link fault needs agreement at two GPU counts")
-    return PairwiseReport(source, _node_verdicts(ms, nodes, need, per_gpn), links, ms, sweep, need, per_gpn, notes)
+    verdicts = _node_verdicts(ms, nodes, need, per_gpn)
+    links = _merge(verdicts, links, st)
+    return PairwiseReport(source, verdicts, links, ms, sweep, need, per_gpn, notes, st)
 
 
 def report_json(rep: PairwiseReport) -> str:

@@ -149,18 +149,40 @@ def verify_measurements(model: Any, directory: str | Path, *, hosts: list[str] |
     return VerifyReport(ds.spec.name, f"measurements {directory}", verdicts, tol, runs, time.perf_counter() - t0)
 
 
-def dry_run_lines(spec: ClusterSpec, hosts: list[str] | None = None, model: Any = None) -> list[str]:
-    """The command lines of the probe plan and its cost; with ``model``, refused where the real run
-    would be (a model of another cluster)."""
+def dry_run_plan(spec: ClusterSpec, hosts: list[str] | None = None, model: Any = None) -> dict[str, Any]:
+    """The probe plan as the real run would execute it: per run, where it runs and its command line
+    (one host: ``ssh HOST ...``, as the ssh runner does; several hosts: the ``mpirun`` line, run from
+    here) and the plan's cost. With ``model``, refused where the real run would be (a model of
+    another cluster)."""
+    import shlex
+
     if model is not None:
         _check_model(model, spec)
     from bandpilot.data.runners import command_lines
 
     probes = plan_probes(spec, hosts)
-    lines = [c for p in probes for c in command_lines(p.measurement, spec)]
-    per_host = len(probes) / max(len({h for p in probes for h in p.measurement.hosts}), 1)
-    lines.append(f"# {len(probes)} nccl-tests runs, {per_host:.1f} per host (all subsets would be "
-                 f"{sum((1 << h.n_gpus) - h.n_gpus - 1 for h in spec.hosts) // max(spec.n_hosts, 1)} per host)")
+    runs = []
+    for p in probes:
+        m = p.measurement
+        lines = command_lines(m, spec)
+        cmds = lines if m.cross_host else [f"ssh {shlex.quote(m.hosts[0])} {line}" for line in lines]
+        runs.append({"id": m.id, "kind": p.kind, "hosts": list(m.hosts),
+                     "gpus": {spec.hosts[h].name: [g for g in range(spec.hosts[h].n_gpus) if mask >> g & 1]
+                              for h, mask in zip(m.used, m.used_masks)},
+                     "commands": cmds})
+    n_hosts = max(len({h for p in probes for h in p.measurement.hosts}), 1)
+    every = sum((1 << h.n_gpus) - h.n_gpus - 1 for h in spec.hosts) // max(spec.n_hosts, 1)
+    return {"cluster": spec.name, "runs": runs, "total": len(probes), "per_host": round(len(probes) / n_hosts, 1),
+            "all_subsets_per_host": every}
+
+
+def dry_run_lines(spec: ClusterSpec | None = None, hosts: list[str] | None = None, model: Any = None,
+                  plan: dict[str, Any] | None = None) -> list[str]:
+    """The plan's command lines, one per line, and a closing line with its cost."""
+    plan = plan if plan is not None else dry_run_plan(spec, hosts, model)  # type: ignore[arg-type]
+    lines = [c for r in plan["runs"] for c in r["commands"]]
+    lines.append(f"# {plan['total']} nccl-tests runs, {plan['per_host']:.1f} per host (all subsets would be "
+                 f"{plan['all_subsets_per_host']} per host)")
     return lines
 
 

@@ -393,10 +393,14 @@ def _read_runs(text: str, source: str) -> list[tuple[NcclResult, str | None]]:
     return out
 
 
-def parse_all(text: str, source: str = "<string>", *, strict: bool = True) -> list[NcclResult]:
+def parse_all(text: str, source: str = "<string>", *, strict: bool = True, keep_empty: bool = False) -> list[NcclResult]:
     """Every run of a log, in order. Strict: the first run with a problem raises. Not strict: runs
-    with problems come back with ``ok=False`` (a run without data rows has ``rows == ()``)."""
+    with problems come back with ``ok=False`` (a run without data rows has ``rows == ()``).
+    ``keep_empty`` (not strict): a log whose every run lacks data rows - a test that crashed before
+    its first result - comes back too instead of raising, each run saying why in ``problems``."""
     runs = _read_runs(text, source)
+    if keep_empty and not strict:
+        return [res for res, _ in runs]
     if len(runs) == 1 or strict:
         return [_verdict(res, fatal, strict) for res, fatal in runs]
     if all(fatal is not None for _, fatal in runs):
