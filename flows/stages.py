@@ -17,14 +17,13 @@ registered version (its ``pipeline_key``), so a re-run registers nothing new.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
+from bandpilot.io import temp_dir_beside, write_text_atomic
 from flows._common import cluster_sources, load_params, prepare, resolve
 
 STAGES = ("train", "evaluate")
@@ -32,12 +31,7 @@ REGISTERED = "registered.json"
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def clusters(params_file: str) -> list[dict[str, Any]]:
@@ -60,7 +54,7 @@ def export_model(root: Path, cluster: str, name: str, version: str) -> Path:
     src, _, _ = fetch_model_dir(f"models:/{name}/{version}")
     dest = root / "models" / cluster
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{cluster}."))
+    tmp = temp_dir_beside(dest)
     try:
         shutil.copytree(src, tmp / "model")
         _write_json(tmp / REGISTERED, {"name": name, "version": str(version), "uri": f"models:/{name}/{version}"})

@@ -13,13 +13,12 @@ import io
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from bandpilot.io import write_json_atomic
+from bandpilot.io import temp_dir_beside, write_json_atomic
 from bandpilot.simulation.engine import SimResult
 
 JOB_COLUMNS = ("id", "tenant", "k", "priority", "status", "submit_s", "start_s", "end_s", "queue_s", "service_s", "jct_s",
@@ -177,7 +176,7 @@ def write_outputs(res: SimResult, out_dir: str | Path, *, figures: bool = True) 
     """Write the report directory atomically (built beside it, then swapped in); returns the summary."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    tmp = temp_dir_beside(out)
     try:
         summary = summarize(res)
         write_json_atomic(tmp / "summary.json", summary)

@@ -1,0 +1,56 @@
+"""What a new user meets in the first hour: files the CLI writes are as readable as the umask says,
+errors for missing inputs come before heavy imports, built-in cluster names work everywhere,
+``--help`` creates nothing, and output in a pipe is not wrapped."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bandpilot.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = ROOT / "params" / "clusters" / "h100.yaml"
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+@pytest.fixture(params=[0o022, 0o077, 0o002])
+def umask(request):
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def test_files_the_cli_writes_honour_the_umask(tmp_path, umask, capsys):
+    topo = tmp_path / "topo.conf"
+    assert main(["cluster", "topology", "--cluster", str(H100), "--format", "slurm", "-o", str(topo)]) == 0
+    trace = tmp_path / "t.csv"
+    assert main(["workload", "seed001", "-o", str(trace)]) == 0
+    out = tmp_path / "sim"
+    assert main(["simulate", "--trace", str(trace), "--cluster", str(H100), "--model", "emulator", "--no-log",
+                 "--no-figures", "-o", str(out)]) == 0
+    capsys.readouterr()
+    for f in (topo, trace, out / "summary.json", out / "jobs.csv"):
+        assert _mode(f) == 0o666 & ~umask, (f, oct(_mode(f)))
+    assert _mode(out) == 0o777 & ~umask
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_atomic_writers_keep_the_old_file_on_failure(tmp_path):
+    from bandpilot.io import write_json_atomic, write_text_atomic
+
+    p = write_text_atomic(tmp_path / "a.txt", "old\n")
+    with pytest.raises(TypeError):
+        write_json_atomic(p, {"x": object()})
+    assert p.read_text() == "old\n" and [q.name for q in tmp_path.iterdir()] == ["a.txt"]
