@@ -54,3 +54,21 @@ def test_atomic_writers_keep_the_old_file_on_failure(tmp_path):
     with pytest.raises(TypeError):
         write_json_atomic(p, {"x": object()})
     assert p.read_text() == "old\n" and [q.name for q in tmp_path.iterdir()] == ["a.txt"]
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MLFLOW_", "BANDPILOT_", "PREFECT_", "DVC_", "XDG_"))}
+    env.update(HOME=str(home), OMP_NUM_THREADS="1")
+    return env
+
+
+@pytest.mark.parametrize("args", [["--help"], [], ["select", "--help"], ["queue", "submit", "--help"]])
+def test_help_outside_a_checkout_creates_nothing(tmp_path, args):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    r = subprocess.run([sys.executable, "-m", "bandpilot", *args], env=_clean_env(home), cwd=cwd,
+                       capture_output=True, text=True, timeout=300)
+    assert "Usage: bandpilot" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert [p for p in tmp_path.rglob("*") if p not in (home, cwd)] == []
