@@ -72,3 +72,16 @@ def test_help_outside_a_checkout_creates_nothing(tmp_path, args):
                        capture_output=True, text=True, timeout=300)
     assert "Usage: bandpilot" in r.stdout + r.stderr, r.stderr[-2000:]
     assert [p for p in tmp_path.rglob("*") if p not in (home, cwd)] == []
+
+
+def test_every_command_accepts_a_built_in_cluster_name(tmp_path, capsys):
+    free = [f"h100-{h}:{g}" for h in range(4) for g in range(8)]
+    state = tmp_path / "s.json"
+    state.write_text(json.dumps({"free": free, "jobs": []}))
+    assert main(["select", "4", "--state", str(state), "--cluster", "h100", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["gpus"]) == 4
+    assert main(["cluster", "topology", "--cluster", "h100"]) == 0
+    assert "cluster h100" in capsys.readouterr().out
+    assert main(["select", "4", "--state", str(state), "--cluster", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cluster spec not found: nope") and err.count("\n") == 1
