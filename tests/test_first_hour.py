@@ -85,3 +85,15 @@ def test_every_command_accepts_a_built_in_cluster_name(tmp_path, capsys):
     assert main(["select", "4", "--state", str(state), "--cluster", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cluster spec not found: nope") and err.count("\n") == 1
+
+
+def test_select_output_in_a_pipe_is_not_wrapped(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    free = [f"h100-{h}:{g}" for h in range(4) for g in range(8)]
+    state = tmp_path / "s.json"
+    state.write_text(json.dumps({"free": free, "jobs": []}))
+    assert main(["select", "16", "--state", str(state), "--cluster", "h100", "--shape", "tp=8,dp=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("shape k=16:") and lines[0].endswith("evaluations"), lines
+    ranks = [ln for ln in lines if ln.strip().startswith("ranks:")]
+    assert len(ranks) == 1 and len(ranks[0].split()) == 17 and max(map(len, lines)) > 80, lines
