@@ -97,3 +97,13 @@ def test_select_output_in_a_pipe_is_not_wrapped(tmp_path, capsys, monkeypatch):
     assert lines[0].startswith("shape k=16:") and lines[0].endswith("evaluations"), lines
     ranks = [ln for ln in lines if ln.strip().startswith("ranks:")]
     assert len(ranks) == 1 and len(ranks[0].split()) == 17 and max(map(len, lines)) > 80, lines
+
+
+def test_topology_summary_names_the_hosts_of_a_cluster_without_domains(capsys):
+    assert main(["cluster", "topology", "--cluster", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "(none)" not in out and "no NVLink or rack domains" in out
+    assert "h100-[0-3]\tH100\t4 hosts\t32 GPUs" in out.splitlines()
+    assert main(["cluster", "topology", "--cluster", "nvl72x16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("16 NVLink domains") and lines[1] == "gb200-nvl0\tnvlink\t18 hosts\t72 GPUs"
