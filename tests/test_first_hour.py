@@ -107,3 +107,96 @@ def test_topology_summary_names_the_hosts_of_a_cluster_without_domains(capsys):
     assert main(["cluster", "topology", "--cluster", "nvl72x16"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("16 NVLink domains") and lines[1] == "gb200-nvl0\tnvlink\t18 hosts\t72 GPUs"
+
+
+# -- the first answer comes before the heavy imports ----------------------------------------------
+HEAVY = ("torch", "mlflow", "lightning", "pandas", "sqlalchemy", "prefect")
+_PROBE = ("import sys, json; from bandpilot.cli.main import main; rc = main(sys.argv[1:]); "
+          "print('@@' + json.dumps([rc, sorted(m for m in {heavy!r} if m in sys.modules)]))").format(heavy=HEAVY)
+
+
+def _probe(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, list[str], str]:
+    """Run the CLI in a fresh interpreter; its exit code, the heavy libraries it imported, stderr."""
+    r = subprocess.run([sys.executable, "-c", _PROBE, *map(str, args)], env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=300)
+    rc, heavy = json.loads(r.stdout.rsplit("@@", 1)[1])
+    return rc, heavy, r.stderr
+
+
+@pytest.fixture(scope="module")
+def registered(tmp_path_factory):
+    """A project home whose SQLite registry holds bandpilot-h100 version 1 as champion."""
+    home = tmp_path_factory.mktemp("home")
+    code = """
+import sys
+from bandpilot.data.synthetic import fabric_dataset
+from bandpilot.fabric.emulator import EmulatorFabric
+from bandpilot.model import registry
+from bandpilot.model.crossval import fit
+from bandpilot.topology.cluster import load_cluster
+registry.tracking_setup()
+res = fit(fabric_dataset(EmulatorFabric(load_cluster(sys.argv[1])), n_cross=60, seed=3),
+          {"epochs": 1, "hidden": 8, "heads": 2, "threads": 1, "folds": 2, "replay_size": 8}, plots=False)
+registry.log_and_register(res, alias="champion")
+"""
+    env = _clean_env(home) | {"BANDPILOT_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-c", code, str(H100)], env=env, cwd=home, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return home, env
+
+
+@pytest.mark.slow
+def test_missing_inputs_are_reported_before_heavy_imports(registered, tmp_path):
+    home, env = registered
+    state = tmp_path / "s.json"
+    state.write_text(json.dumps({"free": [f"h100-{h}:{g}" for h in range(4) for g in range(8)], "jobs": []}))
+    model = "models:/bandpilot-h100@champion"
+    cases = [
+        (["select", "4", "--state", tmp_path / "nope.json", "--model", model], "state file not found"),
+        (["select", "4", "--state", state, "--model", "models:/bandpilot-h100@nope"], "has no alias 'nope'"),
+        (["select", "4", "--state", state, "--model", "models:/nobody@champion"], "no registered model 'nobody'"),
+        (["select", "4", "--state", state, "--model", "models:/bandpilot-h100/9"], "has no version '9'"),
+        (["select", "4", "--state", state, "--model", tmp_path / "no-model"], "model not found"),
+        (["simulate", "--trace", tmp_path / "nope.csv", "--model", model, "-o", tmp_path / "o"], "trace file not found"),
+        (["dispatch", "--store", tmp_path / "nope.db", "--model", model], "no queue store at"),
+    ]
+    for args, msg in cases:
+        rc, heavy, err = _probe(args, env, home)
+        assert rc == 2 and msg in err and err.count("\n") == 1, (args, err)
+        assert [m for m in heavy if m != "sqlalchemy" or args[0] != "dispatch"] == [], (args, heavy)
+    rc, heavy, err = _probe(["select", "4", "--state", state, "--model", model, "--json"], env, home)
+    assert rc == 0 and heavy == ["torch"], (heavy, err)  # the model needs torch, and nothing else heavy
+
+
+@pytest.mark.slow
+def test_registry_lookup_agrees_with_mlflow(registered):
+    home, env = registered
+    code = """
+import sys, json
+from bandpilot.model.local_registry import lookup
+from bandpilot.errors import ModelError
+def fast(u):
+    try:
+        r = lookup(u)
+        return None if r is None else [str(r[0]), r[1], r[2]]
+    except ModelError as e:
+        return str(e)
+uris = sys.argv[1:]
+got = [fast(u) for u in uris]
+assert "mlflow" not in sys.modules
+from bandpilot.model.artifacts import fetch_model_dir
+def slow(u):
+    try:
+        r = fetch_model_dir(u)
+        return [str(r[0]), r[1], r[2]]
+    except ModelError as e:
+        return str(e)
+print("@@" + json.dumps([got, [slow(u) for u in uris]]))
+"""
+    uris = ["models:/bandpilot-h100@champion", "models:/bandpilot-h100/1", "models:/bandpilot-h100@nope",
+            "models:/bandpilot-h100/2", "models:/nobody@champion"]
+    r = subprocess.run([sys.executable, "-c", code, *uris], env=env, cwd=home, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fast, slow = json.loads(r.stdout.rsplit("@@", 1)[1])
+    assert fast == slow and fast[0][2] == "1" and Path(fast[0][0]).is_dir(), (fast, slow)

@@ -44,10 +44,13 @@ def select_cmd(
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
     from bandpilot.dispatch.dispatcher import Dispatcher
-    from bandpilot.dispatch.state import State
+    from bandpilot.dispatch.state import State, read_state_file
 
     if model is None and cluster is None:
         raise RequestError("give --model URI or --cluster SPEC")
+    # Every input is checked before the model loads (torch and the registry take seconds to start).
+    doc = read_state_file(state)
+    shp = shape_flags(shape, traffic, compute_ms)
     fabric = None
     if cluster is not None:
         from bandpilot.topology.cluster import load_cluster
@@ -55,7 +58,7 @@ def select_cmd(
 
         fabric = make_fabric(load_cluster(cluster))
     disp = Dispatcher.load(model, seed=seed) if model is not None else Dispatcher(fabric, seed=seed)
-    st = State.load(disp.spec, state)
+    st = State.from_dict(disp.spec, doc, str(state))
     constraints = {
         "single_host": single_host,
         "allowed_hosts": [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None,
@@ -64,7 +67,6 @@ def select_cmd(
         "whole_domains": whole_domains,
         "segment": segment,
     }
-    shp = shape_flags(shape, traffic, compute_ms)
     sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints, shape=shp)
     out = sel.to_dict()
     if fabric is not None and model is not None:
