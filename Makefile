@@ -21,21 +21,19 @@ install: $(STAMP)  ## create .venv and install pinned dependencies
 run: $(STAMP)  ## main job: emulated H100 + Het-4Mix -> profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch
 	$(BIN)/bandpilot pipeline
 
-# The dashboard test drives Debian's chromium through chromedriver; install them when missing (root or sudo).
-APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo "sudo -n apt-get")
-browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips without them)
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
-	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
-	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
+# The dashboard test drives Debian's chromium through chromedriver: when they are missing, `browser`
+# says what it installs with apt and why, then installs them; `make test APT=no` (or
+# BANDPILOT_NO_APT=1) declines and the dashboard test skips with its reason.
+browser:  ## Debian's chromium + chromedriver for the dashboard test (APT=no: skip; the test then skips)
+	@APT="$(APT)" CHROMIUM="$(CHROMIUM)" CHROMEDRIVER="$(CHROMEDRIVER)" APT_GET="$(APT_GET)" sh tests/install_browser.sh
 
 test: $(STAMP) browser  ## layer contracts (import-linter) + full test suite (includes the slow end-to-end tests)
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup
 
 test-fast: $(STAMP) browser  ## layer contracts + test suite without the slow end-to-end tests
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
 lint: $(STAMP)  ## layer contracts only (import-linter, config in pyproject.toml)
 	$(BIN)/lint-imports

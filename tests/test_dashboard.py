@@ -23,7 +23,7 @@ from test_queue import domain_spec, new_store  # pytest puts tests/ on sys.path
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="chromium/chromedriver not installed (`make test` installs Debian's packages)")
+                                reason="chromium/chromedriver not installed (`make test` installs Debian's packages unless APT=no)")
 
 
 def _port() -> int:

@@ -200,3 +200,37 @@ print("@@" + json.dumps([got, [slow(u) for u in uris]]))
     assert r.returncode == 0, r.stderr[-3000:]
     fast, slow = json.loads(r.stdout.rsplit("@@", 1)[1])
     assert fast == slow and fast[0][2] == "1" and Path(fast[0][0]).is_dir(), (fast, slow)
+
+
+# -- make test installs nothing system-wide without saying so, and can be told not to -----------
+def _make_browser(tmp_path: Path, *args: str, **env: str) -> tuple[str, str]:
+    log = tmp_path / "apt.log"
+    fake = tmp_path / "fake-apt-get"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    fake.chmod(0o755)
+    r = subprocess.run(["make", "-s", "browser", "CHROMIUM=bandpilot-no-such-chromium", f"APT_GET={fake}", *args],
+                       cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout, log.read_text() if log.exists() else ""
+
+
+def test_make_says_what_it_installs_before_installing(tmp_path):
+    out, apt = _make_browser(tmp_path)
+    first = out.splitlines()[0]
+    assert first.startswith("browser: installing Debian's chromium and chromium-driver") and "APT=no" in first
+    assert "install -y -q --no-install-recommends chromium chromium-driver" in apt
+
+
+@pytest.mark.parametrize("how", [("APT=no",), ()])
+def test_make_can_be_told_not_to_install(tmp_path, how):
+    out, apt = _make_browser(tmp_path, *how, **({} if how else {"BANDPILOT_NO_APT": "1"}))
+    assert apt == "" and "installing" not in out and "the dashboard test will skip" in out
+
+
+def test_pytest_prints_skip_reasons():
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-rs" in cfg["addopts"].split()
+    test_lines = [ln for ln in (ROOT / "Makefile").read_text().splitlines() if "-m pytest" in ln]
+    assert test_lines and all(" -rs " in ln for ln in test_lines)
