@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -234,3 +235,22 @@ def test_pytest_prints_skip_reasons():
     assert "-rs" in cfg["addopts"].split()
     test_lines = [ln for ln in (ROOT / "Makefile").read_text().splitlines() if "-m pytest" in ln]
     assert test_lines and all(" -rs " in ln for ln in test_lines)
+
+
+# -- training says nothing about Slurm on a machine that has it -----------------------------------
+@pytest.mark.skipif(shutil.which("srun") is None, reason="Slurm's srun is not installed: Lightning has nothing to warn about")
+def test_training_on_a_slurm_machine_does_not_warn_about_srun(monkeypatch):
+    import warnings
+
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.fabric.emulator import EmulatorFabric
+    from bandpilot.model.crossval import fit
+    from bandpilot.topology.cluster import load_cluster
+
+    for k in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)  # not a job step, as in `make run`
+    ds = fabric_dataset(EmulatorFabric(load_cluster(H100)), n_cross=40, seed=1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit(ds, {"epochs": 1, "hidden": 8, "heads": 2, "threads": 1, "folds": 2, "replay_size": 8}, plots=False)
+    assert not [w for w in seen if "srun" in str(w.message)]
