@@ -254,3 +254,38 @@ def test_training_on_a_slurm_machine_does_not_warn_about_srun(monkeypatch):
         warnings.simplefilter("always")
         fit(ds, {"epochs": 1, "hidden": 8, "heads": 2, "threads": 1, "folds": 2, "replay_size": 8}, plots=False)
     assert not [w for w in seen if "srun" in str(w.message)]
+
+
+# -- dvc metrics show: one narrow row per cluster, named for what it measures ---------------------
+def test_train_metrics_say_cross_validated_and_list_one_row_per_cluster(tmp_path):
+    from bandpilot.data.synthetic import fabric_dataset
+    from bandpilot.fabric.emulator import EmulatorFabric
+    from bandpilot.model.crossval import fit
+    from bandpilot.topology.cluster import load_cluster
+    from flows.stages import train_metrics, write_metrics
+
+    ds = fabric_dataset(EmulatorFabric(load_cluster(H100)), n_cross=80, seed=2)
+    tiny = {"epochs": 1, "hidden": 8, "heads": 2, "threads": 1, "folds": 2, "replay_size": 8}
+    for name, extra in (("cv-only", {}), ("held", {"holdout": 0.25})):
+        res = fit(ds, {**tiny, **extra}, plots=False)
+        res.surrogate.save(tmp_path / "models" / name / "model")
+        (tmp_path / "models" / name / "registered.json").write_text('{"version": "1"}')
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "train.json").write_text("{}")  # an earlier run's layout
+    write_metrics(tmp_path, "train", {c: train_metrics(tmp_path, c) for c in ("cv-only", "held")})
+    assert not (tmp_path / "metrics" / "train.json").exists()
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    dvc = [sys.executable, "-m", "dvc"]
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": str(tmp_path / ".dvc-site")}
+    subprocess.run([*dvc, "init", "-q"], cwd=tmp_path, env=env, check=True)
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    shown = subprocess.run([*dvc, "metrics", "show", "--json"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    rows = {Path(f).stem: v["data"] for f, v in json.loads(shown.stdout)[""]["data"].items() if "data" in v}
+    cv, held = rows["cv-only"], rows["held"]
+    assert set(cv) == {"version", "cv", "train_seconds"}, cv  # no "test" that is the CV again
+    assert cv["cv"]["n"] == 80 and cv["cv"]["folds"] == 2 and set(cv["cv"]) >= {"mape", "r2"}
+    assert 0 < held["test"]["n"] < 80 and held["cv"]["n"] == 80 - held["test"]["n"]
+    table = subprocess.run([*dvc, "metrics", "show"], cwd=tmp_path, env=env, capture_output=True, text=True).stdout
+    lines = [ln for ln in table.splitlines() if ln.startswith(("Path", "metrics/train/"))]
+    assert len(lines) == 3 and max(map(len, lines)) < 200, table
