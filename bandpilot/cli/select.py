@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from bandpilot.cli.common import console, shape_flags
+from bandpilot.cli import common
+from bandpilot.cli.common import shape_flags
 from bandpilot.cli.main import app
 from bandpilot.dispatch import strategies
 from bandpilot.errors import RequestError
@@ -74,7 +75,7 @@ def select_cmd(
     if as_json:
         print(json.dumps(out, indent=2))
         return
-    console.print(
+    common.console.print(
         f"[bold]{sel.algorithm}[/bold] k={k}: {sel.predicted_gbps:.2f} GB/s predicted "
         f"(standalone {sel.standalone_gbps:.2f})"
         + (f", true {out['true_gbps']:.2f}" if "true_gbps" in out else "")
@@ -83,12 +84,12 @@ def select_cmd(
     if sel.placement is not None:
         pl = sel.placement
         axes = ", ".join(f"{a} {v:.1f} GB/s ({pl['comm_ms'][a]:.1f} ms)" for a, v in pl["axis_gbps"].items())
-        console.print(f"  shape {shp}: step {pl['step_ms']:.1f} ms = compute {pl['compute_ms']:.1f} ms + {axes}")
-        console.print(f"  ranks: {' '.join(pl['ranks'])}")
+        common.console.print(f"  shape {shp}: step {pl['step_ms']:.1f} ms = compute {pl['compute_ms']:.1f} ms + {axes}")
+        common.console.print(f"  ranks: {' '.join(pl['ranks'])}")
         return
     for host in sel.hosts:
         idx = [g.rpartition(":")[2] for g in sel.gpus if g.rpartition(":")[0] == host]
-        console.print(f"  {host}: {', '.join(idx)}")
+        common.console.print(f"  {host}: {', '.join(idx)}")
 
 
 def _truth(fabric, st, sel, shp) -> dict:
