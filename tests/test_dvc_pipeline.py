@@ -88,7 +88,7 @@ def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):  # noqa: 
     repro = _dvc(dvc_project, "repro", "evaluate")
     assert repro.returncode == 0 and "bandpilot stage evaluate" in repro.stdout, repro.stdout[-3000:] + repro.stderr[-3000:]
     assert "up to date" in _dvc(dvc_project, "status").stdout.lower()
-    assert json.loads((dvc_project / "metrics" / "evaluate.json").read_text())["tiny"]["version"] == int(version)
+    assert json.loads((dvc_project / "metrics" / "evaluate" / "tiny.json").read_text())["version"] == int(version)
     T = yaml.safe_load((dvc_project / "params" / "train.yaml").read_text())
     T["train"]["epochs"] = 26
     (dvc_project / "params" / "train.yaml").write_text(yaml.safe_dump(T))
