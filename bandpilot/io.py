@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def current_umask() -> int:
@@ -49,6 +51,27 @@ def temp_dir_beside(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     os.chmod(tmp, 0o777 & ~current_umask())
     return tmp
+
+
+@contextmanager
+def replaced_dir(dest: str | Path) -> Iterator[Path]:
+    """A new directory for ``dest`` to fill in the block: built beside it with the umask's mode, then
+    swapped in whole (the old one removed) when the block ends; on an error ``dest`` is as it was."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir_beside(dest)
+    try:
+        yield tmp
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -23,7 +23,7 @@ from typing import Any
 
 from prefect import flow
 
-from bandpilot.io import temp_dir_beside, write_text_atomic
+from bandpilot.io import replaced_dir, write_text_atomic
 from flows._common import cluster_sources, load_params, prepare, resolve
 
 STAGES = ("train", "evaluate")
@@ -53,19 +53,9 @@ def export_model(root: Path, cluster: str, name: str, version: str) -> Path:
 
     src, _, _ = fetch_model_dir(f"models:/{name}/{version}")
     dest = root / "models" / cluster
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(dest)
-    try:
+    with replaced_dir(dest) as tmp:
         shutil.copytree(src, tmp / "model")
         _write_json(tmp / REGISTERED, {"name": name, "version": str(version), "uri": f"models:/{name}/{version}"})
-        old = dest.with_name(f".{cluster}.old")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 
@@ -124,19 +114,9 @@ def write_metrics(root: Path, stage: str, per_cluster: dict[str, dict[str, Any]]
     """``metrics/<stage>/<cluster>.json``: ``dvc metrics show`` prints one row per cluster (one file
     keyed by cluster was a single row of every cluster's every figure). The directory is replaced whole."""
     dest = root / "metrics" / stage
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_beside(dest)
-    try:
+    with replaced_dir(dest) as tmp:
         for cluster, doc in per_cluster.items():
             _write_json(tmp / f"{cluster}.json", doc)
-        old = dest.with_name(f".{stage}.old")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     (root / "metrics" / f"{stage}.json").unlink(missing_ok=True)  # the one-file layout of earlier runs
     return dest
 
