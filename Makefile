@@ -21,29 +21,24 @@ install: $(STAMP)  ## create .venv and install pinned dependencies
 run: $(STAMP)  ## main job: emulated H100 + Het-4Mix -> profile -> DVC -> train/sweep -> register -> evaluate -> promote -> dispatch
 	$(BIN)/bandpilot pipeline
 
-# The dashboard test drives Debian's chromium through chromedriver; install them when missing (root or sudo).
-APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo "sudo -n apt-get")
-browser:  ## Debian's chromium + chromedriver for the dashboard test (it skips without them)
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
-	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
-	    echo "note: could not install chromium/chromedriver; the dashboard test will skip"; }
+# The dashboard test drives Debian's chromium through chromedriver: when they are missing, `browser`
+# says what it installs with apt and why, then installs them; `make test APT=no` (or
+# BANDPILOT_NO_APT=1) declines and the dashboard test skips with its reason.
+browser:  ## Debian's chromium + chromedriver for the dashboard test (APT=no: skip; the test then skips)
+	@APT="$(APT)" CHROMIUM="$(CHROMIUM)" CHROMEDRIVER="$(CHROMEDRIVER)" APT_GET="$(APT_GET)" sh tests/install_browser.sh
 
-# The Slurm integration tests start real daemons (munged, slurmctld, one slurmd per node): Debian's packages.
-slurm:  ## Debian's Slurm 22.05 + munge for the real-Slurm tests (they skip without them)
-	@command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null && command -v munged >/dev/null || \
-	  { echo "installing slurmctld slurmd slurm-client munge with apt-get: the Slurm integration tests run against real Slurm daemons"; \
-	    $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1 || \
-	    { $(APT) update -q >/dev/null 2>&1 && $(APT) install -y -q --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1; } || \
-	    echo "note: could not install Slurm; the real-Slurm tests will skip"; }
+# The Slurm integration tests start real daemons (munged, slurmctld, one slurmd per node) from Debian's
+# packages: `slurm` says what it installs with apt and why; APT=no declines and those tests skip.
+slurm:  ## Debian's Slurm 22.05 + munge for the real-Slurm tests (APT=no: skip; the tests then skip)
+	@APT="$(APT)" APT_GET="$(APT_GET)" sh tests/install_slurm.sh
 
 test: $(STAMP) browser slurm lint  ## lint + docs build + full test suite (includes the slow end-to-end tests)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup
 
 test-fast: $(STAMP) browser slurm lint  ## lint + docs build + test suite without the slow end-to-end tests
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -d site
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadgroup -m 'not slow'
 
 lint: $(STAMP)  ## layer contracts (import-linter), no cross-module private names, ruff, mypy (config in pyproject.toml)
 	$(BIN)/lint-imports

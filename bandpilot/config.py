@@ -176,8 +176,19 @@ def default_artifact_root(root: Path | None = None) -> str:
     return (root / "mlruns" / "artifacts").as_uri()
 
 
-def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str, str]:
-    """Fill in quiet/offline defaults; returns what was set. Idempotent."""
+#: Whether :func:`setup_env` makes the local store directories when its caller does not say: the CLI
+#: says no for a command line that only asks for help, and the flows package (imported to list its
+#: commands) then creates nothing either.
+_create_dirs = True
+
+
+def setup_env(root: Path | None = None, threads: int | None = None, *, create: bool | None = None) -> dict[str, str]:
+    """Fill in quiet/offline defaults; returns what was set. Idempotent. With ``create`` the local
+    store directories are made too; an explicit ``create`` is also the default of later calls."""
+    global _create_dirs
+    if create is None:
+        create = _create_dirs
+    _create_dirs = create
     root = root or project_root()
     state = root / ".bandpilot"
     defaults = dict(QUIET_ENV)
@@ -196,6 +207,8 @@ def setup_env(root: Path | None = None, threads: int | None = None) -> dict[str,
         if not os.environ.get(k):
             os.environ[k] = v
             setby[k] = v
+    if not create:
+        return setby
     if "MLFLOW_TRACKING_URI" in setby:  # the local default store lives under the project
         (root / "mlruns").mkdir(parents=True, exist_ok=True)
     for key in ("PREFECT_HOME", "DVC_SITE_CACHE_DIR"):

@@ -3,8 +3,8 @@
 Why: DVC and the flows must describe one pipeline. ``bandpilot pipeline`` runs the stages' work
 in its own flow (retrain -> gate per cluster), then writes the outputs ``dvc.yaml`` declares -
 ``models/<cluster>/`` (the registered version's self-contained artifact, with ``registered.json``
-naming it), ``metrics/train.json`` (its cross-validated metrics) and ``metrics/evaluate.json``
-(the gate's evaluation of it) - and records them with ``dvc commit``, so ``dvc status`` is clean
+naming it), ``metrics/train/<cluster>.json`` (its cross-validated metrics) and
+``metrics/evaluate/<cluster>.json`` (the gate's evaluation of it) - and records them with ``dvc commit``, so ``dvc status`` is clean
 after a run and ``dvc metrics show`` reads them. ``dvc repro`` runs the same code through
 ``bandpilot stage train|evaluate`` when the dataset, params or code change.
 
@@ -17,14 +17,13 @@ registered version (its ``pipeline_key``), so a re-run registers nothing new.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
+from bandpilot.io import replaced_dir, write_text_atomic
 from flows._common import cluster_sources, load_params, prepare, resolve
 
 STAGES = ("train", "evaluate")
@@ -32,12 +31,7 @@ REGISTERED = "registered.json"
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n")
 
 
 def clusters(params_file: str) -> list[dict[str, Any]]:
@@ -59,31 +53,37 @@ def export_model(root: Path, cluster: str, name: str, version: str) -> Path:
 
     src, _, _ = fetch_model_dir(f"models:/{name}/{version}")
     dest = root / "models" / cluster
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{cluster}."))
-    try:
+    with replaced_dir(dest) as tmp:
         shutil.copytree(src, tmp / "model")
         _write_json(tmp / REGISTERED, {"name": name, "version": str(version), "uri": f"models:/{name}/{version}"})
-        old = dest.with_name(f".{cluster}.old")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dest
 
 
+#: The figures ``dvc metrics show`` lists per cluster (every metric stays in the model and in MLflow).
+SHOWN = ("mape", "r2", "max_err")
+
+
 def train_metrics(root: Path, cluster: str) -> dict[str, Any]:
-    """The exported model's own metrics (pattern-grouped cross-validation by ``bandpilot train``)."""
+    """The exported model's own metrics, named for what they are: ``cv`` - pattern-grouped
+    cross-validation over every allocation the model was fit on (``bandpilot train``'s production
+    fit, whose ``test_*`` MLflow metrics are these same out-of-fold predictions) - and ``test`` only
+    where allocations were really held out (``--holdout``, a ``--split`` protocol, a fine-tune)."""
     from bandpilot.model.surrogate import Surrogate
 
     d = root / "models" / cluster
     reg = json.loads((d / REGISTERED).read_text())
     meta = Surrogate.load_dir(d / "model").meta
     m = {k: float(v) for k, v in (meta.get("metrics") or {}).items() if isinstance(v, (int, float))}
-    return {"version": int(reg["version"]), **m}
+    out: dict[str, Any] = {"version": int(reg["version"])}
+    if "cv_mape" in m:
+        out["cv"] = {**{k: m[f"cv_{k}"] for k in SHOWN if f"cv_{k}" in m},
+                     "folds": int(m.get("cv_folds", 0)), "n": int(m.get("n_train", 0))}
+    held_out = not str((meta.get("data") or {}).get("metrics_from", "")).endswith("cross-validation")
+    if held_out and "test_mape" in m:
+        out["test"] = {**{k: m[f"test_{k}"] for k in SHOWN if f"test_{k}" in m}, "n": int(m.get("n_test", 0))}
+    if "train_seconds" in m:
+        out["train_seconds"] = round(m["train_seconds"], 1)
+    return out
 
 
 def evaluate_metrics(decision: dict[str, Any]) -> dict[str, Any]:
@@ -111,9 +111,14 @@ def decision_for(root: Path, cluster: str, version: str, gate: dict[str, Any] | 
 
 
 def write_metrics(root: Path, stage: str, per_cluster: dict[str, dict[str, Any]]) -> Path:
-    path = root / "metrics" / f"{stage}.json"
-    _write_json(path, per_cluster)
-    return path
+    """``metrics/<stage>/<cluster>.json``: ``dvc metrics show`` prints one row per cluster (one file
+    keyed by cluster was a single row of every cluster's every figure). The directory is replaced whole."""
+    dest = root / "metrics" / stage
+    with replaced_dir(dest) as tmp:
+        for cluster, doc in per_cluster.items():
+            _write_json(tmp / f"{cluster}.json", doc)
+    (root / "metrics" / f"{stage}.json").unlink(missing_ok=True)  # the one-file layout of earlier runs
+    return dest
 
 
 def record(root: Path, results: dict[str, Any], *, git: str = "leave") -> None:

@@ -24,7 +24,7 @@ from bandpilot.scheduling.profile import SchedulerProfile
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="chromium/chromedriver not installed (`make test` installs Debian's packages)")
+                                reason="chromium/chromedriver not installed (`make test` installs Debian's packages unless APT=no)")
 
 
 def _port() -> int:

@@ -63,16 +63,16 @@ def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):
     assert status.returncode == 0 and "up to date" in status.stdout.lower(), status.stdout + status.stderr
     shown = _dvc(dvc_project, "metrics", "show", "--json")
     assert shown.returncode == 0, shown.stderr
-    metrics = {Path(f).name: v for f, v in json.loads(shown.stdout)[""]["data"].items() for v in [v["data"]]}
-    assert metrics["train.json"]["tiny"]["version"] == int(version) and "cv_mape" in metrics["train.json"]["tiny"]
-    ev = metrics["evaluate.json"]["tiny"]
+    metrics = {str(Path(f).parent.name): v["data"] for f, v in json.loads(shown.stdout)[""]["data"].items()}
+    assert metrics["train"]["version"] == int(version) and "mape" in metrics["train"]["cv"]
+    ev = metrics["evaluate"]
     assert 0 < ev["gbe_idle"] <= 1 and 0 < ev["gbe_heavy"] <= 1 and ev["version"] == int(version)
     dry = _dvc(dvc_project, "repro", "--dry")
     assert dry.returncode == 0 and "bandpilot stage" not in dry.stdout, dry.stdout  # nothing to re-run
     # generated data stays out of git: models/ is ignored, the lock and the metrics are what to commit
     porcelain = subprocess.run(["git", "-C", str(dvc_project), "status", "--porcelain", "--untracked-files=all"],
                                capture_output=True, text=True, check=True).stdout
-    assert "models/" not in porcelain and "dvc.lock" in porcelain and "metrics/train.json" in porcelain
+    assert "models/" not in porcelain and "dvc.lock" in porcelain and "metrics/train/tiny.json" in porcelain
 
     # a second run reuses the model and leaves DVC clean
     pipeline_flow(params_file="params/pipeline.yaml")
@@ -88,7 +88,7 @@ def test_dvc_status_is_clean_after_the_pipeline(harness, dvc_project):
     repro = _dvc(dvc_project, "repro", "evaluate")
     assert repro.returncode == 0 and "bandpilot stage evaluate" in repro.stdout, repro.stdout[-3000:] + repro.stderr[-3000:]
     assert "up to date" in _dvc(dvc_project, "status").stdout.lower()
-    assert json.loads((dvc_project / "metrics" / "evaluate.json").read_text())["tiny"]["version"] == int(version)
+    assert json.loads((dvc_project / "metrics" / "evaluate" / "tiny.json").read_text())["version"] == int(version)
     T = yaml.safe_load((dvc_project / "params" / "train.yaml").read_text())
     T["train"]["epochs"] = 26
     (dvc_project / "params" / "train.yaml").write_text(yaml.safe_dump(T))

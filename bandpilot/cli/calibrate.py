@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.table import Table
 
-from bandpilot.cli.common import console
+from bandpilot.cli import common
 from bandpilot.cli.main import app
 
 
@@ -19,6 +18,8 @@ def calibrate(
     gpu: Optional[list[str]] = typer.Option(None, "--gpu", help="fit only these GPU types (repeatable; skips the network)"),
 ) -> None:
     """Fit emulator parameters to measured tables; print per-table MAPE / Spearman / max error."""
+    from rich.table import Table
+
     from bandpilot.fabric.calibration import calibrate as run
 
     res = run(directory, gpu_types=gpu or None)
@@ -30,12 +31,12 @@ def calibrate(
     for t in res.tables:
         who = t.host or "network"
         table.add_row(t.table, who, str(t.patterns), f"{t.mape:.1f}", f"{t.spearman:.3f}", f"{t.max_error:.0f}")
-    console.print(table)
+    common.console.print(table)
     text = res.to_yaml()
     if out is None:
-        console.print(text, markup=False, highlight=False)
+        common.console.print(text, markup=False, highlight=False)
         return
     from bandpilot.io import write_text_atomic
 
     write_text_atomic(out, text)
-    console.print(f"wrote {out}")
+    common.console.print(f"wrote {out}")

@@ -15,7 +15,16 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from rich.console import Console
 
-    value = Console(stderr=name == "err_console")
+    class PipeConsole(Console):
+        """Lines of text are not wrapped when the output is not a terminal (rich wraps at 80 columns
+        there): a script reading ``select``'s output gets one line per line printed."""
+
+        def print(self, *objects: Any, soft_wrap: bool | None = None, **kw: Any) -> None:
+            if soft_wrap is None and not self.is_terminal and all(isinstance(o, str) for o in objects):
+                soft_wrap = True
+            super().print(*objects, soft_wrap=soft_wrap, **kw)
+
+    value = PipeConsole(stderr=name == "err_console")
     globals()[name] = value
     return value
 

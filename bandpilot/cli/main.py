@@ -67,11 +67,16 @@ def _click_errors() -> tuple[type[BaseException], ...]:
     return tuple(kinds)
 
 
+def _asks_for_help(args: list[str]) -> bool:
+    """Help only (no arguments, or ``--help`` anywhere): nothing runs, so nothing is created."""
+    return not args or "--help" in args
+
+
 def main(argv: list[str] | None = None) -> int:
     # MLflow logs INFO lines (schema creation, run links) into a command's output; warnings still show.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    setup_env()
     args = argv if argv is not None else sys.argv[1:]
+    setup_env(create=not _asks_for_help(args))
     _load_commands(args)
     from bandpilot import progress
     from bandpilot.cli.reporting import make_reporter

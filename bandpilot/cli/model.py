@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.table import Table
 
-from bandpilot.cli.common import console
+from bandpilot.cli import common
 from bandpilot.cli.main import app
 from bandpilot.errors import SpecError
 
@@ -44,6 +43,8 @@ def _load_yaml(path: Optional[Path], key: str) -> dict[str, Any]:
 
 
 def _summary(title: str, rows: list[tuple[str, Any]], metrics: dict[str, float]) -> None:
+    from rich.table import Table  # here: every command's start-up would pay for it
+
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -66,7 +67,7 @@ def _summary(title: str, rows: list[tuple[str, Any]], metrics: dict[str, float])
         else:
             txt = f"{v:.4f}"
         table.add_row(k, txt)
-    console.print(table)
+    common.console.print(table)
 
 
 def _register(result: Any, name: Optional[str], alias: Optional[str], tracking_uri: Optional[str],
@@ -124,7 +125,7 @@ def train_cmd(
     if model is None and p.model == "hierarchical" and ds.spec.nvlink_domains:
         # host tokens cannot express the NVLink path inside a domain (and a row spans up to hundreds of trays)
         p.model = "domain"
-        console.print(f"[yellow]note:[/] {ds.spec.name} has NVLink domains: training the 'domain' model (domain tokens)")
+        common.console.print(f"[yellow]note:[/] {ds.spec.name} has NVLink domains: training the 'domain' model (domain tokens)")
     if split is not None or train_data is not None:
         from bandpilot.model.train import train
 
@@ -132,9 +133,9 @@ def train_cmd(
     else:
         from bandpilot.model.crossval import fit
 
-        res = fit(ds, p, out_dir=(out / "plots") if out else None, progress=lambda m: console.print(f"[dim]{m}[/]"))
+        res = fit(ds, p, out_dir=(out / "plots") if out else None, progress=lambda m: common.console.print(f"[dim]{m}[/]"))
     for note in res.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        common.console.print(f"[yellow]note:[/] {note}")
     run_id = version = mname = None
     if out:  # saved first: a registry failure must not discard the fit
         res.surrogate.save(out / "model")
@@ -233,7 +234,7 @@ def finetune_cmd(
     new = load_dataset(data)
     res = finetune(base, new, p)
     for note in res.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        common.console.print(f"[yellow]note:[/] {note}")
     run_id, mv = _register(res, name or base.name, alias, tracking_uri,
                            {"bandpilot.command": "finetune", "bandpilot.base_model": model})
     _summary(

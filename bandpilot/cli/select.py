@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from bandpilot.cli.common import console, shape_flags
+from bandpilot.cli import common
+from bandpilot.cli.common import shape_flags
 from bandpilot.cli.main import app
 from bandpilot.dispatch import strategies
 from bandpilot.errors import RequestError
@@ -44,10 +45,13 @@ def select_cmd(
 ) -> None:
     """Select K GPUs for a new job under the given cluster state."""
     from bandpilot.dispatch.dispatcher import Dispatcher
-    from bandpilot.dispatch.state import State
+    from bandpilot.dispatch.state import State, read_state_file
 
     if model is None and cluster is None:
         raise RequestError("give --model URI or --cluster SPEC")
+    # Every input is checked before the model loads (torch and the registry take seconds to start).
+    doc = read_state_file(state)
+    shp = shape_flags(shape, traffic, compute_ms)
     fabric = None
     if cluster is not None:
         from bandpilot.topology.cluster import load_cluster
@@ -55,7 +59,7 @@ def select_cmd(
 
         fabric = make_fabric(load_cluster(cluster))
     disp = Dispatcher.load(model, seed=seed) if model is not None else Dispatcher(fabric, seed=seed)
-    st = State.load(disp.spec, state)
+    st = State.from_dict(disp.spec, doc, str(state))
     constraints = {
         "single_host": single_host,
         "allowed_hosts": [h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None,
@@ -64,7 +68,6 @@ def select_cmd(
         "whole_domains": whole_domains,
         "segment": segment,
     }
-    shp = shape_flags(shape, traffic, compute_ms)
     sel = disp.select(k, st, algorithm, fabric=fabric, constraints=constraints, shape=shp)
     out = sel.to_dict()
     if fabric is not None and model is not None:
@@ -72,7 +75,7 @@ def select_cmd(
     if as_json:
         print(json.dumps(out, indent=2))
         return
-    console.print(
+    common.console.print(
         f"[bold]{sel.algorithm}[/bold] k={k}: {sel.predicted_gbps:.2f} GB/s predicted "
         f"(standalone {sel.standalone_gbps:.2f})"
         + (f", true {out['true_gbps']:.2f}" if "true_gbps" in out else "")
@@ -81,12 +84,12 @@ def select_cmd(
     if sel.placement is not None:
         pl = sel.placement
         axes = ", ".join(f"{a} {v:.1f} GB/s ({pl['comm_ms'][a]:.1f} ms)" for a, v in pl["axis_gbps"].items())
-        console.print(f"  shape {shp}: step {pl['step_ms']:.1f} ms = compute {pl['compute_ms']:.1f} ms + {axes}")
-        console.print(f"  ranks: {' '.join(pl['ranks'])}")
+        common.console.print(f"  shape {shp}: step {pl['step_ms']:.1f} ms = compute {pl['compute_ms']:.1f} ms + {axes}")
+        common.console.print(f"  ranks: {' '.join(pl['ranks'])}")
         return
     for host in sel.hosts:
         idx = [g.rpartition(":")[2] for g in sel.gpus if g.rpartition(":")[0] == host]
-        console.print(f"  {host}: {', '.join(idx)}")
+        common.console.print(f"  {host}: {', '.join(idx)}")
 
 
 def _truth(fabric, st, sel, shp) -> dict:

@@ -34,32 +34,36 @@ def simulate_cmd(
     figures: bool = typer.Option(True, "--figures/--no-figures", help="Render the figures."),
 ) -> None:
     """Simulate a trace through the real queue and dispatcher: JCT, queueing delay, utilization."""
-    from bandpilot.simulation.engine import SimConfig
-
     if (trace is None) == (sweep is None):
         raise BandPilotError("give exactly one of --trace TRACE.csv or --sweep SWEEP.yaml")
-    if log:
-        from bandpilot.model import registry
-
-        registry.tracking_setup()
     if sweep is not None:
         from bandpilot.simulation.sweep import load_sweep, run_sweep
 
         sw = load_sweep(sweep)
+        _tracking(log)
         rows = run_sweep(sw, out, log=log, figures=figures, progress=lambda tag: typer.echo(f"done {tag}", err=True))
         typer.echo((out / "comparison.md").read_text())
         typer.echo(f"{len(rows)} simulations; comparison: {out / 'comparison.csv'}")
         return
-    from bandpilot.simulation.elastic import elastic_for
-    from bandpilot.simulation.run import load_setup, run_one
-
     if model is None:
         raise BandPilotError("--model is required with --trace (a model URI, or `emulator`)")
+    # The inputs are checked before MLflow, torch and the model start (seconds): the trace's own
+    # lines now, its job sizes against the cluster once the cluster is known.
+    _parse_trace(trace, n_gpus=None)
+    if cluster is not None:
+        from bandpilot.topology.cluster import resolve_spec
+
+        resolve_spec(cluster)
+    from bandpilot.simulation.elastic import elastic_for
+    from bandpilot.simulation.engine import SimConfig
+    from bandpilot.simulation.run import load_setup, run_one
+
     from bandpilot.scheduling.profile import get_profile
 
     cfg = SimConfig(profile=get_profile(profile), interval_s=interval, epochs=epochs, lam=lam, seed=seed, demand=demand)
     cfg.check()
     elastic_for(elastic, [])  # a bad --elastic: the one-line error before loading anything
+    _tracking(log)
     setup = load_setup(model, cluster=cluster, truth=truth, seed=seed)
     jobs = _parse_trace(trace, n_gpus=setup.dispatcher.model.spec.n_gpus)  # all-or-nothing, before any run
     cfg = replace(cfg, elastic=elastic_for(elastic, jobs))
@@ -122,7 +126,14 @@ def report_cmd(
     typer.echo(f"{job}: epoch {res['epoch']} entropy {res['entropy']:.4f} -> utility {res['utility']:.4f}")
 
 
-def _parse_trace(path: Path, n_gpus: int):
+def _tracking(log: bool) -> None:
+    if log:
+        from bandpilot.model import registry
+
+        registry.tracking_setup()
+
+
+def _parse_trace(path: Path, n_gpus: int | None):
     """The trace's jobs (imported here: the CLI starts without the simulator's trace parser)."""
     from bandpilot.simulation.trace import parse_trace
 

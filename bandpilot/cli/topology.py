@@ -43,19 +43,29 @@ def topology_cmd(
     elif fmt == "slurm-block":
         text = slurm_topology(spec)
     else:
-        nv = set(spec.nvlink_domains)
-        rows = [f"cluster {spec.name}: {spec.n_hosts} hosts, {spec.n_gpus} GPUs, {len(nv)} NVLink domains"]
-        doms: dict[str, list[str]] = {}
-        for h in spec.hosts:
-            doms.setdefault(h.domain or "(none)", []).append(h.name)
-        for d, hosts in doms.items():
-            kind = "nvlink" if d in nv else "rack" if d != "(none)" else "-"
-            n = sum(spec.hosts[spec.host_index[h]].n_gpus for h in hosts)
-            rows.append(f"{d}\t{kind}\t{len(hosts)} hosts\t{n} GPUs")
-        text = "\n".join(rows) + "\n"
+        text = _summary(spec)
     out = out or output
     if out:
         write_text_atomic(out, text)
         typer.echo(f"wrote {out}")
     else:
         typer.echo(text, nl=False)
+
+
+def _summary(spec) -> str:
+    """One line per domain (NVLink or rack) with its hosts and GPUs; hosts outside any domain are
+    listed by GPU model as a Slurm hostlist, so a cluster without domains still shows its hosts."""
+    from bandpilot.topology.domains import hostlist
+
+    nv = set(spec.nvlink_domains)
+    racks = {h.domain for h in spec.hosts if h.domain and h.domain not in nv}
+    parts = [f"{len(nv)} NVLink domains" if nv else "", f"{len(racks)} rack domains" if racks else ""]
+    kinds = ", ".join(p for p in parts if p) or "no NVLink or rack domains (hosts meet over the network)"
+    rows = [f"cluster {spec.name}: {spec.n_hosts} hosts, {spec.n_gpus} GPUs, {kinds}"]
+    groups: dict[tuple[str, str], list] = {}
+    for h in spec.hosts:
+        groups.setdefault((h.domain, "nvlink" if h.domain in nv else "rack") if h.domain else ("", h.gpu), []).append(h)
+    for (dom, kind), hosts in groups.items():
+        name = dom or hostlist([h.name for h in hosts])
+        rows.append(f"{name}\t{kind}\t{len(hosts)} host{'s' * (len(hosts) != 1)}\t{sum(h.n_gpus for h in hosts)} GPUs")
+    return "\n".join(rows) + "\n"

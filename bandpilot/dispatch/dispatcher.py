@@ -150,9 +150,18 @@ class Dispatcher:
     @classmethod
     def load(cls, model_uri: str, seed: int = 0) -> Dispatcher:
         """A dispatcher for a stored surrogate (``models:/name@alias``, ``runs:/...``, a path)."""
+        from bandpilot.model.local_registry import lookup, model_path
+
+        # A missing model, alias or path is said before torch starts (seconds).
+        uri = str(model_uri)
+        located = None
+        if uri.startswith(("models:/", "runs:/")):
+            located = lookup(uri)
+        else:
+            model_path(uri)  # raises for a path that holds no model
         from bandpilot.model.surrogate import Surrogate  # lazy: pulls in torch
 
-        return cls(Surrogate.load(model_uri), seed=seed)
+        return cls(Surrogate.load(model_uri, located=located), seed=seed)
 
     # ------------------------------------------------------------------------------------
     def _state(self, state: State | Mapping[str, Any]) -> State:

@@ -141,11 +141,18 @@ class State:
 
     @classmethod
     def load(cls, spec: ClusterSpec, path: str | Path) -> "State":
-        p = Path(path)
-        try:
-            doc = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise StateError(f"state file not found: {p}") from None
-        except json.JSONDecodeError as exc:
-            raise StateError(f"{p}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-        return cls.from_dict(spec, doc, str(p))
+        return cls.from_dict(spec, read_state_file(path), str(path))
+
+
+def read_state_file(path: str | Path) -> Any:
+    """A state file's JSON document, unchecked: read before a model is loaded, so a missing or
+    malformed file is reported at once (:meth:`State.from_dict` checks it against the cluster)."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise StateError(f"state file not found: {p}") from None
+    except IsADirectoryError:
+        raise StateError(f"state file {p} is a directory") from None
+    except json.JSONDecodeError as exc:
+        raise StateError(f"{p}:{exc.lineno}: invalid JSON ({exc.msg})") from None

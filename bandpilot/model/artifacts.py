@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import mlflow
@@ -13,8 +12,9 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from bandpilot.errors import ModelError
+from bandpilot.model.local_registry import URI_PATTERN, no_registry_message
 
-_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>[^/]+))?/?$")
+_URI = URI_PATTERN
 
 
 def one_line(exc: BaseException) -> str:
@@ -57,8 +57,7 @@ def find_registry() -> str:
     if uri.startswith("sqlite:///"):  # MLflow would create an empty store on the first query
         db = Path(uri.removeprefix("sqlite:///")).expanduser()
         if not db.is_file():
-            raise ModelError(f"no MLflow registry at {db.absolute()} (train a model first, e.g. `make run`, or set "
-                             "MLFLOW_TRACKING_URI / BANDPILOT_HOME to where the models are)")
+            raise ModelError(no_registry_message(db))
     if not explicit:
         mlflow.set_tracking_uri(uri)
     return uri

@@ -476,21 +476,26 @@ class Surrogate:
         return sur
 
     @classmethod
-    def load(cls, uri: str | Path) -> "Surrogate":
-        """Load from ``models:/NAME@alias``, ``models:/NAME/VERSION``, ``runs:/ID/model`` or a local path."""
+    def load(cls, uri: str | Path, *, located: tuple[Path, str, str] | None = None) -> "Surrogate":
+        """Load from ``models:/NAME@alias``, ``models:/NAME/VERSION``, ``runs:/ID/model`` or a local path;
+        ``located`` is what :func:`~bandpilot.model.local_registry.lookup` already found for ``uri``."""
         s = str(uri)
         if s.startswith(("models:/", "runs:/")):
-            from bandpilot.model.artifacts import fetch_model_dir  # imports mlflow only for registry URIs
+            from bandpilot.model.local_registry import lookup
 
             t0 = time.perf_counter()
-            local, name, version = fetch_model_dir(s)
+            found: tuple[Path, str | None, str | None] | None = located or lookup(s)  # the project's SQLite registry without importing MLflow (seconds)
+            if found is None:
+                from bandpilot.model.artifacts import fetch_model_dir  # imports mlflow only for registry URIs
+
+                found = fetch_model_dir(s)
+            local, name, version = found
             sur = cls.load_dir(local, uri=s, name=name, model_version=version)
             sur.meta.setdefault("load_seconds", time.perf_counter() - t0)
             return sur
-        p = Path(s.removeprefix("file://"))
-        if not p.exists():
-            raise ModelError(f"model not found: {s} (expected models:/NAME@alias, models:/NAME/VERSION, runs:/ID/model or a path)")
-        return cls.load_dir(p, uri=s)
+        from bandpilot.model.local_registry import model_path
+
+        return cls.load_dir(model_path(s), uri=s)
 
 
 def _json_default(o: Any) -> Any:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
+from lightning.pytorch.plugins.environments import LightningEnvironment
 import numpy as np
 import torch
 
@@ -92,6 +93,11 @@ def fit_net(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weight
     """Lightning training of ``sur.net`` in place; returns (history, pruned, best val MAPE)."""
     # Lightning 2.6 under torch 2.13 emits a pytree deprecation notice on every fit; it is not ours.
     warnings.filterwarnings("ignore", message=".*treespec.*")
+    # Lightning probes for Slurm at every Trainer and fit and warns that `srun` is installed but not
+    # used (18 times in `make run` on a Slurm machine): this is one CPU process, not a job step. The
+    # explicit environment below keeps the Trainer from taking a Slurm job's variables as its own;
+    # the fit's checkpoint lookup still probes, hence the filter.
+    warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     for name in ("lightning.pytorch", "lightning.fabric", "lightning", "pytorch_lightning"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -114,7 +120,7 @@ def fit_net(sur: Surrogate, train_masks: np.ndarray, train_y: np.ndarray, weight
         max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, deterministic=False,
         log_every_n_steps=max(1, steps_per_epoch), default_root_dir=tempfile.gettempdir(), callbacks=cbs,
-        limit_val_batches=1 if dm.has_val else 0,
+        limit_val_batches=1 if dm.has_val else 0, plugins=[LightningEnvironment()],
     )
     net.train()
     trainer.fit(lit, datamodule=dm)

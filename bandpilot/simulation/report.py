@@ -11,15 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from bandpilot.io import write_json_atomic
+from bandpilot.io import replaced_dir, write_json_atomic
 from bandpilot.simulation.engine import SimResult
 
 JOB_COLUMNS = ("id", "tenant", "k", "priority", "status", "submit_s", "start_s", "end_s", "queue_s", "service_s", "jct_s",
@@ -177,11 +174,8 @@ def plot_timeline(res: SimResult, path: Path) -> Path:
 
 def write_outputs(res: SimResult, out_dir: str | Path, *, figures: bool = True) -> dict[str, Any]:
     """Write the report directory atomically (built beside it, then swapped in); returns the summary."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        summary = summarize(res)
+    summary = summarize(res)
+    with replaced_dir(out_dir) as tmp:
         write_json_atomic(tmp / "summary.json", summary)
         (tmp / "jobs.csv").write_text(jobs_csv(res))
         (tmp / "timeline.csv").write_text(timeline_csv(res))
@@ -189,16 +183,6 @@ def write_outputs(res: SimResult, out_dir: str | Path, *, figures: bool = True) 
             plot_cdf([res], tmp / "jct_cdf.png")
             plot_breakdown([res], tmp / "queue_service.png")
             plot_timeline(res, tmp / "utilization.png")
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return summary
 
 

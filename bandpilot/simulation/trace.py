@@ -15,14 +15,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from bandpilot.errors import BandPilotError
+from bandpilot.io import write_text_atomic
 
 REQUIRED = ("id", "submit_s", "k", "tenant", "compute_s", "comm_fraction")
 OPTIONAL = ("priority", "utility", "time_limit_s", "preemptible", "checkpoint_s", "checkpoint_every_s")
@@ -244,15 +243,5 @@ def format_trace(jobs: Sequence[TraceJob]) -> str:
 
 
 def write_trace(jobs: Sequence[TraceJob], path: str | Path) -> Path:
-    """Write a trace atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(format_trace(jobs))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write a trace atomically (temp file + rename), readable as the umask allows."""
+    return write_text_atomic(path, format_trace(jobs))

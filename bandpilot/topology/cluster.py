@@ -462,8 +462,11 @@ def resolve_spec(value: str | Path) -> Path:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
-    """Load a spec file, or a measurement directory containing ``cluster.yaml``."""
+    """Load a spec file, a measurement directory containing ``cluster.yaml``, or a spec by name
+    (:func:`resolve_spec`: every command that takes a cluster accepts the same three)."""
     p = Path(path)
+    if not p.exists():
+        p = resolve_spec(path)
     if p.is_dir():
         p = p / "cluster.yaml"
     if not p.is_file():

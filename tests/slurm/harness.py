@@ -51,6 +51,8 @@ def ensure_slurm() -> str | None:
     apt-get when missing and possible), else the reason they cannot be had."""
     if all(_which(d) for d in DAEMONS):
         return None
+    if os.environ.get("APT") == "no" or os.environ.get("BANDPILOT_NO_APT"):
+        return "Slurm is not installed and APT=no / BANDPILOT_NO_APT declines installing it"
     apt = shutil.which("apt-get")
     if apt is None:
         return "Slurm is not installed and there is no apt-get to install it"
