@@ -14,8 +14,8 @@ from doc_blocks import LANGS, ROOT, bad_cli_uses, blocks, cli_commands, make_doc
 
 README = ROOT / "README.md"
 TEXT = README.read_text()
-NOT_RUN_FIRST_WORDS = [["make", "run"], ["bandpilot", "slurm"], ["bandpilot", "slurm"], ["bandpilot", "slurm"],
-                       ["mlflow", "ui"], ["prefect", "server"]]  # the suite, a Slurm cluster, servers
+NOT_RUN_FIRST_WORDS = [["make", "run"], ["mlflow", "ui"], ["prefect", "server"],
+                       ["bandpilot", "slurm"], ["bandpilot", "slurm"], ["bandpilot", "slurm"]]  # the suite, servers, a Slurm cluster
 
 
 def runnable(lang: str) -> list[dict]:
