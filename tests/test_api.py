@@ -182,7 +182,8 @@ def test_tenant_lifecycle_submit_batch_launch_telemetry_release(world):
     shown = c.get("/v1/requests/a-new", headers=h(a)).json()
     assert shown["status"] == "assigned" and len(shown["gpus"]) == 2 and shown["predicted_gbps"] > 0
     slurm = c.get("/v1/requests/a-new/launch?format=slurm", headers=h(a))
-    assert slurm.status_code == 200 and "#SBATCH --nodelist=" in slurm.text and "CUDA_VISIBLE_DEVICES" in slurm.text
+    assert slurm.status_code == 200 and slurm.text.startswith("#!/bin/bash\n")
+    assert "--nodelist=" in slurm.text and "CUDA_VISIBLE_DEVICES" in slurm.text
     assert c.get("/v1/requests/a-new/launch?format=xml", headers=h(a)).status_code == 422
     assert c.post("/v1/requests/a-new/telemetry", json={"measured_gbps": 150.0}, headers=h(a)).json() == {"job": "a-new", "recorded": 1}
     rel = c.post("/v1/requests/a-new/release", json={"measured_gbps": 151.0}, headers=h(a))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import zlib
 
 import numpy as np
@@ -210,10 +211,14 @@ def test_load_uses_surrogate(monkeypatch):
 
     class Surrogate:
         @staticmethod
-        def load(uri):
-            assert uri == "models:/bp@prod"
+        def load(uri, located=None):
+            assert uri == "models:/bp@prod" and located == found  # what the registry lookup found, not looked up twice
             return H100
 
+    from bandpilot.model import local_registry
+
+    found = (Path("/models/bp/3"), "bp", "3")
+    monkeypatch.setattr(local_registry, "lookup", lambda uri: found if uri == "models:/bp@prod" else None)
     fake.Surrogate = Surrogate
     monkeypatch.setitem(sys.modules, "bandpilot.model.surrogate", fake)
     d = Dispatcher.load("models:/bp@prod", seed=3)
