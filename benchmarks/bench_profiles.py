@@ -1,0 +1,238 @@
+"""Which scheduler profile should be the default? Cross-validation over workload generators and loads.
+
+    python -m benchmarks profiles [--seeds 2] [--loads 0.7,0.9,1.1] [--generators mixed,seed001,helios,philly]
+                                  [--candidates NAME,...] [--jobs 200] [--quick]
+
+Each candidate profile (the named ones and YAML-expressible variants, :data:`CANDIDATES`) runs on
+every (generator, offered load) cell, several seeds each, on the truth the other scheduling
+benchmarks use (the measured H100 tables when ``../shared/data`` is present, else the emulated
+``params/clusters/h100.yaml``; a perfect predictor, so this measures the scheduler, not the model):
+
+* ``mixed``: our mixed workload (sizes 1-32, heavy-tailed run times, time limits off by up to 3x, half
+  preemptible);
+* ``seed001``: seed 001's 50 jobs of eight types (run-time estimates exact);
+* ``helios`` / ``philly``: the published shapes of the SenseTime Helios and Microsoft Philly traces
+  (mostly 1-GPU jobs, powers of two, log-normal run times with a long tail; estimates exact).
+
+Every trace's arrival times are scaled so that it offers exactly the cell's load (GPU-seconds demanded
+over the cluster's GPU-seconds in the arrival window, :func:`~bandpilot.simulation.workloads.offered_load`).
+
+The rule (:func:`select`): a candidate's score is its WORST ratio of mean JCT (seed means) to
+``fifo-greedy``'s over all cells; the lowest score wins. The report also lists every cell where a
+candidate loses to ``fifo-greedy`` on mean JCT or makespan. Nothing is written into the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_jct import run, truth_fabric  # noqa: E402
+from bandpilot.scheduling.profile import FIFO_GREEDY, RECOMMENDED, SLURM_LIKE, SchedulerProfile  # noqa: E402
+from bandpilot.simulation.engine import SimConfig  # noqa: E402
+from bandpilot.simulation.trace import TraceJob  # noqa: E402
+from bandpilot.simulation.workloads import mixed_workload, offered_load, public_trace_workload, seed001_workload  # noqa: E402
+
+H = 3600.0
+REF = FIFO_GREEDY.name
+#: What each cell reports, per candidate (means over the seeds).
+#: Relative difference below which two figures are the same run (float noise in the event times).
+TIE = 1e-6
+METRICS = ("avg_jct_s", "p95_jct_s", "max_jct_s", "makespan_s", "gpu_utilization")
+
+#: The candidates: the named profiles and variants a profile YAML can express.
+CANDIDATES: dict[str, SchedulerProfile] = {p.name: p for p in (
+    RECOMMENDED,
+    SLURM_LIKE,
+    FIFO_GREEDY,
+    replace(RECOMMENDED, name="recommended-easy", backfill="easy", reservations=1),
+    replace(RECOMMENDED, name="recommended-no-wait", start_or_wait=False),
+    replace(RECOMMENDED, name="recommended-easy-no-wait", backfill="easy", reservations=1, start_or_wait=False),
+    replace(RECOMMENDED, name="hrrn-greedy", backfill="greedy", reservations=1, start_or_wait=False),
+    SchedulerProfile("fifo-greedy-bandpilot", locality=0.5),
+    SchedulerProfile("fifo-conservative-bandpilot", backfill="conservative", reservations=2, locality=0.5),
+)}
+
+
+def at_load(jobs: list[TraceJob], n_gpus: int, load: float) -> list[TraceJob]:
+    """The same jobs with their arrival times scaled so the trace offers exactly ``load``."""
+    scale = offered_load(jobs, n_gpus) / load
+    t0 = jobs[0].submit_s
+    return [replace(j, submit_s=round(t0 + (j.submit_s - t0) * scale, 3)) for j in jobs]
+
+
+def _seed001(n: int, n_gpus: int, load: float, seed: int) -> list[TraceJob]:
+    jobs = seed001_workload(seed)  # fixed 50 jobs: the generator has no size knob
+    return jobs[:n] if n < len(jobs) else jobs
+
+
+#: generator name -> (jobs, n_gpus, load, seed) -> trace (before the load scaling)
+GENERATORS: dict[str, Callable[[int, int, float, int], list[TraceJob]]] = {
+    "mixed": lambda n, g, load, s: mixed_workload(n, n_gpus=g, load=load, seed=s),
+    "seed001": _seed001,
+    "helios": lambda n, g, load, s: public_trace_workload("helios", n, n_gpus=g, load=load, seed=s),
+    "philly": lambda n, g, load, s: public_trace_workload("philly", n, n_gpus=g, load=load, seed=s),
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    generators: tuple[str, ...]
+    loads: tuple[float, ...]
+    seeds: int
+    jobs: int
+    candidates: tuple[str, ...]
+
+
+#: results[(generator, load)][candidate] -> {metric: mean over seeds}
+Results = dict[tuple[str, float], dict[str, dict[str, float]]]
+
+
+def run_grid(grid: Grid, truth, log: Callable[[str], None] = print) -> Results:
+    """Every candidate on every (generator, load) cell; one progress line per cell."""
+    n_gpus = truth.spec.n_gpus
+    out: Results = {}
+    for gen in grid.generators:
+        for load in grid.loads:
+            t0 = time.perf_counter()
+            per: dict[str, list[dict]] = {c: [] for c in grid.candidates}
+            for s in range(grid.seeds):
+                jobs = at_load(GENERATORS[gen](grid.jobs, n_gpus, load, s), n_gpus, load)
+                for c in grid.candidates:
+                    per[c].append(run(jobs, truth, SimConfig(profile=CANDIDATES[c], seed=s)))
+            cell = {c: {m: float(np.mean([r[m] for r in rs])) for m in METRICS} for c, rs in per.items()}
+            for c, rs in per.items():
+                cell[c]["incomplete"] = float(sum(r["jobs"] - r["completed"] for r in rs))
+            out[(gen, load)] = cell
+            ref = cell.get(REF, {}).get("avg_jct_s")
+            best = min(cell, key=lambda c: cell[c]["avg_jct_s"])
+            log(f"  {gen} @ load {load:g}: {grid.seeds} seeds x {len(grid.candidates)} candidates in "
+                f"{time.perf_counter() - t0:.0f} s; best mean {best} {cell[best]['avg_jct_s'] / H:.2f} h"
+                + (f" ({REF} {ref / H:.2f} h)" if ref else ""))
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    winner: str
+    score: dict[str, float]  # candidate -> worst mean-JCT ratio to the reference over the cells
+    worst_cell: dict[str, tuple[str, float]]
+    losses: dict[str, list[tuple[str, float, str, float]]]  # candidate -> (generator, load, metric, ratio) where > 1
+
+
+def select(results: Results, ref: str = REF) -> Verdict:
+    """The candidate whose worst mean-JCT ratio to ``ref`` over all cells is lowest (ties: the lower
+    mean ratio, then the name); and each candidate's cells where it is above ``ref`` on mean JCT or
+    makespan."""
+    cands = sorted({c for cell in results.values() for c in cell})
+    score, worst, mean_ratio, losses = {}, {}, {}, {}
+    for c in cands:
+        ratios = {key: cell[c]["avg_jct_s"] / cell[ref]["avg_jct_s"] for key, cell in results.items()}
+        worst[c] = max(ratios, key=ratios.get)
+        score[c] = ratios[worst[c]]
+        mean_ratio[c] = float(np.mean(list(ratios.values())))
+        losses[c] = [(g, load, m, results[(g, load)][c][m] / results[(g, load)][ref][m])
+                     for (g, load) in results for m in ("avg_jct_s", "makespan_s")
+                     if results[(g, load)][c][m] > (1 + TIE) * results[(g, load)][ref][m]]
+    winner = min(cands, key=lambda c: (score[c], mean_ratio[c], c))
+    return Verdict(winner, score, worst, losses)
+
+
+def render(results: Results, grid: Grid, verdict: Verdict) -> str:
+    blocks = []
+    for gen in grid.generators:
+        lines = [f"### {gen}", "",
+                 "| load | candidate | mean JCT (h) | p95 (h) | max (h) | makespan (h) | GPU util | mean vs fifo-greedy | makespan vs fifo-greedy |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for load in grid.loads:
+            cell = results[(gen, load)]
+            for c in grid.candidates:
+                r, ref = cell[c], cell[REF]
+                bad = "" if not r["incomplete"] else f" ({r['incomplete']:.0f} jobs unfinished)"
+                lines.append(f"| {load:g} | {c}{bad} | {r['avg_jct_s'] / H:.2f} | {r['p95_jct_s'] / H:.2f} | {r['max_jct_s'] / H:.2f} | "
+                             f"{r['makespan_s'] / H:.1f} | {r['gpu_utilization']:.2f} | {_pct(r['avg_jct_s'], ref['avg_jct_s'])} | "
+                             f"{_pct(r['makespan_s'], ref['makespan_s'])} |")
+        blocks.append("\n".join(lines))
+    summary = ["### The rule: best on the worst cell", "",
+               "| candidate | profile | worst mean JCT vs fifo-greedy | at | cells lost on mean JCT | cells lost on makespan |",
+               "|---|---|---|---|---|---|"]
+    for c in sorted(verdict.score, key=lambda c: verdict.score[c]):
+        g, load = verdict.worst_cell[c]
+        lost = verdict.losses[c]
+        n_mean = sum(m == "avg_jct_s" for *_, m, _ in lost)
+        n_span = sum(m == "makespan_s" for *_, m, _ in lost)
+        summary.append(f"| {'**' + c + '**' if c == verdict.winner else c} | {CANDIDATES[c].describe() if c in CANDIDATES else ''} | "
+                       f"{(verdict.score[c] - 1) * 100:+.1f} % | {g} @ {load:g} | {n_mean} / {len(results)} | {n_span} / {len(results)} |")
+    w = verdict.losses[verdict.winner]
+    summary += ["", f"winner: {verdict.winner}" + (f" ({CANDIDATES[verdict.winner].describe()})" if verdict.winner in CANDIDATES else ""),
+                f"winner loses to {REF}: " + ("never" if not w else
+                                              "; ".join(f"{g} @ {load:g} {m.removesuffix('_s').replace('avg_jct', 'mean JCT')} "
+                                                        f"{(x - 1) * 100:+.1f} %" for g, load, m, x in w))]
+    return "\n\n".join(blocks) + "\n\n" + "\n".join(summary)
+
+
+def _pct(x: float, ref: float) -> str:
+    return f"{(x / ref - 1) * 100:+.1f} %" if ref > 0 else "n/a"
+
+
+def _floats(text: str, what: str, ap: argparse.ArgumentParser) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in text.split(",") if x)
+    except ValueError:
+        ap.error(f"--{what}: expected comma-separated numbers, got {text!r}")
+    if not vals or any(not v > 0 for v in vals):
+        ap.error(f"--{what}: every value must be > 0, got {text!r}")
+    return vals
+
+
+def _names(text: str, known, what: str, ap: argparse.ArgumentParser) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    unknown = [x for x in names if x not in known]
+    if not names or unknown:
+        ap.error(f"--{what}: unknown {unknown[0] if unknown else 'empty list'!r}: use {', '.join(known)}")
+    return names
+
+
+def parse(argv: list[str]) -> Grid:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks profiles", description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--loads", default="0.7,0.9,1.1", help="offered loads (comma-separated)")
+    ap.add_argument("--generators", default=",".join(GENERATORS))
+    ap.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated; {REF} is always run (the reference)")
+    ap.add_argument("--jobs", type=int, default=200, help="jobs per trace (seed001 has 50 at most)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 12 jobs, 1 seed, load 0.9, mixed + seed001 + helios, 3 candidates")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.seeds, a.jobs, a.loads, a.generators = 1, 12, "0.9", "mixed,seed001,helios"
+        a.candidates = f"{RECOMMENDED.name},{SLURM_LIKE.name}"
+    if a.seeds < 1 or a.jobs < 2:
+        ap.error(f"--seeds must be >= 1 and --jobs >= 2, got {a.seeds} and {a.jobs}")
+    cands = _names(a.candidates, CANDIDATES, "candidates", ap)
+    cands = cands if REF in cands else (*cands, REF)
+    return Grid(_names(a.generators, GENERATORS, "generators", ap), _floats(a.loads, "loads", ap), a.seeds, a.jobs, cands)
+
+
+def main(argv: list[str] | None = None) -> int:
+    grid = parse(sys.argv[1:] if argv is None else argv)
+    truth, what = truth_fabric()
+    print(f"truth: {what}; {truth.spec.n_gpus} GPUs; load {open('/proc/loadavg').read().split()[:3]}")
+    print(f"{len(grid.generators)} generators x {len(grid.loads)} loads x {grid.seeds} seeds x {len(grid.candidates)} candidates, "
+          f"{grid.jobs} jobs a trace; demand model `full`\n", flush=True)
+    t0 = time.perf_counter()
+    results = run_grid(grid, truth)
+    print("\n" + render(results, grid, select(results)))
+    print(f"\n({time.perf_counter() - t0:.0f} s; load {open('/proc/loadavg').read().split()[:3]})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
