@@ -25,8 +25,11 @@ candidate loses to ``fifo-greedy`` on mean JCT or makespan. Nothing is written i
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -97,27 +100,52 @@ class Grid:
 Results = dict[tuple[str, float], dict[str, dict[str, float]]]
 
 
-def run_grid(grid: Grid, truth, log: Callable[[str], None] = print) -> Results:
-    """Every candidate on every (generator, load) cell; one progress line per cell."""
+def run_cell(grid: Grid, gen: str, load: float, truth=None) -> dict[str, dict[str, float]]:
+    """One (generator, load) cell: every candidate on ``grid.seeds`` traces, the seed means of :data:`METRICS`."""
+    truth = truth if truth is not None else truth_fabric()[0]
     n_gpus = truth.spec.n_gpus
+    per: dict[str, list[dict]] = {c: [] for c in grid.candidates}
+    for s in range(grid.seeds):
+        jobs = at_load(GENERATORS[gen](grid.jobs, n_gpus, load, s), n_gpus, load)
+        for c in grid.candidates:
+            per[c].append(run(jobs, truth, SimConfig(profile=CANDIDATES[c], seed=s)))
+    cell = {c: {m: float(np.mean([r[m] for r in rs])) for m in METRICS} for c, rs in per.items()}
+    for c, rs in per.items():
+        cell[c]["incomplete"] = float(sum(r["jobs"] - r["completed"] for r in rs))
+    return cell
+
+
+def _cell_task(args: tuple[Grid, str, float]) -> tuple[str, float, dict, float]:
+    t0 = time.perf_counter()
+    grid, gen, load = args
+    return gen, load, run_cell(grid, gen, load), time.perf_counter() - t0
+
+
+def run_grid(grid: Grid, workers: int = 1, save: Path | None = None,
+             log: Callable[[str], None] = lambda m: print(m, flush=True)) -> Results:
+    """Every candidate on every (generator, load) cell, ``workers`` cells at a time; one progress line
+    per cell as it ends (and, with ``save``, the cell appended to that JSON-lines file)."""
+    tasks = [(grid, gen, load) for load in grid.loads for gen in grid.generators]  # a cut-short run has every generator
     out: Results = {}
-    for gen in grid.generators:
-        for load in grid.loads:
-            t0 = time.perf_counter()
-            per: dict[str, list[dict]] = {c: [] for c in grid.candidates}
-            for s in range(grid.seeds):
-                jobs = at_load(GENERATORS[gen](grid.jobs, n_gpus, load, s), n_gpus, load)
-                for c in grid.candidates:
-                    per[c].append(run(jobs, truth, SimConfig(profile=CANDIDATES[c], seed=s)))
-            cell = {c: {m: float(np.mean([r[m] for r in rs])) for m in METRICS} for c, rs in per.items()}
-            for c, rs in per.items():
-                cell[c]["incomplete"] = float(sum(r["jobs"] - r["completed"] for r in rs))
+    with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+        done = as_completed([pool.submit(_cell_task, t) for t in tasks]) if pool else None
+        for gen, load, cell, wall in ((f.result() for f in done) if done else map(_cell_task, tasks)):
             out[(gen, load)] = cell
-            ref = cell.get(REF, {}).get("avg_jct_s")
+            if save is not None:
+                with save.open("a") as f:
+                    f.write(json.dumps({"generator": gen, "load": load, "cell": cell}) + "\n")
             best = min(cell, key=lambda c: cell[c]["avg_jct_s"])
-            log(f"  {gen} @ load {load:g}: {grid.seeds} seeds x {len(grid.candidates)} candidates in "
-                f"{time.perf_counter() - t0:.0f} s; best mean {best} {cell[best]['avg_jct_s'] / H:.2f} h"
-                + (f" ({REF} {ref / H:.2f} h)" if ref else ""))
+            log(f"  {gen} @ load {load:g}: {grid.seeds} seeds x {len(grid.candidates)} candidates in {wall:.0f} s; "
+                f"best mean {best} {cell[best]['avg_jct_s'] / H:.2f} h ({REF} {cell[REF]['avg_jct_s'] / H:.2f} h)")
+    return out
+
+
+def read_saved(path: Path) -> Results:
+    """The cells a ``--save`` file holds (the last line of a cell wins)."""
+    out: Results = {}
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        out[(d["generator"], float(d["load"]))] = d["cell"]
     return out
 
 
@@ -147,15 +175,18 @@ def select(results: Results, ref: str = REF) -> Verdict:
     return Verdict(winner, score, worst, losses)
 
 
-def render(results: Results, grid: Grid, verdict: Verdict) -> str:
+def render(results: Results, verdict: Verdict) -> str:
+    """Markdown: per generator a table of every (load, candidate), then the rule's summary."""
     blocks = []
-    for gen in grid.generators:
+    gens = list(dict.fromkeys(g for g, _ in results))
+    cands = list(dict.fromkeys(c for cell in results.values() for c in cell))
+    for gen in gens:
         lines = [f"### {gen}", "",
                  "| load | candidate | mean JCT (h) | p95 (h) | max (h) | makespan (h) | GPU util | mean vs fifo-greedy | makespan vs fifo-greedy |",
                  "|---|---|---|---|---|---|---|---|---|"]
-        for load in grid.loads:
+        for load in sorted(x for g, x in results if g == gen):
             cell = results[(gen, load)]
-            for c in grid.candidates:
+            for c in cands:
                 r, ref = cell[c], cell[REF]
                 bad = "" if not r["incomplete"] else f" ({r['incomplete']:.0f} jobs unfinished)"
                 lines.append(f"| {load:g} | {c}{bad} | {r['avg_jct_s'] / H:.2f} | {r['p95_jct_s'] / H:.2f} | {r['max_jct_s'] / H:.2f} | "
@@ -176,7 +207,7 @@ def render(results: Results, grid: Grid, verdict: Verdict) -> str:
     summary += ["", f"winner: {verdict.winner}" + (f" ({CANDIDATES[verdict.winner].describe()})" if verdict.winner in CANDIDATES else ""),
                 f"winner loses to {REF}: " + ("never" if not w else
                                               "; ".join(f"{g} @ {load:g} {m.removesuffix('_s').replace('avg_jct', 'mean JCT')} "
-                                                        f"{(x - 1) * 100:+.1f} %" for g, load, m, x in w))]
+                                                        f"{(x - 1) * 100:+.2f} %" for g, load, m, x in w))]
     return "\n\n".join(blocks) + "\n\n" + "\n".join(summary)
 
 
@@ -202,7 +233,7 @@ def _names(text: str, known, what: str, ap: argparse.ArgumentParser) -> tuple[st
     return names
 
 
-def parse(argv: list[str]) -> Grid:
+def parse(argv: list[str]) -> tuple[Grid, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks profiles", description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--loads", default="0.7,0.9,1.1", help="offered loads (comma-separated)")
@@ -210,26 +241,40 @@ def parse(argv: list[str]) -> Grid:
     ap.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated; {REF} is always run (the reference)")
     ap.add_argument("--jobs", type=int, default=200, help="jobs per trace (seed001 has 50 at most)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 jobs, 1 seed, load 0.9, mixed + seed001 + helios, 3 candidates")
+    ap.add_argument("--workers", type=int, default=2, help="cells simulated at a time (processes)")
+    ap.add_argument("--save", type=Path, help="append each cell's figures to this JSON-lines file as it ends")
+    ap.add_argument("--render", type=Path, metavar="SAVED", help="no simulation: the tables and the rule from a --save file")
     a = ap.parse_args(argv)
     if a.quick:
         a.seeds, a.jobs, a.loads, a.generators = 1, 12, "0.9", "mixed,seed001,helios"
         a.candidates = f"{RECOMMENDED.name},{SLURM_LIKE.name}"
-    if a.seeds < 1 or a.jobs < 2:
-        ap.error(f"--seeds must be >= 1 and --jobs >= 2, got {a.seeds} and {a.jobs}")
+    if a.seeds < 1 or a.jobs < 2 or a.workers < 1:
+        ap.error(f"--seeds and --workers must be >= 1 and --jobs >= 2, got {a.seeds}, {a.workers} and {a.jobs}")
     cands = _names(a.candidates, CANDIDATES, "candidates", ap)
     cands = cands if REF in cands else (*cands, REF)
-    return Grid(_names(a.generators, GENERATORS, "generators", ap), _floats(a.loads, "loads", ap), a.seeds, a.jobs, cands)
+    return Grid(_names(a.generators, GENERATORS, "generators", ap), _floats(a.loads, "loads", ap), a.seeds, a.jobs, cands), a
 
 
 def main(argv: list[str] | None = None) -> int:
-    grid = parse(sys.argv[1:] if argv is None else argv)
+    grid, a = parse(sys.argv[1:] if argv is None else argv)
+    if a.render is not None:
+        try:
+            results = read_saved(a.render)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"error: --render {a.render}: not a file of saved cells ({exc})", file=sys.stderr)
+            return 2
+        if not results:
+            print(f"error: --render {a.render}: no saved cells", file=sys.stderr)
+            return 2
+        print(render(results, select(results)))
+        return 0
     truth, what = truth_fabric()
     print(f"truth: {what}; {truth.spec.n_gpus} GPUs; load {open('/proc/loadavg').read().split()[:3]}")
     print(f"{len(grid.generators)} generators x {len(grid.loads)} loads x {grid.seeds} seeds x {len(grid.candidates)} candidates, "
-          f"{grid.jobs} jobs a trace; demand model `full`\n", flush=True)
+          f"{grid.jobs} jobs a trace, {a.workers} workers; demand model `full`\n", flush=True)
     t0 = time.perf_counter()
-    results = run_grid(grid, truth)
-    print("\n" + render(results, grid, select(results)))
+    results = run_grid(grid, a.workers, a.save)
+    print("\n" + render(results, select(results)))
     print(f"\n({time.perf_counter() - t0:.0f} s; load {open('/proc/loadavg').read().split()[:3]})")
     return 0
 
