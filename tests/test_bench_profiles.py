@@ -32,6 +32,9 @@ def test_the_best_worst_cell_wins_not_the_best_average():
     assert v.losses["greedy-ish"] == [("b", 0.9, "avg_jct_s", pytest.approx(1.2)), ("b", 0.9, "makespan_s", pytest.approx(1.1))]
     assert v.losses["steady"] == [("b", 0.9, "makespan_s", pytest.approx(1.02))]
     assert v.losses[REF] == []
+    # on mean JCT and makespan alike nobody beats the reference everywhere: "steady" loses a makespan by 2 %
+    assert v.strict["steady"] == pytest.approx(1.02) and v.strict["greedy-ish"] == pytest.approx(1.2)
+    assert v.strict_winner == REF
 
 
 def test_when_every_candidate_loses_somewhere_the_reference_wins():
@@ -62,7 +65,8 @@ def test_quick_run_reports_every_cell_and_candidate(capsys, tmp_path):
         ref_row = next(r for r in rows if f"| {REF} |" in r)
         assert ref_row.endswith("| +0.0 % | +0.0 % |")
     summary = out.split("### The rule: best on the worst cell")[1]
-    assert sum(line.startswith("| ") and "/ 3 |" in line for line in summary.splitlines()) == 3
+    assert sum(line.startswith("| ") and "/ 3 |" in line and line.count("|") == 8 for line in summary.splitlines()) == 3
+    assert re.search(r"^stricter rule \(worst of mean JCT and makespan\): \S+ \([+-]\d+\.\d %\)$", summary, re.M)
     winner = re.search(r"^winner: (\S+)", summary, re.M).group(1)
     assert winner in CANDIDATES
     # the saved cells give the same verdict when rendered again
