@@ -53,6 +53,11 @@ def test_contradictions_are_errors_not_ignored(fields, message):
         dataclasses.replace(FIFO_GREEDY, **{"placement": "bandpilot", **fields})  # a derived profile is checked too
 
 
+def test_a_profile_has_a_name():
+    with pytest.raises(ProfileError, match="name must be a non-empty string"):
+        SchedulerProfile("")
+
+
 def test_a_yaml_profile_starts_from_its_base(tmp_path):
     p = tmp_path / "site.yaml"
     p.write_text("base: slurm-like\nqueue_sort: priority\npreempt: true\n")
@@ -114,3 +119,28 @@ def test_dispatch_with_a_bad_profile_is_one_line_and_touches_nothing(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"profile {bad}: start_or_wait needs backfill" in err
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_new_queue_sort_is_one_function_and_one_registration(tmp_path, monkeypatch):
+    """A toy QueueSort (last submitted first), registered, named by a profile, then gone again."""
+    from bandpilot import queue as q
+    from bandpilot.dispatch.dispatcher import Dispatcher
+    from bandpilot.fabric.emulator import make_fabric
+    from bandpilot.scheduling import batch, policies
+
+    monkeypatch.setattr(policies, "_SORTS", dict(policies._SORTS))  # the registration is undone after the test
+    policies.register_queue_sort(policies.QueueSort(
+        "lifo", lambda pending, exp, now: sorted(pending, key=lambda p: (-p.submitted_at, -p.seq)), "last submitted first"))
+    with pytest.raises(ValueError, match="already registered"):
+        policies.register_queue_sort(policies.QueueSort("lifo", lambda *a: [], "again"))
+    spec = load_cluster(ROOT / "params" / "clusters" / "h100.yaml")
+    store = q.Store(f"sqlite:///{tmp_path / 'q.db'}")
+    store.init_cluster(spec)
+    q.submit(store, [{"id": f"r{i}", "k": 16, "submitted": float(i)} for i in range(3)])  # two of three fit
+    rep = batch.run_batch(store, Dispatcher(make_fabric(spec)), SchedulerProfile("newest-first", queue_sort="lifo"))
+    assert [o.request_id for o in rep.assigned] == ["r2", "r1"] and rep.policy == "lifo"
+    assert q.check_invariants(store) == []
+    store.close()
+    monkeypatch.undo()
+    with pytest.raises(ProfileError, match="queue_sort: unknown value 'lifo'"):
+        SchedulerProfile("newest-first", queue_sort="lifo")

@@ -109,12 +109,6 @@ def test_pg_preemption_in_one_transaction(store):
     scenario_starving_gang_preempts(store, make_fabric(store.spec))
 
 
-def test_pg_loan_and_reclaim(store):
-    from test_loans import scenario_loan_and_reclaim
-
-    scenario_loan_and_reclaim(store, make_fabric(store.spec))
-
-
 def test_pg_basic_flow(store):
     scenario_basic(store, Dispatcher(make_fabric(store.spec)))
 

@@ -13,9 +13,8 @@ from crash import kill_mid_run
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
-from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
+from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.scheduling.profile import ProfileError, SchedulerProfile
 

@@ -9,13 +9,12 @@ import sqlalchemy as sa
 from bandpilot import queue as q
 from bandpilot import scheduling as sched
 from bandpilot.dispatch.dispatcher import Dispatcher
-from bandpilot.errors import RequestError
 from bandpilot.queue.clock import use_clock
 from bandpilot.queue.schema import T_HOLDS
 from bandpilot.scheduling import startwait
 from bandpilot.scheduling.reservations import Book
 from bandpilot.scheduling.startwait import MAX_HELD_S, MAX_HOLD_S, load_held
-from bandpilot.simulation.engine import SimConfig, SimulationError, simulate
+from bandpilot.simulation.engine import SimConfig, simulate
 from bandpilot.simulation.trace import TraceJob
 from bandpilot.simulation.workloads import mixed_workload
 from bandpilot.scheduling.profile import ProfileError, SchedulerProfile

@@ -67,7 +67,8 @@ def create_app(store: Store | str, *, sample_s: float | None = 60.0, max_body: i
                auth_window_s: float = 60.0, async_db: bool | None = None) -> Any:
     """The API (and dashboard at ``/``) over ``store`` (a Store or a URL). ``token_ttl``: how long a
     valid token is trusted without a lookup (0: every request looks it up). ``dispatch_s``: run a
-    batch that often with ``model_uri`` (default the cluster's champion) and the scheduler ``profile`` (a name or a YAML file; ``dispatch_s`` None: off).
+    batch that often (None: off) with ``model_uri`` (default the cluster's champion) and the scheduler
+    ``profile`` (a name or a YAML file).
     Per tenant (admins are
     exempt): at most ``max_pending`` pending requests (``$BANDPILOT_API_MAX_PENDING``, default 100)
     asking for at most ``max_pending_gpus`` GPUs together (``$BANDPILOT_API_MAX_PENDING_GPUS``,

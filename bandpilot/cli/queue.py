@@ -14,7 +14,6 @@ from typing import Any, List, Optional
 
 import typer
 
-
 from bandpilot.cli.main import app
 from bandpilot.topology.cluster import resolve_spec
 from bandpilot.errors import RequestError

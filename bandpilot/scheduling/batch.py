@@ -43,7 +43,7 @@ from bandpilot.scheduling.reservations import Book, write_reservations
 from bandpilot.scheduling.profile import ProfileError, SchedulerProfile, get_profile
 from bandpilot.scheduling.startwait import StartOrWait
 from bandpilot.scheduling.policies import (
-    ESTIMATE_POLICIES, Pending, order_pending, utility_quotas,
+    Pending, order_pending, queue_sort, utility_quotas,
 )
 from bandpilot.scheduling.pending import load_pending  # also imported from here (elastic, tests)
 from bandpilot.queue.requests import Request
@@ -177,7 +177,7 @@ class _Batch:
             self.placer.set_state(state)
             pl = self.plan(load_pending(conn), state, conn)
             report.batch_id = batch_id = self.new_batch(conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
             @contextmanager
             def same_conn() -> Iterator[sa.Connection]:
@@ -193,7 +193,7 @@ class _Batch:
         with store.read() as conn:
             state = store.load_state(conn, self.mspec)
             pl = self.plan(load_pending(conn), state, conn)
-            self.load_book(conn, state, pl)
+            self.load_book(conn, state)
 
         @contextmanager
         def fresh_conn() -> Iterator[sa.Connection]:
@@ -217,7 +217,7 @@ class _Batch:
             .returning(T_BATCH.c.id)
         ).scalar_one())
 
-    def load_book(self, conn: sa.Connection, state: State, pl: _Plan) -> None:
+    def load_book(self, conn: sa.Connection, state: State) -> None:
         """The PostFilter and Permit plug-ins of the profile, loaded from the store."""
         if self.backfill != "greedy":
             self.book = Book.load(conn, self.backfill, state, Placer(self.mspec, self.dispatcher, self.algorithm), now(),
@@ -236,14 +236,15 @@ class _Batch:
         pending, notes = loaded
         self.report.pending_before = len(pending)
         expected = None
-        if self.policy in ESTIMATE_POLICIES:
+        sort = queue_sort(self.policy)
+        if sort.estimates:
             est = self.estimates(conn)
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         queue = order_pending(pending, self.policy, expected, now())
         whole = self.limit is None or self.limit >= len(queue)
         if not whole:
             queue = queue[: self.limit]
-        quotas = utility_quotas(queue, state.n_free) if self.policy == "utility" else None
+        quotas = utility_quotas(queue, state.n_free) if sort.quotas else None
         self.report.quotas = quotas
         return _Plan(queue, quotas, notes, max(map(_SEQ, pending), default=0), whole)
 

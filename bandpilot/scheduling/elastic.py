@@ -55,7 +55,7 @@ from bandpilot.scheduling.elastic_fragments import fill_fragments
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
     SEED_HOSTS, _best_gbps, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
-from bandpilot.scheduling.policies import ESTIMATE_POLICIES, order_pending, utility_prior
+from bandpilot.scheduling.policies import order_pending, queue_sort, utility_prior
 from bandpilot.topology.cluster import popcount
 
 
@@ -141,7 +141,7 @@ def rebalance(
             u = r.utility if r.utility is not None else prior
             cands.append(Candidate(r.id, len(gpus), lo, hi, r.k_step or 1, float(u), True))
         expected = None
-        if policy in ESTIMATE_POLICIES:  # sjf/hrrn order by run-time estimates, as the batch does
+        if queue_sort(policy).estimates:  # sjf/hrrn order by run-time estimates, as the batch does
             est = Estimates.load(conn, [p.req.id for p in pending])
             expected = {p.req.id: e for p in pending if (e := est.of(p.req)) is not None}
         order = order_pending(pending, policy, expected, now())

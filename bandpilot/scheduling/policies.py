@@ -16,7 +16,7 @@ import math
 import operator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import sqlalchemy as sa
@@ -27,9 +27,6 @@ from bandpilot.dispatch.constraints import Constraints
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_REQ
 
-POLICIES = ("fifo", "priority", "sjf", "utility", "hrrn")
-#: Policies that order by run-time estimates (:mod:`bandpilot.scheduling.estimates`).
-ESTIMATE_POLICIES = ("sjf", "hrrn")
 #: ``hrrn`` ages a request whose expected run time is longer than this as if it were this long, so
 #: its response ratio grows at least ``wait / 8 h`` (a long gang no longer waits ~1.6x its own run
 #: time behind a stream of short jobs). Measured (the mixed workload, 2 seeds x 2 demand models):
@@ -87,31 +84,60 @@ def utility_prior(pending: Sequence[Pending]) -> float:
 _FIFO_KEY = operator.attrgetter("submitted_at", "seq")
 
 
+@dataclass(frozen=True)
+class QueueSort:
+    """A QueueSort plug-in (the first extension point of a scheduler profile): the order pending
+    requests are tried in. ``order(pending, expected, now)`` returns them sorted; ``expected`` holds
+    the run-time estimates when ``estimates`` is set (else it is empty); ``quotas``: the batch gives
+    each tenant a GPU quota by utility (:func:`utility_quotas`) when requests compete."""
+
+    name: str
+    order: Callable[[Sequence[Pending], Mapping[str, float], float | None], list[Pending]]
+    doc: str
+    estimates: bool = False
+    quotas: bool = False
+
+
+_SORTS: dict[str, QueueSort] = {}
+
+
+def register_queue_sort(sort: QueueSort) -> QueueSort:
+    """Add a QueueSort plug-in; a profile may then name it (``queue_sort: NAME``)."""
+    if sort.name in _SORTS:
+        raise ValueError(f"queue sort {sort.name!r} is already registered")
+    _SORTS[sort.name] = sort
+    return sort
+
+
+def queue_sorts() -> tuple[str, ...]:
+    """The registered QueueSort names, in registration order."""
+    return tuple(_SORTS)
+
+
+def queue_sort(name: str) -> QueueSort:
+    """The QueueSort plug-in ``name``; an unknown one is a one-line :class:`RequestError`."""
+    try:
+        return _SORTS[name]
+    except KeyError:
+        raise RequestError(f"unknown policy {name!r}: use one of {', '.join(_SORTS)}") from None
+
+
 def order_pending(pending: Sequence[Pending], policy: str, expected: Mapping[str, float] | None = None,
                   now: float | None = None) -> list[Pending]:
-    """Admission order: ``fifo`` (submit time, then arrival), ``priority`` (higher first, then
-    FIFO), ``sjf`` (shortest ``expected[id]`` run time first; unknown ones last, FIFO),
-    ``utility`` (higher job utility first, then priority, then FIFO), ``hrrn`` (highest response
-    ratio ``(wait + expected) / expected`` first, the expected run time capped at
-    :data:`HRRN_AGE_CAP_S`: short jobs go early like sjf, and a long one's ratio grows while it
-    waits at least as fast as a job of the cap's length, so it cannot starve behind short ones;
-    unknown ones last, FIFO)."""
-    if policy == "hrrn":
-        return _hrrn(pending, expected or {}, now)
-    if policy == "fifo":
-        return sorted(pending, key=_FIFO_KEY)
-    if policy == "sjf":
-        exp = expected or {}
-        return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))
-    if policy == "priority":
-        return sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq))
-    if policy == "utility":
-        prior = utility_prior(pending)
-        return sorted(
-            pending,
-            key=lambda p: (-(p.req.utility if p.req.utility is not None else prior), -p.req.priority, p.submitted_at, p.seq),
-        )
-    raise RequestError(f"unknown policy {policy!r}: use one of {', '.join(POLICIES)}")
+    """``pending`` in the order of the QueueSort plug-in ``policy`` (the built-ins below)."""
+    return queue_sort(policy).order(pending, expected or {}, now)
+
+
+def _sjf(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
+    return sorted(pending, key=lambda p: (p.req.id not in exp, exp.get(p.req.id, 0.0), p.submitted_at, p.seq))
+
+
+def _utility(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
+    prior = utility_prior(pending)
+    return sorted(
+        pending,
+        key=lambda p: (-(p.req.utility if p.req.utility is not None else prior), -p.req.priority, p.submitted_at, p.seq),
+    )
 
 
 def _hrrn(pending: Sequence[Pending], exp: Mapping[str, float], now: float | None) -> list[Pending]:
@@ -128,6 +154,21 @@ def _hrrn(pending: Sequence[Pending], exp: Mapping[str, float], now: float | Non
         return (wait + capped) / capped
 
     return sorted(pending, key=lambda p: (p.req.id not in exp, -ratio(p), p.submitted_at, p.seq))
+
+
+for _sort in (
+    QueueSort("fifo", lambda pending, exp, now: sorted(pending, key=_FIFO_KEY), "submit time, then arrival"),
+    QueueSort("priority", lambda pending, exp, now: sorted(pending, key=lambda p: (-p.req.priority, p.submitted_at, p.seq)),
+              "higher priority first, then FIFO"),
+    QueueSort("sjf", _sjf, "shortest expected run time first; requests without an estimate last, FIFO", estimates=True),
+    QueueSort("utility", _utility, "higher job utility first, then priority, then FIFO; per-tenant GPU quotas by "
+              "utility when requests compete", quotas=True),
+    QueueSort("hrrn", _hrrn, "highest response ratio (wait + expected) / expected first, the expected run time capped "
+              "at 8 h: short jobs go early like sjf, and a long one cannot starve behind them", estimates=True),
+):
+    register_queue_sort(_sort)
+#: The built-in QueueSort plug-ins.
+POLICIES = queue_sorts()
 
 
 def utility_quotas(pending: Sequence[Pending], n_free: int) -> dict[str, int] | None:

@@ -6,7 +6,8 @@ SchedulerParameters: few, validated once when loaded, documented in one place).
 A profile names the plug-in at each extension point of a batch, in the order the batch asks them:
 
 * **QueueSort** ``queue_sort`` - the order pending requests are tried in (:mod:`~bandpilot.scheduling.policies`):
-  ``fifo``, ``priority``, ``sjf``, ``utility`` (per-tenant GPU quotas by job utility) or ``hrrn``.
+  ``fifo``, ``priority``, ``sjf``, ``utility`` (per-tenant GPU quotas by job utility), ``hrrn``, or a
+  plug-in added with :func:`~bandpilot.scheduling.policies.register_queue_sort`.
 * **Score** ``placement`` and ``locality`` - the dispatcher strategy that places a request
   (:mod:`bandpilot.dispatch.strategies`; ``compact`` is Slurm's: ``block`` on clusters with NVLink
   domains, ``topo`` otherwise) and, for model-guided placement, the lifetime locality margin: a
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bandpilot.errors import BandPilotError
-from bandpilot.scheduling.policies import POLICIES
+from bandpilot.scheduling.policies import queue_sorts
 from bandpilot.scheduling.reservations import BACKFILL_MODES
 #: The placement that stands for Slurm's own (``select/cons_tres`` packing, ``topology/block`` on
 #: clusters with NVLink domains): resolved against the cluster by :meth:`SchedulerProfile.algorithm_for`.
@@ -66,7 +67,9 @@ class SchedulerProfile:
 
     def check(self) -> None:
         """Each field a known value and no contradiction between them (a one-line :class:`ProfileError`)."""
-        _one_of("queue_sort", self.queue_sort, POLICIES)
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ProfileError(f"name must be a non-empty string, got {self.name!r}")
+        _one_of("queue_sort", self.queue_sort, queue_sorts())
         _one_of("backfill", self.backfill, BACKFILL_MODES)
         _one_of("placement", self.placement, placements())
         if isinstance(self.reservations, bool) or not isinstance(self.reservations, int) \
