@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -63,6 +64,9 @@ CANDIDATES: dict[str, SchedulerProfile] = {p.name: p for p in (
     replace(RECOMMENDED, name="hrrn-greedy", backfill="greedy", reservations=1, start_or_wait=False),
     SchedulerProfile("fifo-greedy-bandpilot", locality=0.5),
     SchedulerProfile("fifo-conservative-bandpilot", backfill="conservative", reservations=2, locality=0.5),
+    # the queue order alone on top of fifo-greedy (no reservation, Slurm's placement)
+    SchedulerProfile("hrrn-greedy-compact", queue_sort="hrrn", placement="compact"),
+    SchedulerProfile("sjf-greedy-compact", queue_sort="sjf", placement="compact"),
 )}
 
 
@@ -284,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = run_grid(grid, a.workers, a.save)
     print("\n" + render(results, select(results)))
-    print(f"\n({time.perf_counter() - t0:.0f} s; load {open('/proc/loadavg').read().split()[:3]})")
+    cpu = sum(resource.getrusage(w).ru_utime + resource.getrusage(w).ru_stime for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(f"\n({time.perf_counter() - t0:.0f} s wall, {cpu:.0f} s CPU; load {open('/proc/loadavg').read().split()[:3]})")
     return 0
 
 
