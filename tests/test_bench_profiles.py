@@ -35,6 +35,8 @@ def test_the_best_worst_cell_wins_not_the_best_average():
     # on mean JCT and makespan alike nobody beats the reference everywhere: "steady" loses a makespan by 2 %
     assert v.strict["steady"] == pytest.approx(1.02) and v.strict["greedy-ish"] == pytest.approx(1.2)
     assert v.strict_winner == REF
+    # regret (mean JCT over the best in the cell): "greedy-ish" 4.8 / 3.8 in b, "steady" 9.5 / 5 and the reference 10 / 5 in a
+    assert v.regret == {REF: pytest.approx(2.0), "greedy-ish": pytest.approx(4.8 / 3.8), "steady": pytest.approx(1.9)}
 
 
 def test_when_every_candidate_loses_somewhere_the_reference_wins():
@@ -65,7 +67,7 @@ def test_quick_run_reports_every_cell_and_candidate(capsys, tmp_path):
         ref_row = next(r for r in rows if f"| {REF} |" in r)
         assert ref_row.endswith("| +0.0 % | +0.0 % |")
     summary = out.split("### The rule: best on the worst cell")[1]
-    assert sum(line.startswith("| ") and "/ 3 |" in line and line.count("|") == 8 for line in summary.splitlines()) == 3
+    assert sum(line.startswith("| ") and "/ 3 |" in line and line.count("|") == 9 for line in summary.splitlines()) == 3
     assert re.search(r"^stricter rule \(worst of mean JCT and makespan\): \S+ \([+-]\d+\.\d %\)$", summary, re.M)
     winner = re.search(r"^winner: (\S+)", summary, re.M).group(1)
     assert winner in CANDIDATES
