@@ -98,6 +98,7 @@ class Grid:
     seeds: int
     jobs: int
     candidates: tuple[str, ...]
+    first_seed: int = 0  # held-out seeds check a choice made on others
 
 
 #: results[(generator, load)][candidate] -> {metric: mean over seeds}
@@ -109,7 +110,7 @@ def run_cell(grid: Grid, gen: str, load: float, truth=None) -> dict[str, dict[st
     truth = truth if truth is not None else truth_fabric()[0]
     n_gpus = truth.spec.n_gpus
     per: dict[str, list[dict]] = {c: [] for c in grid.candidates}
-    for s in range(grid.seeds):
+    for s in range(grid.first_seed, grid.first_seed + grid.seeds):
         jobs = at_load(GENERATORS[gen](grid.jobs, n_gpus, load, s), n_gpus, load)
         for c in grid.candidates:
             per[c].append(run(jobs, truth, SimConfig(profile=CANDIDATES[c], seed=s)))
@@ -145,11 +146,12 @@ def run_grid(grid: Grid, workers: int = 1, save: Path | None = None,
 
 
 def read_saved(path: Path) -> Results:
-    """The cells a ``--save`` file holds (the last line of a cell wins)."""
+    """The cells a ``--save`` file holds; runs appended to the same file merge (a candidate's last
+    figures in a cell win), so further candidates can be run later against the same reference."""
     out: Results = {}
     for line in path.read_text().splitlines():
         d = json.loads(line)
-        out[(d["generator"], float(d["load"]))] = d["cell"]
+        out.setdefault((d["generator"], float(d["load"])), {}).update(d["cell"])
     return out
 
 
@@ -255,6 +257,7 @@ def parse(argv: list[str]) -> tuple[Grid, argparse.Namespace]:
     ap.add_argument("--loads", default="0.7,0.9,1.1", help="offered loads (comma-separated)")
     ap.add_argument("--generators", default=",".join(GENERATORS))
     ap.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated; {REF} is always run (the reference)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed (the run takes --seeds from it)")
     ap.add_argument("--jobs", type=int, default=200, help="jobs per trace (seed001 has 50 at most)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 12 jobs, 1 seed, load 0.9, mixed + seed001 + helios, 3 candidates")
     ap.add_argument("--workers", type=int, default=2, help="cells simulated at a time (processes)")
@@ -264,11 +267,13 @@ def parse(argv: list[str]) -> tuple[Grid, argparse.Namespace]:
     if a.quick:
         a.seeds, a.jobs, a.loads, a.generators = 1, 12, "0.9", "mixed,seed001,helios"
         a.candidates = f"{RECOMMENDED.name},{SLURM_LIKE.name}"
-    if a.seeds < 1 or a.jobs < 2 or a.workers < 1:
-        ap.error(f"--seeds and --workers must be >= 1 and --jobs >= 2, got {a.seeds}, {a.workers} and {a.jobs}")
+    if a.seeds < 1 or a.jobs < 2 or a.workers < 1 or a.first_seed < 0:
+        ap.error(f"--seeds and --workers must be >= 1, --jobs >= 2 and --first-seed >= 0, "
+                 f"got {a.seeds}, {a.workers}, {a.jobs} and {a.first_seed}")
     cands = _names(a.candidates, CANDIDATES, "candidates", ap)
     cands = cands if REF in cands else (*cands, REF)
-    return Grid(_names(a.generators, GENERATORS, "generators", ap), _floats(a.loads, "loads", ap), a.seeds, a.jobs, cands), a
+    gens = _names(a.generators, GENERATORS, "generators", ap)
+    return Grid(gens, _floats(a.loads, "loads", ap), a.seeds, a.jobs, cands, a.first_seed), a
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     truth, what = truth_fabric()
     print(f"truth: {what}; {truth.spec.n_gpus} GPUs; load {open('/proc/loadavg').read().split()[:3]}")
     print(f"{len(grid.generators)} generators x {len(grid.loads)} loads x {grid.seeds} seeds x {len(grid.candidates)} candidates, "
-          f"{grid.jobs} jobs a trace, {a.workers} workers; demand model `full`\n", flush=True)
+          f"{grid.jobs} jobs a trace, seeds from {grid.first_seed}, {a.workers} workers; demand model `full`\n", flush=True)
     t0 = time.perf_counter()
     results = run_grid(grid, a.workers, a.save)
     print("\n" + render(results, select(results)))
