@@ -117,6 +117,7 @@ def run_cell(grid: Grid, gen: str, load: float, truth=None) -> dict[str, dict[st
     cell = {c: {m: float(np.mean([r[m] for r in rs])) for m in METRICS} for c, rs in per.items()}
     for c, rs in per.items():
         cell[c]["incomplete"] = float(sum(r["jobs"] - r["completed"] for r in rs))
+        cell[c]["n_seeds"] = float(len(rs))
     return cell
 
 
@@ -138,7 +139,8 @@ def run_grid(grid: Grid, workers: int = 1, save: Path | None = None,
             out[(gen, load)] = cell
             if save is not None:
                 with save.open("a") as f:
-                    f.write(json.dumps({"generator": gen, "load": load, "cell": cell}) + "\n")
+                    seeds = list(range(grid.first_seed, grid.first_seed + grid.seeds))
+                    f.write(json.dumps({"generator": gen, "load": load, "seeds": seeds, "cell": cell}) + "\n")
             best = min(cell, key=lambda c: cell[c]["avg_jct_s"])
             log(f"  {gen} @ load {load:g}: {grid.seeds} seeds x {len(grid.candidates)} candidates in {wall:.0f} s; "
                 f"best mean {best} {cell[best]['avg_jct_s'] / H:.2f} h ({REF} {cell[REF]['avg_jct_s'] / H:.2f} h)")
@@ -146,12 +148,26 @@ def run_grid(grid: Grid, workers: int = 1, save: Path | None = None,
 
 
 def read_saved(path: Path) -> Results:
-    """The cells a ``--save`` file holds; runs appended to the same file merge (a candidate's last
-    figures in a cell win), so further candidates can be run later against the same reference."""
-    out: Results = {}
+    """The cells a ``--save`` file holds. Runs appended to one file merge: further candidates join a
+    cell, and runs on other seeds of the same (generator, load, candidate) are averaged, weighted by
+    their seed counts (a run on the same seeds replaces the earlier one; overlapping seed sets are an
+    error)."""
+    runs: dict[tuple[str, float], dict[str, dict[tuple[int, ...], dict[str, float]]]] = {}
     for line in path.read_text().splitlines():
         d = json.loads(line)
-        out.setdefault((d["generator"], float(d["load"])), {}).update(d["cell"])
+        seeds = tuple(d.get("seeds", ()))
+        for c, figures in d["cell"].items():
+            runs.setdefault((d["generator"], float(d["load"])), {}).setdefault(c, {})[seeds] = figures
+    out: Results = {}
+    for key, cands in runs.items():
+        for c, by_seeds in cands.items():
+            sets = list(by_seeds)
+            if len({s for ss in sets for s in ss}) != sum(len(ss) for ss in sets):
+                raise ValueError(f"{key[0]} @ {key[1]:g}, {c}: overlapping seed sets {sets}")
+            w = [max(len(ss), 1) for ss in sets]
+            figs = list(by_seeds.values())
+            out.setdefault(key, {})[c] = {m: (sum(f[m] for f in figs) if m in ("incomplete", "n_seeds")
+                                              else sum(wi * f[m] for wi, f in zip(w, figs)) / sum(w)) for m in figs[0]}
     return out
 
 
@@ -203,6 +219,8 @@ def render(results: Results, verdict: Verdict) -> str:
             for c in cands:
                 r, ref = cell[c], cell[REF]
                 bad = "" if not r["incomplete"] else f" ({r['incomplete']:.0f} jobs unfinished)"
+                if r.get("n_seeds") != ref.get("n_seeds"):  # a merged --save file: not the same seeds as the reference
+                    bad += f" ({r.get('n_seeds', 0):.0f} seeds, {REF} {ref.get('n_seeds', 0):.0f})"
                 lines.append(f"| {load:g} | {c}{bad} | {r['avg_jct_s'] / H:.2f} | {r['p95_jct_s'] / H:.2f} | {r['max_jct_s'] / H:.2f} | "
                              f"{r['makespan_s'] / H:.1f} | {r['gpu_utilization']:.2f} | {_pct(r['avg_jct_s'], ref['avg_jct_s'])} | "
                              f"{_pct(r['makespan_s'], ref['makespan_s'])} |")

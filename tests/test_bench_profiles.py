@@ -95,3 +95,30 @@ def test_render_of_a_missing_or_broken_file_is_a_one_line_error(capsys, tmp_path
         assert main(["--render", str(path)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"error: --render {path}:")
+
+
+def test_the_committed_candidate_file_is_the_candidate_measured():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from bandpilot.scheduling.profile import load_profile
+
+    path = Path(__file__).resolve().parents[1] / "params" / "profiles" / "recommended-easy.yaml"
+    assert load_profile(path) == replace(CANDIDATES["recommended-easy"], name=path.stem)
+
+
+def test_saved_runs_on_other_seeds_average_and_overlaps_are_refused(tmp_path):
+    import json
+
+    def line(seeds, cand, mean_h):
+        return json.dumps({"generator": "g", "load": 0.9, "seeds": seeds,
+                           "cell": {cand: {**_cell(mean_h, 10), "n_seeds": float(len(seeds))}}})
+
+    path = tmp_path / "cells.jsonl"
+    path.write_text("\n".join([line([0, 1], REF, 2), line([0, 1], "x", 1), line([2, 3, 4, 5], REF, 5)]) + "\n")
+    cell = read_saved(path)[("g", 0.9)]
+    assert cell[REF]["avg_jct_s"] == pytest.approx(4 * H) and cell[REF]["n_seeds"] == 6  # (2 x 2 + 4 x 5) / 6
+    assert cell["x"]["avg_jct_s"] == pytest.approx(1 * H) and cell["x"]["n_seeds"] == 2
+    path.write_text(line([0, 1], REF, 2) + "\n" + line([1, 2], REF, 3) + "\n")
+    with pytest.raises(ValueError, match="overlapping seed sets"):
+        read_saved(path)
