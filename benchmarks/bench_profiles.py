@@ -238,11 +238,11 @@ def render(results: Results, verdict: Verdict) -> str:
                        f"{(verdict.score[c] - 1) * 100:+.1f} % | {g} @ {load:g} | {n_mean} / {len(results)} | {n_span} / {len(results)} | "
                        f"{(verdict.strict[c] - 1) * 100:+.1f} % | {(verdict.regret[c] - 1) * 100:+.1f} % |")
     w = verdict.losses[verdict.winner]
-    summary += ["", f"winner: {verdict.winner}" + (f" ({CANDIDATES[verdict.winner].describe()})" if verdict.winner in CANDIDATES else ""),
-                f"winner loses to {REF}: " + ("never" if not w else
+    summary += ["", f"- winner: {verdict.winner}" + (f" ({CANDIDATES[verdict.winner].describe()})" if verdict.winner in CANDIDATES else ""),
+                f"- winner loses to {REF}: " + ("never" if not w else
                                               "; ".join(f"{g} @ {load:g} {m.removesuffix('_s').replace('avg_jct', 'mean JCT')} "
                                                         f"{(x - 1) * 100:+.2f} %" for g, load, m, x in w)),
-                f"stricter rule (worst of mean JCT and makespan): {verdict.strict_winner} "
+                f"- stricter rule (worst of mean JCT and makespan): {verdict.strict_winner} "
                 f"({(verdict.strict[verdict.strict_winner] - 1) * 100:+.1f} %)"]
     return "\n\n".join(blocks) + "\n\n" + "\n".join(summary)
 

@@ -68,15 +68,15 @@ def test_quick_run_reports_every_cell_and_candidate(capsys, tmp_path):
         assert ref_row.endswith("| +0.0 % | +0.0 % |")
     summary = out.split("### The rule: best on the worst cell")[1]
     assert sum(line.startswith("| ") and "/ 3 |" in line and line.count("|") == 9 for line in summary.splitlines()) == 3
-    assert re.search(r"^stricter rule \(worst of mean JCT and makespan\): \S+ \([+-]\d+\.\d %\)$", summary, re.M)
-    winner = re.search(r"^winner: (\S+)", summary, re.M).group(1)
+    assert re.search(r"^- stricter rule \(worst of mean JCT and makespan\): \S+ \([+-]\d+\.\d %\)$", summary, re.M)
+    winner = re.search(r"^- winner: (\S+)", summary, re.M).group(1)
     assert winner in CANDIDATES
     # the saved cells give the same verdict when rendered again
     results = read_saved(saved)
     assert sorted(results) == [(g, 0.9) for g in sorted(gens)]
     assert select(results).winner == winner
     assert main(["--render", str(saved)]) == 0
-    assert f"winner: {winner}" in capsys.readouterr().out
+    assert f"- winner: {winner}" in capsys.readouterr().out
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
