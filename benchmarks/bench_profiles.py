@@ -1,7 +1,9 @@
 """Which scheduler profile should be the default? Cross-validation over workload generators and loads.
 
-    python -m benchmarks profiles [--seeds 2] [--loads 0.7,0.9,1.1] [--generators mixed,seed001,helios,philly]
-                                  [--candidates NAME,...] [--jobs 200] [--quick]
+    python -m benchmarks profiles [--seeds 2] [--first-seed 0] [--loads 0.7,0.9,1.1] [--jobs 200]
+                                  [--generators mixed,seed001,helios,philly] [--candidates NAME,...]
+                                  [--workers 2] [--save CELLS.jsonl] [--quick]
+    python -m benchmarks profiles --render CELLS.jsonl    # the tables from saved cells (seed sets averaged)
 
 Each candidate profile (the named ones and YAML-expressible variants, :data:`CANDIDATES`) runs on
 every (generator, offered load) cell, several seeds each, on the truth the other scheduling
@@ -19,7 +21,8 @@ over the cluster's GPU-seconds in the arrival window, :func:`~bandpilot.simulati
 
 The rule (:func:`select`): a candidate's score is its WORST ratio of mean JCT (seed means) to
 ``fifo-greedy``'s over all cells; the lowest score wins. The report also lists every cell where a
-candidate loses to ``fifo-greedy`` on mean JCT or makespan. Nothing is written into the repository.
+candidate loses to ``fifo-greedy`` on mean JCT or makespan. Nothing is written into the repository
+(``--save`` writes where it is told). Measured: ``docs/experiments/profile-crossval.md``.
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ from bandpilot.simulation.workloads import mixed_workload, offered_load, public_
 
 H = 3600.0
 REF = FIFO_GREEDY.name
-#: What each cell reports, per candidate (means over the seeds).
 #: Relative difference below which two figures are the same run (float noise in the event times).
 TIE = 1e-6
+#: What each cell reports, per candidate (means over the seeds).
 METRICS = ("avg_jct_s", "p95_jct_s", "max_jct_s", "makespan_s", "gpu_utilization")
 
 #: The candidates: the named profiles and variants a profile YAML can express.
