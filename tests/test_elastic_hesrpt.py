@@ -96,7 +96,8 @@ def test_current_share_lets_a_large_job_on_one_host_grow_back_across_the_nics(fa
     taken; the declared share read as the share now prices it slower and refuses it."""
     from bandpilot.dispatch.dispatcher import Dispatcher
     from bandpilot.dispatch.state import State
-    from bandpilot.scheduling.elastic import _best_gbps, _grow_priced, _placer, _Round
+    from bandpilot.scheduling.elastic import _grow_priced, _placer, _Round
+    from bandpilot.scheduling.elastic_gpus import idle_best_gbps
     from bandpilot.scheduling.elastic_pricing import PRICERS
 
     spec, d = fab.spec, Dispatcher(fab, seed=0)
@@ -104,7 +105,7 @@ def test_current_share_lets_a_large_job_on_one_host_grow_back_across_the_nics(fa
     got = {}
     for now in (True, False):
         rnd = _Round(fab, False, "full", {}, {"x": Candidate("x", 8, 4, 32, 1, 1.0, True)}, {"x": 0.45},
-                     PRICERS["welfare"], "srpt-suspend", lambda k: _best_gbps(d, k), {"x": 0.9}, True,
+                     PRICERS["welfare"], "srpt-suspend", lambda k: idle_best_gbps(d, k), {"x": 0.9}, True,
                      _placer(d, "bandpilot"), {"x": 16}, now)
         got[now] = _grow_priced(rnd, State.idle(spec), "x", mine, 8, 16)[2]
     assert got == {True: 16, False: 8}

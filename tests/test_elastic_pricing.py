@@ -93,14 +93,14 @@ def test_idle_admission_fits_newcomers_into_idle_gpus_only():
 
 
 def test_growth_steps_count_alike_gpus_once_and_take_whole_hosts_when_far(fab):
-    from bandpilot.scheduling.elastic import _steps
+    from bandpilot.scheduling.elastic_gpus import grow_steps
 
     spec = fab.spec
     st, mine = _crowded(fab)
     free = st.free & ~mine
-    one = _steps(fab, mine, free, 1)
+    one = grow_steps(fab, mine, free, 1)
     assert sorted(h for h, _ in one) == [1, 2]  # one candidate per NVSwitch host (its GPUs are alike)
-    far = _steps(fab, mine, free, 12)  # more than a host holds: each host's free GPUs as one chunk
+    far = grow_steps(fab, mine, free, 12)  # more than a host holds: each host's free GPUs as one chunk
     assert [(h, bin(b).count("1")) for h, b in far] == [(1, 4), (2, 4)]
     assert all(b & ~int(free[h]) == 0 for h, b in one + far) and spec.n_hosts == 4
 

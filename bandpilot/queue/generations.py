@@ -41,8 +41,10 @@ def current_generations(conn: sa.Connection, ids: Sequence[str]) -> dict[str, in
     return out
 
 
-def _apply(conn: sa.Connection, rz: Resize, ts: float, actor: str,
-           between: Callable[[], None] | None = None) -> dict[str, Any]:
+def apply_resize(conn: sa.Connection, rz: Resize, ts: float, actor: str,
+                 between: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Resize one running job inside the caller's transaction (checked against its size range and
+    the free GPUs); the caller commits, so a batch of resizes lands whole or not at all."""
     new = list(dict.fromkeys(rz.gpus))
     if len(new) != len(rz.gpus) or not new:
         raise RequestError(f"job {rz.job!r}: a resize needs a non-empty list of distinct GPUs")
@@ -103,7 +105,7 @@ def resize(store: Store, resizes: Sequence[Resize] | Resize, *, actor: str = "sc
         olds = {r: len(json.loads(g)) for r, g in conn.execute(
             sa.select(T_ASSIGN.c.request_id, T_ASSIGN.c.gpus).where(T_ASSIGN.c.request_id.in_([r.job for r in items])))}
         items.sort(key=lambda r: len(r.gpus) - olds.get(r.job, 0))  # shrinks first
-        return [_apply(conn, rz, ts, actor, between) for rz in items]
+        return [apply_resize(conn, rz, ts, actor, between) for rz in items]
 
 
 def generation_history(store: Store, job: str) -> list[dict[str, Any]]:

@@ -37,14 +37,14 @@ from bandpilot.dispatch.demand import DEFAULT_DEMAND, pressure_factor
 from bandpilot.dispatch.state import State
 from bandpilot.errors import PlacementError, RequestError
 from bandpilot.queue.clock import now
-from bandpilot.queue.generations import Resize, _apply
+from bandpilot.queue.generations import Resize, apply_resize
 from bandpilot.queue.requests import Request
 from bandpilot.queue.schema import T_ASSIGN, T_REQ
 from bandpilot.queue.store import Store
 from bandpilot.scheduling.assign_write import write_assignment
 from bandpilot.scheduling.batch import load_pending, model_version_of
 from bandpilot.scheduling.elastic_admission import (  # noqa: F401 - quotas and admission rules, public here too
-    ADMISSIONS, DEFAULT_ADMISSION, Admission, Candidate, _snap, elastic_quotas)
+    ADMISSIONS, DEFAULT_ADMISSION, Admission, Candidate, snap_size, elastic_quotas)
 from bandpilot.scheduling.elastic_pricing import (  # noqa: F401 - grow_ratio, DEFAULT_COMM, GROW_GAIN: public here too
     DEFAULT_COMM, DEFAULT_PRICING, DEFAULT_SCALING_MODE, GROW_GAIN, PRICERS, SCALING_MODES, Context, Grown, current_share,
     grow_ratio)
@@ -53,7 +53,7 @@ from bandpilot.scheduling.elastic_remaining import remaining_work
 from bandpilot.scheduling.elastic_srpt import record_resume, suspend_job, was_suspended
 from bandpilot.scheduling.elastic_fragments import fill_fragments
 from bandpilot.scheduling.elastic_gpus import (  # noqa: F401 - the GPU choice, public here too
-    SEED_HOSTS, _best_gbps, _bits, _steps, grow_gpus, grow_rows, shrink_gpus)
+    SEED_HOSTS, grow_gpus, grow_rows, idle_best_gbps, shrink_gpus)
 from bandpilot.scheduling.estimates import Estimates
 from bandpilot.scheduling.policies import order_pending, queue_sort, utility_prior
 from bandpilot.topology.cluster import popcount
@@ -157,7 +157,7 @@ def rebalance(
                                    rem.get(p.req.id, math.inf)))
         host = int(spec.gpus_per_host.max())
         if ADMISSIONS[admission].marginal:  # claims sized on each job's priced speed curve (elastic_marginal)
-            cands = curves_of(cands, running, reqs.values(), host, lambda k: _best_gbps(dispatcher, k), scaling == "declared",
+            cands = curves_of(cands, running, reqs.values(), host, lambda k: idle_best_gbps(dispatcher, k), scaling == "declared",
                               rem)
         rep.quotas = elastic_quotas(cands, n_play, admission, n_idle=state.n_free, host=host, keep=fill,
                                     n_cluster=spec.n_gpus)
@@ -166,7 +166,7 @@ def rebalance(
             _suspend_all(conn, rep, held, rem, {r.id: r.k for r in running})
             state = store.load_state(conn, spec)
         ctx = _Round(dispatcher.model, blind, demand, epochs or {}, {c.id: c for c in cands if c.running}, fracs,
-                     PRICERS[pricing], admission, lambda k: _best_gbps(dispatcher, k),
+                     PRICERS[pricing], admission, lambda k: idle_best_gbps(dispatcher, k),
                      etas, scaling == "declared", _placer(dispatcher, algorithm) if _relocating(relocate, blind) else None,
                      {r.id: r.k for r in running}, current_share, rem=rem)
         _resize_all(conn, rep, state, held, ctx)
@@ -256,11 +256,11 @@ def _growth_sizes(c: Candidate, cur: int, target: int, local: int) -> list[int]:
     """The sizes a growth from ``cur`` toward ``target`` is priced at: the target, halvings of the
     increment, one step, and the size that fills the free GPUs of the job's own hosts (growth that
     stays off the NICs); at most a handful, so pricing stays cheap on large clusters."""
-    out = {target, _snap(c, cur + c.step), _snap(c, min(target, cur + local))}
+    out = {target, snap_size(c, cur + c.step), snap_size(c, min(target, cur + local))}
     d = target - cur
     while d > c.step:
         d //= 2
-        out.add(_snap(c, cur + d))
+        out.add(snap_size(c, cur + d))
     return sorted((k for k in out if cur < k <= target), reverse=True)
 
 
@@ -287,7 +287,7 @@ def _grow_priced(rnd: _Round, others: State, jid: str, mask: np.ndarray, cur: in
             grown.append((k, rows[i].copy(), float(value[i])))
     if rnd.place is not None:
         room = int(popcount(others.free).max()) if others.free.size else 0
-        sizes = set(_growth_sizes(c, cur, target, 0)) | ({_snap(c, min(target, room))} if cur < room else set())
+        sizes = set(_growth_sizes(c, cur, target, 0)) | ({snap_size(c, min(target, room))} if cur < room else set())
         grown += _relocations(rnd, others, jid, cur, b0, sorted(x for x in sizes if cur < x <= target), f)
     pick = rnd.pricer.growth(rnd.context(others, jid, mask, f), cur, b0, grown)
     if pick is None:
@@ -366,7 +366,7 @@ def _write_resize(conn, rep, others: State, jid: str, mask: np.ndarray, value: f
     gpus = others.spec.from_mask(mask)
     solo = float(rnd.model.predict_masks(mask[None, :])[0]) if k > 1 else 0.0
     pressed = solo * pressure_factor(rnd.fracs.get(jid), rnd.demand)
-    rep.resized.append(_apply(conn, Resize(jid, tuple(gpus), rnd.epochs.get(jid), value, pressed), ts, "scheduler"))
+    rep.resized.append(apply_resize(conn, Resize(jid, tuple(gpus), rnd.epochs.get(jid), value, pressed), ts, "scheduler"))
     return others.with_job(jid, gpus, pressed)
 
 
@@ -387,7 +387,7 @@ def _fill_idle(conn, rep, state: State, held: dict[str, np.ndarray], rnd: _Round
             continue
         mask = next(j.mask for j in state.jobs if j.id == jid)
         cur = int(popcount(mask).sum())
-        target = _snap(rnd.running[jid], min(rnd.running[jid].hi, cur + state.n_free))
+        target = snap_size(rnd.running[jid], min(rnd.running[jid].hi, cur + state.n_free))
         if target <= cur:
             continue
         others = state.without_job(jid)
@@ -452,7 +452,7 @@ def _admit_one(conn, rep, state, req, q, dispatcher, algorithm, rnd: _Round, ts,
     rnd.etas[req.id] = req.scaling
     eta = rnd.eta(req.id)
     ref = req.k if req.k > 1 else 2
-    b_ref = _best_gbps(dispatcher, ref)
+    b_ref = idle_best_gbps(dispatcher, ref)
     scale = req.k / ref if req.k == 1 else 1
 
     def own_cost(k: int, b: float) -> float:

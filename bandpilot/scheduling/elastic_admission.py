@@ -50,7 +50,7 @@ class Candidate:
     behind: int = 0  # running jobs not in the round with more remaining work (``srpt-marginal`` only)
 
 
-def _snap(c: Candidate, x: float) -> int:
+def snap_size(c: Candidate, x: float) -> int:
     """The largest allowed size <= x (at least min_k)."""
     if x <= c.lo:
         return c.lo
@@ -193,7 +193,7 @@ def elastic_quotas(cands: Sequence[Candidate], n_gpus: int, admission: str = DEF
         for c in low or high:  # fix the lower bounds first: they take budget from the others
             fixed[c.id] = c.lo if low else c.hi
     exact = {**fixed, **share}
-    quota = {c.id: _snap(c, exact[c.id]) for c in admitted}
+    quota = {c.id: snap_size(c, exact[c.id]) for c in admitted}
     left = n_gpus - sum(quota.values())
     # hand out what rounding left, a step at a time, largest shortfall (then utility) first
     for c in sorted(admitted, key=lambda c: (-(exact[c.id] - quota[c.id]), -w[c.id], c.id)):

@@ -19,14 +19,14 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from bandpilot.dispatch.state import State
-from bandpilot.scheduling.elastic_srpt import _snap_down, claim
+from bandpilot.scheduling.elastic_srpt import snap_down, claim
 from bandpilot.topology.cluster import popcount
 
 
 def fragment_size(req: Any, room: int, host: int) -> int:
     """The largest legal size of ``req`` (``lo``, ``hi``, ``step``) up to its ``srpt`` claim that fits
     ``room`` GPUs; 0 if not even its ``min_k`` does."""
-    return _snap_down(req.lo, req.hi, req.step, min(claim(req, host), room))
+    return snap_down(req.lo, req.hi, req.step, min(claim(req, host), room))
 
 
 def fill_fragments(state: State, waiting: Sequence[str], reqs: Mapping[str, Any], remaining: Mapping[str, float],

@@ -24,7 +24,7 @@ def _bits(spec: Any, mask: np.ndarray) -> list[tuple[int, int]]:
     return out
 
 
-def _steps(model: Any, mask: np.ndarray, free: np.ndarray, n_left: int) -> list[tuple[int, int]]:
+def grow_steps(model: Any, mask: np.ndarray, free: np.ndarray, n_left: int) -> list[tuple[int, int]]:
     """One greedy step's candidates ``(host, bits to add)``: while more GPUs are needed than a host
     holds, a host's free GPUs as one chunk (a 1,024-GPU cluster offers 1,000 single GPUs per step);
     then single GPUs, of which a host's free GPUs giving the same stage-1 (in-host) value count
@@ -56,7 +56,7 @@ def _greedy_add(pred: ContentionPredictor, spec: Any, mask: np.ndarray, free: np
     mask, free = mask.copy(), free.copy()
     left = n_add
     while left > 0:
-        cand = _steps(pred.model, mask, free, left)
+        cand = grow_steps(pred.model, mask, free, left)
         if not cand:
             break
         rows = np.repeat(mask[None, :], len(cand), axis=0)
@@ -150,7 +150,7 @@ def shrink_gpus(model: Any, state: State, mask: np.ndarray, n_remove: int, *, bl
 _BEST: dict[tuple[str, int], float] = {}
 
 
-def _best_gbps(dispatcher: Any, k: int) -> float:
+def idle_best_gbps(dispatcher: Any, k: int) -> float:
     """Predicted bandwidth of the best ``k``-GPU placement on the idle cluster (cached): the
     reference the job's declared collective share refers to."""
     spec = dispatcher.model.spec

@@ -29,7 +29,7 @@ from bandpilot.queue.schema import T_ASSIGN, T_AUDIT, T_ESTIMATES, T_GEN, T_GPUS
 from bandpilot.scheduling.requeue import requeue_running
 
 
-def _snap_down(lo: int, hi: int, step: int, x: int) -> int:
+def snap_down(lo: int, hi: int, step: int, x: int) -> int:
     """The largest size of ``lo + n·step`` (<= hi) that is <= x; 0 if x < lo."""
     if x < lo:
         return 0
@@ -63,7 +63,7 @@ def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bo
     # shortest remaining first; a running job before a pending one of equal work (no churn on ties)
     for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
         base = c.lo if (c.running and not suspend) else 0
-        q = _snap_down(c.lo, c.hi, c.step, min(claims.get(c.id) or claim(c, host), budget + base))
+        q = snap_down(c.lo, c.hi, c.step, min(claims.get(c.id) or claim(c, host), budget + base))
         if q:
             out[c.id] = q
             budget -= q - base
@@ -78,7 +78,7 @@ def srpt_quotas(cands: Sequence, n_gpus: int, host: int, suspend: bool, keep: bo
         for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
             if budget <= 0:
                 break
-            q = _snap_down(c.lo, c.hi, c.step, out[c.id] + budget) if out[c.id] else 0
+            q = snap_down(c.lo, c.hi, c.step, out[c.id] + budget) if out[c.id] else 0
             budget -= max(0, q - out[c.id])
             out[c.id] = max(q, out[c.id])
     return out
@@ -91,7 +91,7 @@ def _keep_sizes(cands: Sequence, out: dict[str, int], budget: int) -> int:
     next round would shrink the filled job and fill it again, two resizes an epoch."""
     for c in sorted(cands, key=lambda c: (c.remaining, not c.running)):
         if c.running and out[c.id] < c.k and budget > 0:
-            q = _snap_down(c.lo, c.hi, c.step, min(c.k, out[c.id] + budget))
+            q = snap_down(c.lo, c.hi, c.step, min(c.k, out[c.id] + budget))
             budget -= max(0, q - out[c.id])
             out[c.id] = max(q, out[c.id])
     return budget

@@ -37,7 +37,7 @@ from typing import Any
 from bandpilot.errors import BandPilotError
 from bandpilot.scheduling.elastic import rebalance
 from bandpilot.simulation.curves import curve_for
-from bandpilot.simulation.engine import SimConfig, SimResult, _Run, _Sim
+from bandpilot.simulation.engine import SimConfig, SimResult, RunningJob, Simulator
 from bandpilot.simulation.engine import simulate as _simulate
 from bandpilot.topology.cluster import popcount
 
@@ -73,7 +73,7 @@ def epoch_time(epoch_s: float, k0: int, k: int, f: float, scaling: float, b_ref0
     return comp + comm
 
 
-class ElasticSim(_Sim):
+class ElasticSim(Simulator):
     def __init__(self, jobs, dispatcher, truth, cfg, store, progress) -> None:
         super().__init__(jobs, dispatcher, truth, cfg, store, progress)
         self.jobs = {j.id: j for j in self.trace}
@@ -88,7 +88,7 @@ class ElasticSim(_Sim):
         free = self.spec.n_gpus - int(popcount(self.busy).sum())
         return free > 0 and any(self._can_grow(r) for r in self.running.values())
 
-    def _can_grow(self, r: _Run) -> bool:
+    def _can_grow(self, r: RunningJob) -> bool:
         j = self.jobs[r.rec.id]
         return (j.max_k or j.k) > int(popcount(r.mask).sum())
 
@@ -149,7 +149,7 @@ class ElasticSim(_Sim):
             rec.n_hosts = int((mask != 0).sum())
             rec.b_ref = self.truth.reference(max(rec.k, 2))
             p0, reported = self._kept.pop(rid, (0.0, 1))
-            r = self.running[rid] = _Run(rec, mask, curve_for(rid, self.cfg.seed), progress=p0, reported=reported,
+            r = self.running[rid] = RunningJob(rec, mask, curve_for(rid, self.cfg.seed), progress=p0, reported=reported,
                                          started=t, p0=p0)
             self.last_resize[rid] = int(p0 * self._epochs(rid) + 1e-9)
             if p0 > 0:  # resuming costs one resize (restart from the checkpoint at its boundary)

@@ -150,7 +150,9 @@ class JobRecord:
 
 
 @dataclass
-class _Run:
+class RunningJob:
+    """A job the simulator has placed: its GPUs, progress and current speed."""
+
     rec: JobRecord
     mask: np.ndarray
     curve: Curve
@@ -202,12 +204,14 @@ def simulate(
             store.init_cluster(spec)
             if config.elastic and runner is None:
                 raise SimulationError("elastic simulations run through bandpilot.simulation.elastic.simulate")
-            return (runner or _Sim)(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
+            return (runner or Simulator)(jobs, dispatcher, TrueBandwidth(truth_fabric), config, store, progress).run(truth_label, model_label)
         finally:
             store.close()
 
 
-class _Sim:
+class Simulator:
+    """The event loop replaying one trace through the real queue and scheduler."""
+
     def __init__(self, jobs, dispatcher, truth, cfg, store, progress) -> None:
         self.trace = list(jobs)
         self.d = dispatcher
@@ -217,7 +221,7 @@ class _Sim:
         self.progress = progress
         self.spec = dispatcher.model.spec
         self.recs = {j.id: JobRecord(j.id, j.tenant, j.k, j.priority, j.submit_s, j.compute_s, j.comm_fraction) for j in self.trace}
-        self.running: dict[str, _Run] = {}
+        self.running: dict[str, RunningJob] = {}
         self.pending: set[str] = set()
         self.busy = np.zeros(self.spec.n_hosts, dtype=np.int64)
         self.tl: dict[str, list[float]] = {k: [] for k in ("t", "busy", "free", "stranded", "running", "pending")}
@@ -301,7 +305,7 @@ class _Sim:
                 rec.n_hosts = int((mask != 0).sum())
                 rec.b_ref = self.truth.reference(rec.k)
                 p0, reported = self._kept.pop(rec.id, (0.0, 1))
-                self.running[rec.id] = _Run(rec, mask, curve_for(rec.id, self.cfg.seed), progress=p0,
+                self.running[rec.id] = RunningJob(rec, mask, curve_for(rec.id, self.cfg.seed), progress=p0,
                                             reported=reported, started=t, p0=p0)
                 self.pending.discard(rec.id)
             elif o.status == "rejected":
