@@ -51,6 +51,7 @@ def test_help_reads_like_click(path, capsys):
     # No summary cut off with click's "...": only variadic metavars (JOBS..., [ARGS]...) end that way.
     for line in text.splitlines():
         assert not line.endswith("...") or re.search(r"[A-Z\]]\.\.\.$", line), line
+    assert "--batch" not in text, f"`bandpilot {' '.join(path)} --help` names dispatch's hidden --batch flag"
 
 
 def test_flags_are_untyped_and_types_are_click_names(capsys):
@@ -98,6 +99,11 @@ def test_dispatch_needs_no_batch_flag(tmp_path, capsys):
     assert main(["dispatch", "--store", url]) == 0
     assert "no batch" in capsys.readouterr().out
     assert main(["dispatch", "--batch", "--store", url]) == 0  # the old spelling keeps working
+
+
+def test_api_help_names_the_dispatch_command(capsys):
+    flat = " ".join(_help(["api"], capsys).split())
+    assert "when `bandpilot serve` or `bandpilot dispatch` assigns instead" in flat, flat
 
 
 def test_inject_file_keys_are_documented(capsys):

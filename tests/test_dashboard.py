@@ -120,7 +120,8 @@ def test_dashboard_shows_grid_queue_batches_and_fragmentation(live, browser, tmp
     assert set(rows) == {"a-train", "a-big", "a-huge"}  # bob's request is not alice's to see
     assert "insufficient_gpus" in rows["a-big"] and "pending" in rows["a-big"]
     # this server runs no batch loop (dispatch_s=None): the page says who assigns instead
-    assert "This API runs no batches" in browser.find_element(By.ID, "loop").text
+    loop = browser.find_element(By.ID, "loop").text
+    assert "This API runs no batches" in loop and "bandpilot dispatch assigns the queue" in loop, loop
     n_free = sum(g["state"] == "free" for g in q.gpu_grid(live["store"]))
     assert f"needs 30 GPUs, {n_free} free" in rows["a-huge"], rows["a-huge"]
     batches = browser.find_elements(By.CSS_SELECTOR, "#batches tbody tr")

@@ -1,5 +1,5 @@
 """The API's own batch loop: requests submitted through the API get assigned without a separate
-``bandpilot serve`` or ``dispatch --batch`` beside it.
+``bandpilot serve`` or ``bandpilot dispatch`` beside it.
 
 Every ``every`` seconds: if something pending could fit (:func:`nothing_to_place`, two cheap
 queries), load the model named by ``model_uri`` (default ``models:/bandpilot-<cluster>@champion``;

@@ -38,7 +38,7 @@ def api_cmd(
                                     help="Seconds a valid token is trusted without a lookup; revocations elsewhere take this long."),
     dispatch_s: float = typer.Option(10.0, "--dispatch-s", min=0.0, envvar="BANDPILOT_DISPATCH_S",
                                      help="Run a batch this often when something pending fits (0: off, "
-                                          "when `bandpilot serve` or `dispatch --batch` assigns instead)."),
+                                          "when `bandpilot serve` or `bandpilot dispatch` assigns instead)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model for the batches (default: models:/bandpilot-CLUSTER@champion)."),
     profile: str = typer.Option("recommended", "--profile", help="Scheduler profile of the batches: recommended | slurm-like | fifo-greedy, or a profile YAML file (docs/guide/profiles.md)."),
 ) -> None:

@@ -1,4 +1,4 @@
-"""``bandpilot queue ...``, ``bandpilot cluster ...`` and ``bandpilot dispatch --batch``.
+"""``bandpilot queue ...``, ``bandpilot cluster ...`` and ``bandpilot dispatch``.
 
 Thin wrappers over :mod:`bandpilot.queue`. Every command takes ``--store URL`` (default
 ``$BANDPILOT_STORE`` or ``sqlite:///<project>/.bandpilot/queue.db``); ``cluster init`` records the
