@@ -218,7 +218,7 @@ def test_cli_errors(cli, capsys, tmp_path):
     assert cli.run("cluster", "drain", "rack-7") == 2
     assert cli.run("queue", "submit", "--k", 0) == 2
     err = capsys.readouterr().err
-    assert err.count("error:") == 4 and all(len(line) < 400 for line in err.splitlines())
+    assert err.count("error:") == 3 and all(len(line) < 400 for line in err.splitlines())
 
 
 def test_non_promoted_model_is_a_clear_error(request):
